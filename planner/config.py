@@ -1,0 +1,96 @@
+"""The training configuration: batch, sequence, precision, optimizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+FP32_BYTES = 4
+
+
+class Precision(StrEnum):
+    """Training precision. `bf16`/`fp16` are mixed precision with fp32 master weights."""
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+class Optimizer(StrEnum):
+    """Optimizer, which sets the bytes of state per parameter."""
+
+    ADAMW = "adamw"
+    SGD = "sgd"
+    ADAFACTOR = "adafactor"
+    ADAM8BIT = "adam8bit"
+
+
+# Optimizer state bytes per parameter, without master weights.
+OPTIMIZER_STATE_BYTES: dict[Optimizer, int] = {
+    # fp32 momentum + variance (Rajbhandari et al. 2019 §3.1: K=12 with the master weights)
+    Optimizer.ADAMW: 8,
+    Optimizer.SGD: 4,  # fp32 momentum buffer
+    # Factored second moment: O(rows + cols) per matrix, no momentum (Shazeer & Stern 2018 §3);
+    # negligible per parameter for the matrices that dominate a transformer.
+    Optimizer.ADAFACTOR: 0,
+    Optimizer.ADAM8BIT: 2,  # two 8-bit states (Dettmers et al. 2022 §2), block scales ignored
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    """What is being trained: batch, sequence length, precision, optimizer."""
+
+    global_batch: int
+    """Sequences per optimizer step, over all data-parallel replicas."""
+    seq_len: int
+    """Tokens per sequence."""
+    precision: Precision = Precision.BF16
+    """Compute/parameter precision (mixed precision keeps fp32 master weights)."""
+    optimizer: Optimizer = Optimizer.ADAMW
+    """Optimizer (sets the optimizer-state bytes per parameter)."""
+    memory_headroom: float = 0.1
+    """Fraction of device memory kept free for allocator fragmentation and spikes."""
+
+    def __post_init__(self) -> None:
+        for name in ("global_batch", "seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive integer")
+        object.__setattr__(self, "precision", Precision(self.precision))
+        object.__setattr__(self, "optimizer", Optimizer(self.optimizer))
+        if not 0.0 <= self.memory_headroom < 1.0:
+            raise ValueError(
+                f"memory_headroom={self.memory_headroom!r} must be a fraction in [0, 1)"
+            )
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens per optimizer step."""
+        return self.global_batch * self.seq_len
+
+    @property
+    def compute_dtype(self) -> str:
+        """Dtype key of the accelerator's peak FLOP/s table."""
+        return str(self.precision)
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes per parameter of the working copy (16-bit in mixed precision)."""
+        return FP32_BYTES if self.precision == Precision.FP32 else 2
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per gradient element (same dtype as the working parameters, ZeRO §3.1)."""
+        return self.param_bytes
+
+    @property
+    def optimizer_bytes(self) -> int:
+        """Bytes of optimizer state per parameter, fp32 master weights included when mixed."""
+        master = 0 if self.precision == Precision.FP32 else FP32_BYTES
+        return OPTIMIZER_STATE_BYTES[self.optimizer] + master
+
+    @property
+    def act_bytes(self) -> int:
+        """Bytes per activation element."""
+        return self.param_bytes

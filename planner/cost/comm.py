@@ -1,0 +1,121 @@
+"""Communication: alpha-beta times of collectives over the link a mesh axis maps to.
+
+Ring algorithms (Thakur, Rabenseifner & Gropp 2005, "Optimization of Collective Communication
+Operations in MPICH", §4): an all-reduce of B bytes over n ranks moves 2(n-1)/n * B per rank in
+2(n-1) steps; all-gather and reduce-scatter move (n-1)/n * B in n-1 steps. A group that spans
+nodes runs hierarchically (intra-node reduce-scatter, inter-node all-reduce of a 1/m shard on
+every GPU's own NIC, intra-node all-gather), as NCCL's tree/CollNet and Horovod's hierarchical
+all-reduce do (Sergeev & Del Balso 2018).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+
+from ..hardware import Accelerator
+from ..strategy import MeshAxis
+
+
+@dataclass(frozen=True, slots=True)
+class AxisLink:
+    """How a communication group lies on the cluster."""
+
+    size: int
+    """Ranks in the group."""
+    per_node: int
+    """Ranks of the group inside one node."""
+    nodes: int
+    """Nodes the group spans."""
+
+
+def place_axes(
+    sizes: dict[MeshAxis, int], order: tuple[MeshAxis, ...], gpus_per_node: int
+) -> dict[MeshAxis, tuple[int, int]]:
+    """(size, stride) of each axis: ranks are laid out with the last axis of `order` fastest."""
+    placed: dict[MeshAxis, tuple[int, int]] = {}
+    stride = 1
+    for axis in reversed(order):
+        placed[axis] = (sizes[axis], stride)
+        stride *= sizes[axis]
+    return placed
+
+
+def link_of(size: int, stride: int, gpus_per_node: int) -> AxisLink:
+    """Group of `size` ranks at distance `stride`: how many share a node, how many nodes."""
+    if size <= 1:
+        return AxisLink(1, 1, 1)
+    per_node = max(1, min(size, gpus_per_node // stride)) if stride < gpus_per_node else 1
+    return AxisLink(size, per_node, ceil(size / per_node))
+
+
+def merge_links(a: AxisLink, b: AxisLink) -> AxisLink:
+    """A group made of two axes (e.g. the data-parallel x context-parallel gradient group)."""
+    size = a.size * b.size
+    per_node = max(1, a.per_node * b.per_node)
+    return AxisLink(size, min(size, per_node), ceil(size / max(1, per_node)))
+
+
+class Collectives:
+    """Collective times on one accelerator's links, memoized (the search asks repeatedly)."""
+
+    def __init__(self, acc: Accelerator, *, lower_bound: bool = False) -> None:
+        self._acc = acc
+        self._cache: dict[tuple, float] = {}
+        # A lower bound for any placement: every byte on the fastest link, no latency.
+        intra_bw = acc.intra_node_bw_bytes_per_s
+        self._intra = (intra_bw, 0.0 if lower_bound else acc.intra_node_latency_s)
+        self._inter = (
+            (intra_bw, 0.0)
+            if lower_bound
+            else (acc.inter_node_bw_bytes_per_s, acc.inter_node_latency_s)
+        )
+
+    def _phases(self, link: AxisLink) -> tuple[tuple[int, float, float], ...]:
+        """(ranks, bandwidth B/s, latency s) of the intra-node and inter-node phases."""
+        phases = []
+        if link.per_node > 1:
+            phases.append((link.per_node, *self._intra))
+        if link.nodes > 1:
+            phases.append((link.nodes, *self._inter))
+        return tuple(phases)
+
+    def _ring(self, nbytes: float, link: AxisLink, passes: int) -> float:
+        """`passes`=2 for all-reduce, 1 for all-gather / reduce-scatter (B = unsharded bytes)."""
+        time_s = 0.0
+        shard = nbytes
+        for ranks, bw, lat in self._phases(link):
+            time_s += passes * ((ranks - 1) / ranks * shard / bw + (ranks - 1) * lat)
+            shard /= ranks  # the next (inter-node) phase works on a 1/m shard per GPU
+        return time_s
+
+    def all_reduce(self, nbytes: float, link: AxisLink) -> float:
+        """Seconds to all-reduce `nbytes` over the group."""
+        key = ("ar", nbytes, link)
+        if key not in self._cache:
+            self._cache[key] = self._ring(nbytes, link, 2) if link.size > 1 else 0.0
+        return self._cache[key]
+
+    def all_gather(self, nbytes: float, link: AxisLink) -> float:
+        """Seconds to all-gather a tensor of `nbytes` (unsharded size); same for reduce-scatter."""
+        key = ("ag", nbytes, link)
+        if key not in self._cache:
+            self._cache[key] = self._ring(nbytes, link, 1) if link.size > 1 else 0.0
+        return self._cache[key]
+
+    reduce_scatter = all_gather
+
+    def all_to_all(self, nbytes: float, link: AxisLink) -> float:
+        """Seconds for each rank to exchange `nbytes` evenly with the group (pairwise)."""
+        if link.size <= 1:
+            return 0.0
+        n, m = link.size, link.per_node
+        intra = (m - 1) / n * nbytes / self._intra[0]
+        inter = (n - m) / n * nbytes / self._inter[0]
+        lat = self._inter[1] if link.nodes > 1 else self._intra[1]
+        return intra + inter + (n - 1) * lat
+
+    def p2p(self, nbytes: float, cross_node: bool) -> float:
+        """Seconds to send `nbytes` to one peer."""
+        bw, lat = self._inter if cross_node else self._intra
+        return lat + nbytes / bw

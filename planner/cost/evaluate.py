@@ -1,0 +1,574 @@
+"""A strategy's predicted step time, throughput, MFU and memory per GPU.
+
+Each term names its source; docs/cost-model.md lists them all with their units.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from functools import cache
+
+from ..cluster import Cluster
+from ..config import TrainConfig
+from ..model import LayerKind, ModelProfile
+from ..strategy import MeshAxis, Recompute, Schedule, Strategy
+from .comm import AxisLink, Collectives, link_of, merge_links, place_axes
+from .layout import Chunk, pipeline_chunks
+from .memory import (
+    BUCKETS_IN_FLIGHT,
+    DDP_BUCKET_BYTES,
+    MemoryBreakdown,
+    in_flight_microbatches,
+    layer_act_bytes,
+    model_state_bytes,
+)
+
+_ALL_AXES = frozenset(MeshAxis)
+HOST_OPTIMIZER_BYTES_PER_S = 20e9
+"""Effective host memory bandwidth one GPU's share of a CPU optimizer step streams at. An
+assumption in line with ZeRO-Offload's CPU-Adam (Ren et al. 2021 §4.2, ~1.5 s per step for
+10B parameters on a DGX-2 host); calibrate for your hosts."""
+ACT_IO_FACTOR = 2
+"""A layer writes its saved activations in forward and reads them in backward (roofline)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimeBreakdown:
+    """Where a step's time goes, on the pipeline stage that bounds it (seconds)."""
+
+    compute_s: float
+    """Forward and backward compute of every micro-batch."""
+    recompute_s: float
+    """Forward recomputation in backward."""
+    comm_s: float
+    """Exposed (not overlapped) communication: TP, CP, EP, PP, ZeRO and gradient sync."""
+    bubble_s: float
+    """Pipeline fill and drain."""
+    optimizer_s: float
+    """Optimizer step (on the host when offloaded, with its PCIe transfers)."""
+
+    @property
+    def step_time_s(self) -> float:
+        """Sum of the parts."""
+        return self.compute_s + self.recompute_s + self.comm_s + self.bubble_s + self.optimizer_s
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Estimate:
+    """The cost model's predictions for one strategy."""
+
+    strategy: Strategy
+    """What was evaluated."""
+    num_microbatches: int
+    """Micro-batches per step per data-parallel replica."""
+    step_time_s: float
+    """Seconds per optimizer step."""
+    tokens_per_s: float
+    """Training throughput over the whole cluster."""
+    mfu: float
+    """Model FLOPs utilization: model FLOPs (no recompute) / (time * GPUs * peak); PaLM App. B."""
+    memory: MemoryBreakdown
+    """Memory of the GPU that holds the most (its pipeline stage: `peak_stage`)."""
+    peak_stage: int
+    """Pipeline stage with the largest memory."""
+    capacity_bytes: float
+    """Usable memory per GPU (capacity less headroom)."""
+    bubble_fraction: float
+    """Share of the pipeline's time that is fill and drain."""
+    exposed_comm_s: float
+    """Seconds of communication not hidden behind compute."""
+    time: TimeBreakdown
+    """Time breakdown on the bounding stage."""
+
+    @property
+    def feasible(self) -> bool:
+        """Whether the peak memory fits in the usable memory."""
+        return self.memory.total_bytes <= self.capacity_bytes
+
+    @property
+    def reason(self) -> str:
+        """Why the strategy is infeasible ('' when it fits)."""
+        if self.feasible:
+            return ""
+        return (
+            f"needs {self.memory.total_bytes / 1e9:.2f} GB per GPU on stage {self.peak_stage}, "
+            f"more than the {self.capacity_bytes / 1e9:.2f} GB usable"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Stage:
+    """One pipeline stage: its layers and per-sequence sums over them."""
+
+    index: int
+    """Stage index (the first of the stages that look exactly like this one)."""
+    layers: tuple[int, ...]
+    dense_params: float
+    expert_params: float
+    max_block_params: float
+    n_blocks: int
+    n_moe_blocks: int
+    has_embedding: bool
+    has_head: bool
+    chunks: tuple[Chunk, ...]
+
+
+class Evaluator:
+    """Evaluates strategies for one model, cluster and training config (memoized)."""
+
+    def __init__(self, profile: ModelProfile, cluster: Cluster, train: TrainConfig) -> None:
+        if profile.seq_len != train.seq_len:
+            raise ValueError(
+                f"the model profile is for seq_len={profile.seq_len} but training uses "
+                f"seq_len={train.seq_len}; build the profile at the training sequence length"
+            )
+        self.profile, self.cluster, self.train = profile, cluster, train
+        acc = cluster.accelerator
+        self.acc = acc
+        self.flops_per_s = acc.peak_flops_for(train.compute_dtype) * acc.matmul_efficiency
+        self.capacity_bytes = acc.memory_bytes * (1.0 - train.memory_headroom)
+        self.coll = Collectives(acc)
+        self.model_flops_per_seq = sum(x.fwd_flops + x.bwd_flops for x in profile.layers)
+        self._layer_keys = [
+            (x.kind, x.params, x.expert_params, x.fwd_flops, x.bwd_flops, x.attn_core_fwd_flops,
+             x.act_tp_bytes, x.act_replicated_bytes, x.act_attn_core_bytes, x.input_bytes)
+            for x in profile.layers
+        ]  # fmt: skip
+        self.num_blocks = profile.num_blocks
+        self._stages = cache(self._stages_uncached)
+        self._compute = cache(self._compute_uncached)
+        self._act_sums = cache(self._act_sums_uncached)
+        self._act_prefix = cache(self._act_prefix_uncached)
+        self._static_memory = cache(self._static_memory_uncached)
+        self._layer_times = cache(self._layer_times_uncached)
+        self._total_compute = cache(self._total_compute_uncached)
+
+    # ---- structure ------------------------------------------------------------------------
+    def num_microbatches(self, s: Strategy) -> int:
+        """Micro-batches per replica per step."""
+        return self.train.global_batch // (s.dp * s.micro_batch_size)
+
+    def violation(self, s: Strategy) -> str:
+        """The first structural rule the strategy breaks ('' when none)."""
+        p, t, n = self.profile, self.train, self.cluster.num_gpus
+        if s.world_size != n:
+            return (
+                f"dp*tp*pp*cp = {s.dp}*{s.tp}*{s.pp}*{s.cp} = {s.world_size} GPUs, "
+                f"but the cluster has {n}"
+            )
+        if p.heads % s.tp or p.ffn % s.tp:
+            return f"tp={s.tp} must divide heads={p.heads} and ffn={p.ffn}"
+        if p.kv_heads % s.tp and s.tp % p.kv_heads:
+            return f"tp={s.tp} must divide kv_heads={p.kv_heads} or be a multiple of it"
+        if s.sequence_parallel and s.tp == 1:
+            return "sequence_parallel needs tp > 1"
+        if s.cp > 1 and t.seq_len % (2 * s.cp):
+            return f"cp={s.cp} needs seq_len={t.seq_len} divisible by 2*cp (causal load balance)"
+        if s.ep > 1 and not p.is_moe:
+            return f"ep={s.ep} needs a mixture-of-experts model"
+        if s.ep > 1 and (p.experts % s.ep or s.dp % s.ep):
+            return f"ep={s.ep} must divide experts={p.experts} and dp={s.dp}"
+        if s.zero_stage not in (0, 1, 2, 3):
+            return f"zero_stage={s.zero_stage} must be 0, 1, 2 or 3"
+        if s.offload_optimizer and s.zero_stage == 0:
+            return "offload_optimizer needs zero_stage >= 1 (ZeRO-Offload partitions the states)"
+        if s.micro_batch_size < 1 or t.global_batch % (s.dp * s.micro_batch_size):
+            return (
+                f"global_batch={t.global_batch} must be divisible by dp*micro_batch_size = "
+                f"{s.dp}*{s.micro_batch_size}"
+            )
+        if (s.pp == 1) != (s.schedule == Schedule.NONE):
+            return f"schedule={s.schedule} with pp={s.pp}: use 'none' exactly when pp=1"
+        if (s.schedule == Schedule.INTERLEAVED_1F1B) != (s.virtual_stages > 1):
+            return f"virtual_stages={s.virtual_stages} > 1 exactly with interleaved_1f1b"
+        if s.pp * s.virtual_stages > self.num_blocks:
+            return f"pp*virtual_stages = {s.pp * s.virtual_stages} exceeds {self.num_blocks} blocks"
+        if s.schedule == Schedule.INTERLEAVED_1F1B and self.num_microbatches(s) % s.pp:
+            return (
+                f"interleaved_1f1b needs the {self.num_microbatches(s)} micro-batches to be a "
+                f"multiple of pp={s.pp}"
+            )
+        if len(s.mesh_order) != len(MeshAxis) or set(s.mesh_order) != _ALL_AXES:
+            return f"mesh_order {list(s.mesh_order)} must order each of pp, dp, cp, tp once"
+        return ""
+
+    def _stages_uncached(self, pp: int, v: int) -> tuple[_Stage, ...]:
+        """The distinct stages of a pp x v layout. Stages with identical layers and position
+        (first/middle/last) cost the same, and in-flight micro-batches never grow with the
+        stage index, so the first of each kind bounds the others: only it is kept."""
+        p = self.profile
+        chunks = pipeline_chunks(p, pp, v)
+        stages: list[_Stage] = []
+        seen: set[tuple] = set()
+        for st in range(pp):
+            mine = tuple(c for c in chunks if c.stage == st)
+            idx = tuple(i for c in mine for i in range(c.first_layer, c.last_layer + 1))
+            signature = (tuple(self._layer_keys[i] for i in idx), st == 0, st == pp - 1)
+            if signature in seen:
+                continue
+            seen.add(signature)
+            layers = [p.layers[i] for i in idx]
+            blocks = [x for x in layers if x.kind == LayerKind.BLOCK]
+            dense = float(sum(x.params for x in layers))
+            has_head = any(x.kind == LayerKind.HEAD for x in layers)
+            has_emb = any(x.kind == LayerKind.EMBEDDING for x in layers)
+            if has_head and p.tied_embeddings and not has_emb:
+                dense += p.vocab * p.hidden  # the tied embedding's copy on the last stage
+            stages.append(
+                _Stage(
+                    index=st,
+                    layers=idx,
+                    dense_params=dense,
+                    expert_params=float(sum(x.expert_params for x in layers)),
+                    max_block_params=float(
+                        max((x.params + x.expert_params for x in blocks), default=0)
+                    ),
+                    n_blocks=len(blocks),
+                    n_moe_blocks=sum(1 for x in blocks if x.expert_params),
+                    has_embedding=has_emb,
+                    has_head=has_head,
+                    chunks=mine,
+                )
+            )
+        return tuple(stages)
+
+    # ---- memory ---------------------------------------------------------------------------
+    def memory(self, s: Strategy) -> tuple[MemoryBreakdown, int]:
+        """Peak memory breakdown over the pipeline stages, and the stage that peaks."""
+        acts = self._act_sums(s.pp, s.virtual_stages, s.tp, s.sequence_parallel, s.cp,
+                              s.recompute)  # fmt: skip
+        stages = self._stages(s.pp, s.virtual_stages)
+        mems = [self._stage_memory(s, st, *acts[i]) for i, st in enumerate(stages)]
+        peak = max(range(len(mems)), key=lambda i: mems[i].total_bytes)
+        return mems[peak], stages[peak].index
+
+    def _act_sums_uncached(
+        self, pp: int, v: int, tp: int, sp: bool, cp: int, recompute: Recompute
+    ) -> tuple[tuple[float, float], ...]:
+        """Per stage: (activation bytes per sequence, worst block's bytes without recompute)."""
+        prefix, plain = self._act_prefix(tp, sp, cp, recompute)
+        out = []
+        for stage in self._stages(pp, v):
+            per_seq = sum(prefix[c.last_layer + 1] - prefix[c.first_layer] for c in stage.chunks)
+            worst = max(max(plain[c.first_layer : c.last_layer + 1]) for c in stage.chunks)
+            out.append((per_seq, worst))
+        return tuple(out)
+
+    def _act_prefix_uncached(
+        self, tp: int, sp: bool, cp: int, recompute: Recompute
+    ) -> tuple[list[float], list[float]]:
+        """Prefix sums of each layer's saved bytes under `recompute`, and each block's bytes
+        without recompute (0 for embedding and head)."""
+        prefix = [0.0]
+        plain = []
+        for x in self.profile.layers:
+            prefix.append(prefix[-1] + layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=recompute))
+            block = x.kind == LayerKind.BLOCK
+            none = Recompute.NONE
+            plain.append(layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=none) if block else 0.0)
+        return prefix, plain
+
+    def _stage_memory(
+        self, s: Strategy, stage: _Stage, per_seq: float, worst_block: float
+    ) -> MemoryBreakdown:
+        params, grads, optimizer, other = self._static_memory(
+            stage, s.tp, s.ep, s.dp * s.cp, s.zero_stage, s.offload_optimizer
+        )
+        inflight = in_flight_microbatches(
+            s.schedule,
+            pp=s.pp,
+            stage=stage.index,
+            num_microbatches=self.num_microbatches(s),
+            virtual_stages=s.virtual_stages,
+        )
+        acts = per_seq * s.micro_batch_size * inflight
+        if s.recompute == Recompute.FULL:
+            # Recomputing one block re-materializes all of its activations (Korthikanti §5).
+            acts += worst_block * s.micro_batch_size
+        if s.pp > 1:
+            boundary = self._boundary_bytes(s)
+            other += 2 * s.virtual_stages * boundary  # send and receive buffers per chunk
+        return MemoryBreakdown(
+            params_bytes=params,
+            grads_bytes=grads,
+            optimizer_bytes=optimizer,
+            activations_bytes=acts,
+            other_bytes=other,
+        )
+
+    def memory_totals(
+        self, s: Strategy, choices: tuple[tuple[bool, int, bool, Recompute], ...]
+    ) -> list[float]:
+        """Peak memory (`memory(...)[0].total_bytes`) of `s` under each (sp, zero, offload,
+        recompute) choice, computed together: the search's fast path."""
+        m, mbs, v = self.num_microbatches(s), s.micro_batch_size, s.virtual_stages
+        stages = self._stages(s.pp, v)
+        dpcp = s.dp * s.cp
+        inflight = [
+            in_flight_microbatches(
+                s.schedule, pp=s.pp, stage=st.index, num_microbatches=m, virtual_stages=v
+            )
+            for st in stages
+        ]
+        static: dict[tuple[int, bool], list[float]] = {}
+        acts: dict[tuple[bool, Recompute], list[float]] = {}
+        out = []
+        for sp, zero, off, rc in choices:
+            if (zero, off) not in static:
+                static[(zero, off)] = [
+                    sum(self._static_memory(st, s.tp, s.ep, dpcp, zero, off)) for st in stages
+                ]
+            if (sp, rc) not in acts:
+                sums = self._act_sums(s.pp, v, s.tp, sp, s.cp, rc)
+                boundary = 0.0
+                if s.pp > 1:
+                    boundary = 2 * v * self._boundary_bytes(replace(s, sequence_parallel=sp))
+                full = rc == Recompute.FULL
+                acts[(sp, rc)] = [
+                    (per_seq * inflight[i] + (worst if full else 0.0)) * mbs + boundary
+                    for i, (per_seq, worst) in enumerate(sums)
+                ]
+            out.append(max(x + y for x, y in zip(static[(zero, off)], acts[(sp, rc)], strict=True)))
+        return out
+
+    def _static_memory_uncached(
+        self, stage: _Stage, tp: int, ep: int, dpcp: int, zero: int, offload: bool
+    ) -> tuple[float, float, float, float]:
+        """(params, grads, optimizer, other) bytes of a stage: what does not scale with the
+        micro-batch. Experts shard over the expert-data-parallel group (dp*cp/ep)."""
+        t = self.train
+        states = [0.0, 0.0, 0.0]
+        dense_rank = stage.dense_params / tp
+        expert_rank = stage.expert_params / (tp * ep)
+        for count, ranks in ((dense_rank, dpcp), (expert_rank, dpcp // ep)):
+            if count:
+                part = model_state_bytes(
+                    count, shard_ranks=ranks, zero_stage=zero, train=t, offload_optimizer=offload
+                )
+                states = [x + y for x, y in zip(states, part, strict=True)]
+        other = float(self.acc.runtime_overhead_bytes)
+        if zero == 3 and dpcp > 1:
+            # FSDP keeps the current and the prefetched block unsharded, plus one block's
+            # unsharded gradients before reduce-scatter (Zhao et al. 2023, PyTorch FSDP §3.2).
+            other += stage.max_block_params / tp * (2 * t.param_bytes + t.grad_bytes)
+        elif dpcp > 1:
+            other += BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES
+        return states[0], states[1], states[2], other
+
+    def _boundary_bytes(self, s: Strategy) -> float:
+        """Bytes of one micro-batch's activation crossing a stage boundary (per rank)."""
+        p = self.profile
+        div = s.cp * (s.tp if s.sequence_parallel else 1)
+        return s.micro_batch_size * p.seq_len * p.hidden * p.act_dtype_bytes / div
+
+    # ---- time -----------------------------------------------------------------------------
+    def _roofline_s(self, flops: float, nbytes: float) -> float:
+        """max(compute-bound, memory-bound) time: the roofline (Williams et al. 2009)."""
+        return max(flops / self.flops_per_s, nbytes / self.acc.memory_bw_bytes_per_s)
+
+    def _layer_times_uncached(
+        self, tp: int, cp: int, ep: int, mbs: int
+    ) -> tuple[list[float], list[float], list[float], list[float]]:
+        """Prefix sums over the chain of per-micro-batch (forward, backward, full-recompute,
+        selective-recompute) seconds of each layer on one rank."""
+        p, t = self.profile, self.train
+        sums: tuple[list[float], ...] = ([0.0], [0.0], [0.0], [0.0])
+        for x in p.layers:
+            weights = (x.params / tp + x.expert_params / (tp * ep)) * t.param_bytes
+            acts = ACT_IO_FACTOR * mbs * (x.act_tp_bytes / tp + x.act_replicated_bytes) / cp
+            # Matmuls on the roofline, plus the memory-bound elementwise kernels (norms,
+            # activations, softmax, residuals) streaming the activations they save.
+            elementwise = acts / self.acc.memory_bw_bytes_per_s
+            f = self._roofline_s(x.fwd_flops * mbs / (tp * cp), weights) + elementwise
+            b = self._roofline_s(x.bwd_flops * mbs / (tp * cp), 2 * weights) + elementwise
+            block = x.kind == LayerKind.BLOCK
+            sel = x.attn_core_fwd_flops * mbs / (tp * cp) / self.flops_per_s if block else 0.0
+            for acc, val in zip(sums, (f, b, f if block else 0.0, sel), strict=True):
+                acc.append(acc[-1] + val)
+        return sums  # type: ignore[return-value]
+
+    def _compute_uncached(
+        self, pp: int, v: int, tp: int, cp: int, ep: int, mbs: int
+    ) -> tuple[tuple[float, float, float, float], ...]:
+        """Per stage, per micro-batch: (forward, backward, full-recompute, selective) seconds."""
+        sums = self._layer_times(tp, cp, ep, mbs)
+        out = []
+        for stage in self._stages(pp, v):
+            totals = [0.0, 0.0, 0.0, 0.0]
+            for c in stage.chunks:
+                for k in range(4):
+                    totals[k] += sums[k][c.last_layer + 1] - sums[k][c.first_layer]
+            out.append((totals[0], totals[1], totals[2], totals[3]))
+        return tuple(out)
+
+    def compute_lower_bound_s(self, s: Strategy) -> float:
+        """A bound no layout, schedule, ZeRO stage, recompute policy or mesh order beats for
+        these degrees and micro-batch size: the pipeline's busiest stage does at least 1/pp of
+        the forward and backward compute of every micro-batch."""
+        total = self._total_compute(s.tp, s.cp, s.ep, s.micro_batch_size)
+        return self.num_microbatches(s) * total / s.pp
+
+    def _total_compute_uncached(self, tp: int, cp: int, ep: int, mbs: int) -> float:
+        (stage,) = self._compute(1, 1, tp, cp, ep, mbs)
+        return stage[0] + stage[1]
+
+    def schedule_lower_bound_s(self, s: Strategy) -> float:
+        """Like `compute_lower_bound_s` for a given layout: (m + (pp-1)/v) slots of the
+        busiest stage's forward and backward compute."""
+        compute = self._compute(s.pp, s.virtual_stages, s.tp, s.cp, s.ep, s.micro_batch_size)
+        slots = self.num_microbatches(s) + (s.pp - 1) / s.virtual_stages
+        return slots * max(f + b for f, b, _, _ in compute)
+
+    def links(self, s: Strategy) -> dict[str, AxisLink]:
+        """The link each communication group uses under the strategy's mesh order."""
+        gpn = self.cluster.gpus_per_node
+        sizes = {MeshAxis.PP: s.pp, MeshAxis.DP: s.dp, MeshAxis.CP: s.cp, MeshAxis.TP: s.tp}
+        placed = place_axes(sizes, s.mesh_order, gpn)
+        links = {str(a): link_of(n, stride, gpn) for a, (n, stride) in placed.items()}
+        dp_n, dp_stride = placed[MeshAxis.DP]
+        links["ep"] = link_of(s.ep, dp_stride, gpn)  # experts split the innermost part of dp
+        links["dpcp"] = merge_links(links["dp"], links["cp"])
+        expert_dp = link_of(dp_n // s.ep, dp_stride * s.ep, gpn)
+        links["edp"] = merge_links(expert_dp, links["cp"])
+        return links
+
+    def time(
+        self,
+        s: Strategy,
+        links: dict[str, AxisLink] | None = None,
+        coll: Collectives | None = None,
+    ) -> TimeBreakdown:
+        """Step-time breakdown of the strategy (links default to its mesh order's; `coll`
+        to this accelerator's collectives)."""
+        links = self.links(s) if links is None else links
+        coll = self.coll if coll is None else coll
+        p = self.profile
+        m, mbs, v = self.num_microbatches(s), s.micro_batch_size, s.virtual_stages
+        stages = self._stages(s.pp, v)
+        compute = self._compute(s.pp, v, s.tp, s.cp, s.ep, mbs)
+        tokens = mbs * p.seq_len / s.cp
+        act = tokens * p.hidden * p.act_dtype_bytes  # one micro-batch's (b, s/cp, h) tensor
+        tp_link = links["tp"]
+        if s.sequence_parallel:
+            tp_unit = coll.all_gather(act, tp_link) + coll.reduce_scatter(act, tp_link)
+        else:
+            tp_unit = coll.all_reduce(act, tp_link)
+        kv_shard = max(1, min(s.tp, p.kv_heads))
+        kv_bytes = 2 * tokens * (p.kv_heads * p.hidden // p.heads) / kv_shard * p.act_dtype_bytes
+        cp_ring = (s.cp - 1) * coll.p2p(kv_bytes, links["cp"].nodes > 1) if s.cp > 1 else 0.0
+        a2a_bytes = act * p.top_k / (s.tp if s.sequence_parallel else 1)
+        a2a = coll.all_to_all(a2a_bytes, links["ep"]) if s.ep > 1 else 0.0
+        p2p = coll.p2p(self._boundary_bytes(s), links["pp"].nodes > 1) if s.pp > 1 else 0.0
+        full = s.recompute == Recompute.FULL
+        per_mb: list[tuple[float, float, float, float]] = []
+        tails: list[tuple[float, float]] = []
+        for i, stage in enumerate(stages):
+            fwd, bwd, rc_full, rc_sel = compute[i]
+            rc = rc_full if full else (rc_sel if s.recompute == Recompute.SELECTIVE else 0.0)
+            # TP: 2 collectives per block forward and 2 backward (Narayanan et al. 2021 §3.2,
+            # Korthikanti §4.2.2 with SP: all-gather + reduce-scatter), redone when recomputed.
+            units = stage.n_blocks * (4 + (2 if full else 0))
+            units += int(stage.has_embedding) + int(stage.has_head)
+            comm = units * tp_unit if s.tp > 1 else 0.0
+            if s.cp > 1:  # ring attention overlaps the KV ring with attention (Liu et al. 2023)
+                attn_f = rc_sel  # attention-core forward seconds of this stage
+                comm += max(0.0, stage.n_blocks * cp_ring - attn_f)
+                comm += max(0.0, 2 * stage.n_blocks * cp_ring - 2 * attn_f)
+            # EP: dispatch and combine all-to-all, forward and backward (Lepikhin et al. 2020)
+            comm += stage.n_moe_blocks * (4 + (2 if full else 0)) * a2a
+            if s.pp > 1:  # activations forward and gradients backward, per chunk
+                sends = 2 * len(stage.chunks) - int(stage.index == 0)
+                sends -= int(stage.index == s.pp - 1)
+                comm += sends * p2p
+            zero_mb, tail = self._dp_comm(s, stage, links, coll, fwd, bwd)
+            per_mb.append((fwd + bwd, rc, comm + zero_mb, fwd + bwd + rc + comm + zero_mb))
+            tails.append((tail, self._optimizer_s(s, stage)))
+        slow = max(range(len(stages)), key=lambda k: per_mb[k][3])
+        t_mb = per_mb[slow][3]
+        bubble = (s.pp - 1) / v * t_mb  # (p-1)/v slots of fill and drain (Narayanan §2.2)
+        tail_i = max(range(len(stages)), key=lambda k: sum(tails[k]))
+        return TimeBreakdown(
+            compute_s=m * per_mb[slow][0],
+            recompute_s=m * per_mb[slow][1],
+            comm_s=m * per_mb[slow][2] + tails[tail_i][0],
+            bubble_s=bubble,
+            optimizer_s=tails[tail_i][1],
+        )
+
+    def _dp_comm(
+        self,
+        s: Strategy,
+        stage: _Stage,
+        links: dict[str, AxisLink],
+        coll: Collectives,
+        fwd: float,
+        bwd: float,
+    ) -> tuple[float, float]:
+        """(exposed seconds per micro-batch, exposed seconds once per step) of ZeRO/DDP
+        traffic for one stage. Overlap: gradient reduction with the backward pass, parameter
+        gathers with the forward pass (DDP buckets, Li et al. 2020; FSDP prefetch, Zhao 2023)."""
+        t = self.train
+        per_mb = tail = 0.0
+        groups = (
+            (stage.dense_params / s.tp, links["dpcp"]),
+            (stage.expert_params / (s.tp * s.ep), links["edp"]),
+        )
+        for count, link in groups:
+            if not count or link.size <= 1:
+                continue
+            ag = coll.all_gather(count * t.param_bytes, link)
+            rs = coll.reduce_scatter(count * t.grad_bytes, link)
+            if s.zero_stage == 3:  # gather for forward, again for backward, reduce-scatter
+                per_mb += max(0.0, ag - fwd) + max(0.0, ag + rs - bwd)
+            elif s.zero_stage == 2:  # reduce-scatter every micro-batch, gather after the step
+                per_mb += max(0.0, rs - bwd)
+                tail += max(0.0, ag - fwd)
+            elif s.zero_stage == 1:  # reduce-scatter once per step, gather after the step
+                tail += max(0.0, rs - bwd) + max(0.0, ag - fwd)
+            else:  # all-reduce once per step, overlapped with the last backward
+                tail += max(0.0, coll.all_reduce(count * t.grad_bytes, link) - bwd)
+        return per_mb, tail
+
+    def _optimizer_s(self, s: Strategy, stage: _Stage) -> float:
+        """Optimizer step: memory-bound over the rank's shard of states (read and write), or on
+        the host with the gradient/parameter PCIe transfers (Ren et al. 2021 §4)."""
+        t, acc = self.train, self.acc
+        shard_div = s.dp * s.cp if s.zero_stage >= 1 else 1
+        shard = (stage.dense_params / s.tp + stage.expert_params / (s.tp * s.ep)) / shard_div
+        state_bytes = shard * (t.param_bytes + t.grad_bytes + t.optimizer_bytes)
+        if not s.offload_optimizer:
+            return 2 * state_bytes / acc.memory_bw_bytes_per_s
+        pcie = shard * (t.grad_bytes + t.param_bytes) / acc.pcie_bw_bytes_per_s
+        return pcie + 2 * state_bytes / HOST_OPTIMIZER_BYTES_PER_S
+
+    # ---- all together ----------------------------------------------------------------------
+    def evaluate(self, s: Strategy) -> Estimate:
+        """Predictions for a structurally valid strategy (see `violation`)."""
+        rule = self.violation(s)
+        if rule:
+            raise ValueError(f"strategy {s.short()} is not valid: {rule}")
+        memory, peak_stage = self.memory(s)
+        return self.finish(s, memory, peak_stage, self.time(s))
+
+    def finish(
+        self, s: Strategy, memory: MemoryBreakdown, peak_stage: int, time: TimeBreakdown
+    ) -> Estimate:
+        """Assemble an `Estimate` from its memory and time parts."""
+        t = self.train
+        step = time.step_time_s
+        slots = self.num_microbatches(s) + (s.pp - 1) / s.virtual_stages
+        model_flops = self.model_flops_per_seq * t.global_batch
+        peak = self.acc.peak_flops_for(t.compute_dtype)
+        return Estimate(
+            strategy=s,
+            num_microbatches=self.num_microbatches(s),
+            step_time_s=step,
+            tokens_per_s=t.tokens_per_step / step,
+            mfu=model_flops / (step * self.cluster.num_gpus * peak),
+            memory=memory,
+            peak_stage=peak_stage,
+            capacity_bytes=self.capacity_bytes,
+            bubble_fraction=(s.pp - 1) / s.virtual_stages / slots,
+            exposed_comm_s=time.comm_s,
+            time=time,
+        )

@@ -1,0 +1,100 @@
+"""Memory per GPU: model states by ZeRO stage, activations by TP/SP/CP and recompute policy,
+in-flight micro-batches by pipeline schedule, and buffers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import TrainConfig
+from ..model import LayerCost, LayerKind
+from ..strategy import Recompute, Schedule
+
+DDP_BUCKET_BYTES = 25 * 2**20
+"""Gradient bucket of DDP / ZeRO-1/2 reduction (PyTorch DDP default `bucket_cap_mb=25`);
+two are in flight (one filling while one reduces)."""
+BUCKETS_IN_FLIGHT = 2
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MemoryBreakdown:
+    """Bytes on one GPU at its peak, by what holds them."""
+
+    params_bytes: float
+    """Working parameters (16-bit in mixed precision)."""
+    grads_bytes: float
+    """Gradients."""
+    optimizer_bytes: float
+    """Optimizer states and fp32 master weights."""
+    activations_bytes: float
+    """Activations saved for backward, for every in-flight micro-batch."""
+    other_bytes: float
+    """Runtime context, communication buffers, unsharded FSDP layers."""
+
+    @property
+    def total_bytes(self) -> float:
+        """Sum of every part."""
+        return (
+            self.params_bytes
+            + self.grads_bytes
+            + self.optimizer_bytes
+            + self.activations_bytes
+            + self.other_bytes
+        )
+
+
+def model_state_bytes(
+    num_params: float,
+    *,
+    shard_ranks: int,
+    zero_stage: int,
+    train: TrainConfig,
+    offload_optimizer: bool = False,
+) -> tuple[float, float, float]:
+    """(params, grads, optimizer) bytes per GPU for `num_params` parameters replicated over
+    `shard_ranks` data-parallel ranks (Rajbhandari et al. 2019 §5, Figure 1: stage 1 shards
+    optimizer states, stage 2 also gradients, stage 3 also parameters)."""
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"zero_stage={zero_stage!r} must be 0, 1, 2 or 3")
+    n = max(1, shard_ranks)
+    params = num_params * train.param_bytes / (n if zero_stage >= 3 else 1)
+    grads = num_params * train.grad_bytes / (n if zero_stage >= 2 else 1)
+    optimizer = (
+        0.0
+        if offload_optimizer
+        else (num_params * train.optimizer_bytes / (n if zero_stage >= 1 else 1))
+    )
+    return params, grads, optimizer  # fmt: skip
+
+
+def layer_act_bytes(layer: LayerCost, *, tp: int, sp: bool, cp: int, recompute: Recompute) -> float:
+    """Bytes one layer keeps for backward per sequence (Korthikanti et al. 2022 Table 2):
+    TP shards the `act_tp_bytes` part, SP also the replicated part; CP splits the sequence;
+    selective recompute drops the attention core; full recompute keeps only the input."""
+    rep_div = tp if sp else 1
+    if layer.kind == LayerKind.BLOCK and recompute == Recompute.FULL:
+        return layer.input_bytes / rep_div / cp
+    tp_part = layer.act_tp_bytes
+    if layer.kind == LayerKind.BLOCK and recompute == Recompute.SELECTIVE:
+        tp_part -= layer.act_attn_core_bytes
+    return (tp_part / tp + layer.act_replicated_bytes / rep_div) / cp
+
+
+def in_flight_microbatches(
+    schedule: Schedule, *, pp: int, stage: int, num_microbatches: int, virtual_stages: int
+) -> float:
+    """Micro-batches whose activations a stage holds at its peak, in units of the whole stage.
+
+    GPipe holds all m (Huang et al. 2019 §2.2); 1F1B holds min(pp - stage, m) (Narayanan et al.
+    2021 §2.2.1); interleaved 1F1B holds (pp - stage - 1) * 2 + (v - 1) * pp + 1 chunk
+    micro-batches (Megatron-LM's warm-up count), i.e. pp + (pp - 1)/v stages' worth on stage 0
+    (Korthikanti et al. 2022 §4.2.3)."""
+    m = num_microbatches
+    if schedule == Schedule.NONE:
+        return 1.0
+    if schedule == Schedule.GPIPE:
+        return float(m)
+    if schedule == Schedule.ONE_F_ONE_B:
+        return float(min(pp - stage, m))
+    v = virtual_stages
+    chunk_mbs = min((pp - stage - 1) * 2 + (v - 1) * pp + 1, m * v)
+    return chunk_mbs / v

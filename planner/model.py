@@ -1,0 +1,113 @@
+"""The planner's view of a model: a chain of layers with their costs.
+
+Both the analytic transformer spec (`model_spec`) and the profiler (from a real `nn.Module`)
+produce a `ModelProfile`; the cost model reads nothing else. Every per-layer figure is for ONE
+sequence of `seq_len` tokens (batch 1) at the profile's activation dtype; the cost model scales
+by the micro-batch size (all terms are linear in the batch) and divides by the parallel degrees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+
+
+class LayerKind(StrEnum):
+    """Where a layer sits in the chain; the pipeline puts embedding first and head last."""
+
+    EMBEDDING = "embedding"
+    BLOCK = "block"
+    HEAD = "head"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerCost:
+    """Costs of one layer of the chain, per sequence of `ModelProfile.seq_len` tokens."""
+
+    name: str
+    """Layer name, e.g. ``"embedding"``, ``"block.0"``, ``"head"``."""
+    kind: LayerKind
+    """Embedding, repeated block, or head."""
+    params: int
+    """Parameters held by this layer that every tensor-parallel rank shards (dense params)."""
+    expert_params: int = 0
+    """Parameters in MoE experts (sharded by expert parallelism as well as TP)."""
+    fwd_flops: float
+    """Forward FLOPs (matmul-like ops, 2 per multiply-add) for one sequence."""
+    bwd_flops: float
+    """Backward FLOPs for one sequence (input and weight gradients)."""
+    attn_core_fwd_flops: float = 0.0
+    """Part of `fwd_flops` in the attention core (QK^T and AV): what selective recompute redoes."""
+    act_tp_bytes: float
+    """Bytes saved for backward that tensor parallelism shards (Korthikanti et al. 2022 §4.1)."""
+    act_replicated_bytes: float
+    """Bytes saved for backward that TP replicates and only sequence parallelism shards."""
+    act_attn_core_bytes: float = 0.0
+    """Part of `act_tp_bytes` in the attention core, dropped by selective recompute (§5)."""
+    input_bytes: float
+    """Bytes of the layer's input: all that full recompute keeps (Korthikanti §5)."""
+    output_bytes: float
+    """Bytes of the layer's output (pipeline p2p message when a stage ends here)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelProfile:
+    """A model as the planner sees it: shape facts plus the layer chain."""
+
+    name: str
+    """Human name, e.g. ``"llama3-8b"``."""
+    layers: tuple[LayerCost, ...]
+    """The chain: embedding, blocks, head, in execution order."""
+    seq_len: int
+    """Tokens per sequence the per-layer figures are for."""
+    act_dtype_bytes: int
+    """Bytes per activation element the figures assume (2 for bf16)."""
+    hidden: int
+    """Model width (bytes of TP/PP messages scale with it)."""
+    heads: int
+    """Attention heads (TP must divide them)."""
+    kv_heads: int
+    """Key/value heads (GQA); TP either divides them or replicates them."""
+    ffn: int
+    """MLP inner size (TP must divide it); for MoE the expert inner size."""
+    vocab: int
+    """Vocabulary size."""
+    experts: int = 0
+    """Number of MoE experts per block (0 for a dense model)."""
+    top_k: int = 0
+    """Experts each token is routed to."""
+    tied_embeddings: bool = False
+    """Whether the head reuses the embedding matrix (a PP>1 plan keeps a copy on both ends)."""
+
+    def __post_init__(self) -> None:
+        kinds = [layer.kind for layer in self.layers]
+        if not kinds or kinds[0] != LayerKind.EMBEDDING or kinds[-1] != LayerKind.HEAD:
+            raise ValueError(
+                f"model {self.name!r}: the layer chain must start with an embedding and end with "
+                f"a head, got {[str(k) for k in kinds[:1]]}...{[str(k) for k in kinds[-1:]]}; "
+                "build the chain as (embedding, blocks..., head)"
+            )
+        if self.num_blocks < 1:
+            raise ValueError(f"model {self.name!r}: the chain has no blocks; add at least one")
+
+    @property
+    def num_blocks(self) -> int:
+        """Number of repeated blocks (the layers a pipeline splits)."""
+        return sum(1 for layer in self.layers if layer.kind == LayerKind.BLOCK)
+
+    @property
+    def num_params(self) -> int:
+        """Total parameter count (tied embeddings counted once)."""
+        return sum(layer.params + layer.expert_params for layer in self.layers)
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the blocks hold MoE experts."""
+        return self.experts > 0
+
+    def fingerprint(self) -> str:
+        """Stable short digest of everything the planner reads from this profile."""
+        payload = json.dumps(asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -1,0 +1,428 @@
+"""Transformers described by their sizes, the presets, and their layer chain.
+
+The per-layer formulas follow Korthikanti et al. 2022, "Reducing Activation Recomputation in
+Large Transformer Models" (§4.1 activation memory, Table 2) and Narayanan et al. 2021,
+"Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM" (Eq. 3, FLOPs),
+generalized to GQA, SwiGLU, MoE and fused (flash) attention; docs/cost-model.md lists each term.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields, replace
+from enum import StrEnum
+from pathlib import Path
+
+from .model import LayerCost, LayerKind, ModelProfile
+
+MASK_BYTES = 1
+"""A dropout mask stores one byte per element (Korthikanti et al. 2022 §4.1)."""
+INDEX_BYTES = 8
+"""Token ids are int64; the embedding's backward keeps them."""
+LOGITS_FP32_BYTES = 4
+"""The cross-entropy loss keeps fp32 logits/softmax (Korthikanti et al. 2022 §4.1, 4sbv)."""
+LSE_BYTES = 4
+"""Fused attention keeps the fp32 log-sum-exp per head and query (Dao et al. 2022 §3.1)."""
+
+
+class FfnKind(StrEnum):
+    """MLP form: GELU (2 matrices) or SwiGLU (3 matrices, Shazeer 2020)."""
+
+    GELU = "gelu"
+    SWIGLU = "swiglu"
+
+
+class Attention(StrEnum):
+    """Attention kernel: `math` stores the s x s scores; `flash` stores only O and the LSE."""
+
+    MATH = "math"
+    FLASH = "flash"
+
+
+class Norm(StrEnum):
+    """LayerNorm (weight and bias) or RMSNorm (weight only)."""
+
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TransformerSpec:
+    """A decoder-only transformer by its sizes."""
+
+    name: str = "custom"
+    """Name shown in plans."""
+    layers: int
+    """Number of transformer blocks."""
+    hidden: int
+    """Model width h."""
+    heads: int
+    """Attention heads a."""
+    kv_heads: int = 0
+    """Key/value heads (GQA); 0 means equal to `heads`."""
+    ffn: int = 0
+    """MLP inner size; 0 means 4*hidden."""
+    ffn_kind: FfnKind = FfnKind.GELU
+    """GELU MLP or SwiGLU."""
+    vocab: int
+    """Vocabulary size V."""
+    seq: int = 2048
+    """Context length (learned position embeddings have this many rows)."""
+    tied_embeddings: bool = False
+    """Whether the output head reuses the embedding matrix."""
+    learned_pos: bool = False
+    """Learned absolute position embeddings (GPT) rather than rotary (Llama)."""
+    bias: bool = False
+    """Linear layers carry biases (GPT-2/3) or not (Llama)."""
+    norm: Norm = Norm.RMSNORM
+    """Normalization layer."""
+    dropout: bool = False
+    """Training with dropout: masks are saved for backward (Korthikanti §4.1)."""
+    attention: Attention = Attention.FLASH
+    """Attention kernel."""
+    experts: int = 0
+    """MoE experts per block (0: dense)."""
+    top_k: int = 0
+    """Experts per token (MoE)."""
+    expert_ffn: int = 0
+    """Inner size of each expert's MLP; 0 means `ffn`."""
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "heads", "vocab", "seq"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(
+                    f"model {self.name!r}: {name}={value!r} must be a positive integer"
+                )
+        for name in ("kv_heads", "ffn", "experts", "top_k", "expert_ffn"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(
+                    f"model {self.name!r}: {name}={value!r} must be a non-negative integer"
+                )
+        if self.kv_heads == 0:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.ffn == 0:
+            object.__setattr__(self, "ffn", 4 * self.hidden)
+        if self.hidden % self.heads:
+            raise ValueError(
+                f"model {self.name!r}: hidden={self.hidden} is not divisible by heads="
+                f"{self.heads}; pick heads that divide the hidden size"
+            )
+        if self.heads % self.kv_heads:
+            raise ValueError(
+                f"model {self.name!r}: heads={self.heads} is not a multiple of kv_heads="
+                f"{self.kv_heads}; GQA needs kv_heads to divide heads"
+            )
+        if self.experts:
+            if not 1 <= self.top_k <= self.experts:
+                raise ValueError(
+                    f"model {self.name!r}: top_k={self.top_k} must be between 1 and "
+                    f"experts={self.experts} for a MoE model"
+                )
+            if self.expert_ffn == 0:
+                object.__setattr__(self, "expert_ffn", self.ffn)
+        elif self.top_k or self.expert_ffn:
+            raise ValueError(
+                f"model {self.name!r}: top_k/expert_ffn given without experts; set experts=N "
+                "for a MoE model or drop them"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head width h/a."""
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of K (and of V): kv_heads * head_dim."""
+        return self.kv_heads * self.head_dim
+
+    # ---- parameters ---------------------------------------------------------------------
+    def _norm_params(self) -> int:
+        return 2 * self.hidden if self.norm == Norm.LAYERNORM else self.hidden
+
+    def _mlp_params(self, inner: int) -> int:
+        h, b = self.hidden, self.bias
+        if self.ffn_kind == FfnKind.SWIGLU:
+            return 3 * h * inner + (2 * inner + h if b else 0)
+        return 2 * h * inner + (inner + h if b else 0)
+
+    def block_params(self) -> tuple[int, int]:
+        """(dense, expert) parameters of one block."""
+        h, kv = self.hidden, self.kv_dim
+        attn = h * (h + 2 * kv) + h * h + ((h + 2 * kv) + h if self.bias else 0)
+        dense = attn + 2 * self._norm_params()
+        if self.experts:
+            router = h * self.experts
+            return dense + router, self.experts * self._mlp_params(self.expert_ffn)
+        return dense + self._mlp_params(self.ffn), 0
+
+    def embedding_params(self) -> int:
+        """Token (and learned position) embedding parameters."""
+        return self.vocab * self.hidden + (self.seq * self.hidden if self.learned_pos else 0)
+
+    def head_params(self) -> int:
+        """Final norm plus output projection (zero extra when tied)."""
+        return self._norm_params() + (0 if self.tied_embeddings else self.vocab * self.hidden)
+
+    @property
+    def num_params(self) -> int:
+        """Exact parameter count."""
+        dense, expert = self.block_params()
+        return self.embedding_params() + self.layers * (dense + expert) + self.head_params()
+
+    # ---- per-layer costs ----------------------------------------------------------------
+    def block_cost(self, index: int, seq_len: int, act_bytes: int) -> LayerCost:
+        """One block, per sequence of `seq_len` tokens with `act_bytes`-byte activations."""
+        s, h, a, kv, p = seq_len, self.hidden, self.heads, self.kv_dim, act_bytes
+        mask = MASK_BYTES if self.dropout else 0
+        # Matmul FLOPs, 2 per multiply-add (Narayanan et al. 2021 §5.1).
+        qkv_proj_flops = 2 * s * h * (h + 2 * kv) + 2 * s * h * h
+        attn_core_flops = 2 * 2 * s * s * h  # QK^T and AV over all heads, no causal discount
+        if self.ffn_kind == FfnKind.SWIGLU:
+            mlp_mats, mlp_saved = 3, 4  # gate/up/down; saves gate, up, silu(gate), product
+        else:
+            mlp_mats, mlp_saved = 2, 2  # fc1/fc2; saves GELU input and output
+        if self.experts:
+            inner = self.expert_ffn
+            mlp_flops = 2 * s * h * self.experts + self.top_k * 2 * mlp_mats * s * h * inner
+            # routed copies of the token (dispatch input, combine input), replicated across TP
+            moe_replicated = 2 * self.top_k * p * s * h + p * s * self.experts
+            mlp_tp_bytes = self.top_k * mlp_saved * p * s * inner
+        else:
+            inner = self.ffn
+            mlp_flops = 2 * mlp_mats * s * h * inner
+            moe_replicated = 0
+            mlp_tp_bytes = mlp_saved * p * s * inner
+        fwd_flops = qkv_proj_flops + attn_core_flops + mlp_flops
+        # Activations saved for backward (Korthikanti et al. 2022 §4.1, generalized).
+        # Replicated across TP ranks: norm1 input, QKV input, norm2 input, MLP input, 2 masks.
+        replicated = 4 * p * s * h + 2 * mask * s * h + moe_replicated
+        if self.attention == Attention.MATH:
+            # softmax output (p), its dropout mask and dropout output (Korthikanti: 5as^2).
+            core = (p + mask + (p if self.dropout else 0)) * a * s * s
+        else:
+            core = LSE_BYTES * a * s  # fused kernel keeps O (= proj input) and the LSE only
+        tp_bytes = p * s * (h + 2 * kv) + p * s * h + core + mlp_tp_bytes  # Q,K,V, proj in
+        dense, expert = self.block_params()
+        return LayerCost(
+            name=f"block.{index}",
+            kind=LayerKind.BLOCK,
+            params=dense,
+            expert_params=expert,
+            fwd_flops=float(fwd_flops),
+            bwd_flops=float(2 * fwd_flops),
+            attn_core_fwd_flops=float(attn_core_flops),
+            act_tp_bytes=float(tp_bytes),
+            act_replicated_bytes=float(replicated),
+            act_attn_core_bytes=float(core),
+            input_bytes=float(p * s * h),
+            output_bytes=float(p * s * h),
+        )
+
+    def to_profile(self, seq_len: int | None = None, act_bytes: int = 2) -> ModelProfile:
+        """The layer chain (embedding, blocks, head) for sequences of `seq_len` tokens."""
+        s = self.seq if seq_len is None else seq_len
+        if s < 1:
+            raise ValueError(f"seq_len={s} must be a positive integer")
+        if self.learned_pos and s > self.seq:
+            raise ValueError(
+                f"model {self.name!r}: seq_len={s} exceeds its {self.seq} learned positions; "
+                f"use --seq-len <= {self.seq} or a model with seq>={s}"
+            )
+        h, v, p = self.hidden, self.vocab, act_bytes
+        mask = MASK_BYTES if self.dropout else 0
+        embedding = LayerCost(
+            name="embedding",
+            kind=LayerKind.EMBEDDING,
+            params=self.embedding_params(),
+            fwd_flops=0.0,
+            bwd_flops=0.0,
+            act_tp_bytes=0.0,
+            act_replicated_bytes=float(INDEX_BYTES * s + mask * s * h),
+            input_bytes=float(INDEX_BYTES * s),
+            output_bytes=float(p * s * h),
+        )
+        head_flops = 2 * s * h * v
+        head = LayerCost(
+            name="head",
+            kind=LayerKind.HEAD,
+            params=self.head_params(),
+            fwd_flops=float(head_flops),
+            bwd_flops=float(2 * head_flops),
+            # final-norm input and head input (replicated), fp32 logits for the loss (vocab-
+            # parallel): Korthikanti et al. 2022 §4.1, 4sbh/t (1 + v/h).
+            act_tp_bytes=float(LOGITS_FP32_BYTES * s * v),
+            act_replicated_bytes=float(2 * p * s * h),
+            input_bytes=float(p * s * h),
+            output_bytes=float(LOGITS_FP32_BYTES),
+        )
+        blocks = tuple(self.block_cost(i, s, p) for i in range(self.layers))
+        return ModelProfile(
+            name=self.name,
+            layers=(embedding, *blocks, head),
+            seq_len=s,
+            act_dtype_bytes=p,
+            hidden=h,
+            heads=self.heads,
+            kv_heads=self.kv_heads,
+            ffn=self.expert_ffn if self.experts else self.ffn,
+            vocab=v,
+            experts=self.experts,
+            top_k=self.top_k,
+            tied_embeddings=self.tied_embeddings,
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-able form (the `--model file.json` format)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+_GPT = {"learned_pos": True, "bias": True, "norm": Norm.LAYERNORM, "dropout": True}
+_GPT_MATH = {**_GPT, "attention": Attention.MATH}
+_LLAMA3 = {"ffn_kind": FfnKind.SWIGLU, "vocab": 128256, "seq": 8192, "kv_heads": 8}
+
+PRESETS: dict[str, TransformerSpec] = {
+    # GPT-2: Radford et al. 2019, Table 2; 124,439,808 params with the 50,257-token vocab.
+    "gpt2": TransformerSpec(
+        name="gpt2", layers=12, hidden=768, heads=12, vocab=50257, seq=1024,
+        tied_embeddings=True, **_GPT_MATH,
+    ),
+    "gpt2-xl": TransformerSpec(
+        name="gpt2-xl", layers=48, hidden=1600, heads=25, vocab=50257, seq=1024,
+        tied_embeddings=True, **_GPT_MATH,
+    ),
+    # GPT-3 175B: Brown et al. 2020, Table 2.1 (96 layers, d=12288, 96 heads, 2048 context).
+    "gpt3-175b": TransformerSpec(
+        name="gpt3-175b", layers=96, hidden=12288, heads=96, vocab=50257, seq=2048,
+        tied_embeddings=True, **_GPT_MATH,
+    ),
+    # Llama 3 herd: Dubey et al. 2024, Table 3.
+    "llama3-8b": TransformerSpec(
+        name="llama3-8b", layers=32, hidden=4096, heads=32, ffn=14336, **_LLAMA3
+    ),
+    "llama3-70b": TransformerSpec(
+        name="llama3-70b", layers=80, hidden=8192, heads=64, ffn=28672, **_LLAMA3
+    ),
+    "llama3-405b": TransformerSpec(
+        name="llama3-405b", layers=126, hidden=16384, heads=128, ffn=53248, **_LLAMA3
+    ),
+    # Mixtral 8x7B: Jiang et al. 2024, Table 1.
+    "mixtral-8x7b": TransformerSpec(
+        name="mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336,
+        ffn_kind=FfnKind.SWIGLU, vocab=32000, seq=32768, experts=8, top_k=2,
+    ),
+}  # fmt: skip
+
+_FAMILIES = {
+    "gpt": dict(_GPT_MATH),
+    "llama": {"ffn_kind": FfnKind.SWIGLU},
+    "moe": {"ffn_kind": FfnKind.SWIGLU},
+}
+_BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+_ENUMS = {"ffn_kind": FfnKind, "attention": Attention, "norm": Norm}
+_KEY_ALIASES = {"kv": "kv_heads", "n_layers": "layers", "tied": "tied_embeddings"}
+
+
+def _field_types() -> dict[str, str]:
+    return {f.name: str(f.type) for f in fields(TransformerSpec)}
+
+
+def _coerce(key: str, raw: object, source: str) -> object:
+    kind = _field_types()[key]
+    if key in _ENUMS:
+        enum = _ENUMS[key]
+        try:
+            return enum(str(raw).lower())
+        except ValueError:
+            allowed = ", ".join(e.value for e in enum)
+            raise ValueError(f"{source}: {key}={raw!r} is not one of {allowed}") from None
+    if kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        word = str(raw).lower()
+        if word not in _BOOL_WORDS:
+            raise ValueError(f"{source}: {key}={raw!r} must be true or false")
+        return _BOOL_WORDS[word]
+    if kind == "int":
+        if isinstance(raw, bool):
+            raise ValueError(f"{source}: {key}={raw!r} must be an integer")
+        if isinstance(raw, int):
+            return raw
+        try:
+            return int(str(raw).replace("_", ""))
+        except ValueError:
+            raise ValueError(f"{source}: {key}={raw!r} must be an integer") from None
+    return str(raw)
+
+
+def spec_from_mapping(values: dict[str, object], *, source: str, base: dict | None = None):
+    """Build a spec from key/value pairs, naming any unknown key and the accepted ones."""
+    known = _field_types()
+    kwargs: dict[str, object] = dict(base or {})
+    for raw_key, raw in values.items():
+        key = _KEY_ALIASES.get(raw_key, raw_key)
+        if key not in known:
+            raise ValueError(
+                f"{source}: unknown key {raw_key!r}; accepted keys: {', '.join(sorted(known))}"
+            )
+        kwargs[key] = _coerce(key, raw, source)
+    missing = [k for k in ("layers", "hidden", "heads", "vocab") if k not in kwargs]
+    if missing:
+        raise ValueError(f"{source}: missing {', '.join(missing)}; e.g. {MODEL_FORMS}")
+    try:
+        return TransformerSpec(**kwargs)  # type: ignore[arg-type]
+    except TypeError as exc:  # pragma: no cover - every key is checked above
+        raise ValueError(f"{source}: {exc}") from None
+
+
+MODEL_FORMS = (
+    "a preset (" + ", ".join(PRESETS) + "), "
+    "'gpt:layers=96,hidden=12288,heads=96,vocab=51200,seq=2048' (families gpt, llama, moe; "
+    "keys: layers, hidden, heads, kv_heads, ffn, ffn_kind, vocab, seq, tied_embeddings, "
+    "experts, top_k, expert_ffn, ...), or a path to a .json spec file"
+)
+
+
+def parse_model(text: str) -> TransformerSpec:
+    """Parse `--model`: a preset name, `family:key=value,...`, or a JSON spec file."""
+    text = text.strip()
+    if text.lower() in PRESETS:
+        return PRESETS[text.lower()]
+    if text.endswith(".json") or Path(text).is_file():
+        return load_spec_file(Path(text))
+    if ":" in text:
+        family, _, body = text.partition(":")
+        family = family.lower()
+        if family not in _FAMILIES:
+            raise ValueError(f"--model {text!r}: unknown family {family!r}; expected {MODEL_FORMS}")
+        values: dict[str, object] = {"name": text}
+        for token in filter(None, (t.strip() for t in body.split(","))):
+            key, eq, value = token.partition("=")
+            if not eq or not key or not value:
+                raise ValueError(
+                    f"--model: bad token {token!r} (expected key=value); forms: {MODEL_FORMS}"
+                )
+            values[key.strip().lower()] = value.strip()
+        return spec_from_mapping(values, source=f"--model {text!r}", base=_FAMILIES[family])
+    raise ValueError(f"--model {text!r}: not a known model; expected {MODEL_FORMS}")
+
+
+def load_spec_file(path: Path) -> TransformerSpec:
+    """Load a spec written by `TransformerSpec.to_dict` (strict: unknown keys rejected)."""
+    if not path.is_file():
+        raise ValueError(f"--model {str(path)!r}: no such file; expected {MODEL_FORMS}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"model file {str(path)!r} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"model file {str(path)!r}: expected a JSON object of spec keys")
+    data.setdefault("name", path.stem)
+    return spec_from_mapping(data, source=f"model file {str(path)!r}")
+
+
+def with_name(spec: TransformerSpec, name: str) -> TransformerSpec:
+    """The same spec under another name."""
+    return replace(spec, name=name)

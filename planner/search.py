@@ -1,0 +1,402 @@
+"""The outer search: enumerate strategies, prune by memory and by a time lower bound, rank.
+
+Deterministic: strategies are ranked by (step time, peak memory, `Strategy.sort_key`). The
+pruning is exact: a strategy is skipped only when its memory does not fit or when a lower
+bound on its step time (every group on the fastest link, no latency) is already slower than
+the K-th best found, so `search` returns the same optimum as `brute_force`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+from .cost.comm import AxisLink, Collectives
+from .cost.evaluate import Estimate, Evaluator
+from .cost.memory import MemoryBreakdown
+from .strategy import DEFAULT_MESH_ORDER, MeshAxis, Recompute, Schedule, Strategy
+
+MAX_VIRTUAL_STAGES = 8
+"""Largest interleaving factor searched unless pinned: each chunk adds p2p sends, and
+Narayanan et al. 2021 (Fig. 12) report gains flattening out by a handful of chunks."""
+MAX_MICRO_BATCH = 64
+_RECOMPUTE_RANK = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
+"""Largest micro-batch size searched unless pinned."""
+
+FIX_KEYS = (
+    "dp", "tp", "pp", "cp", "ep", "zero_stage", "sequence_parallel", "virtual_stages",
+    "micro_batch_size", "schedule", "recompute", "offload_optimizer",
+)  # fmt: skip
+PINNED_FOR_SINGLE = frozenset(
+    {"dp", "tp", "pp", "zero_stage", "micro_batch_size", "schedule", "recompute"}
+)
+"""Pinning these evaluates one configuration (cp, ep, sp, offload still take their best)."""
+FIX_ALIASES = {"zero": "zero_stage", "sp": "sequence_parallel", "vpp": "virtual_stages",
+               "mbs": "micro_batch_size", "offload": "offload_optimizer"}  # fmt: skip
+_INT_KEYS = {"dp", "tp", "pp", "cp", "ep", "zero_stage", "virtual_stages", "micro_batch_size"}
+_BOOL_KEYS = {"sequence_parallel", "offload_optimizer"}
+_BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True,
+               "false": False, "0": False, "no": False, "off": False}  # fmt: skip
+FIX_FORMS = (
+    "comma-separated key=value pairs, e.g. 'tp=8,pp=8,dp=24,zero=1,mbs=2,schedule=1f1b,"
+    "recompute=full'; keys: "
+    + ", ".join(FIX_KEYS)
+    + " (aliases: "
+    + ", ".join(f"{a}={k}" for a, k in FIX_ALIASES.items())
+    + "); schedules: "
+    + ", ".join(s.value for s in Schedule)
+    + "; recompute: "
+    + ", ".join(r.value for r in Recompute)
+)
+
+
+def parse_fix(text: str) -> dict[str, object]:
+    """Parse `--fix` into plan-JSON names and typed values; errors name the bad token."""
+    fixed: dict[str, object] = {}
+    for token in filter(None, (t.strip() for t in text.split(","))):
+        raw_key, eq, raw = token.partition("=")
+        key = FIX_ALIASES.get(raw_key.strip().lower(), raw_key.strip().lower())
+        raw = raw.strip().lower()
+        if not eq or not raw:
+            raise ValueError(f"--fix: bad token {token!r}; expected {FIX_FORMS}")
+        if key not in FIX_KEYS:
+            raise ValueError(f"--fix: unknown key {raw_key.strip()!r} in {token!r}; {FIX_FORMS}")
+        value: object
+        if key in _INT_KEYS:
+            if not raw.isdigit() or int(raw) < (0 if key == "zero_stage" else 1):
+                raise ValueError(
+                    f"--fix: {token!r}: {key} must be a "
+                    f"{'non-negative' if key == 'zero_stage' else 'positive'} integer"
+                )
+            value = int(raw)
+        elif key in _BOOL_KEYS:
+            if raw not in _BOOL_WORDS:
+                raise ValueError(f"--fix: {token!r}: {key} must be true or false")
+            value = _BOOL_WORDS[raw]
+        elif key == "schedule":
+            try:
+                value = Schedule(raw)
+            except ValueError:
+                raise ValueError(
+                    f"--fix: {token!r}: unknown schedule; use one of "
+                    + ", ".join(s.value for s in Schedule)
+                ) from None
+        else:
+            try:
+                value = Recompute(raw)
+            except ValueError:
+                raise ValueError(
+                    f"--fix: {token!r}: unknown recompute policy; use one of "
+                    + ", ".join(r.value for r in Recompute)
+                ) from None
+        if key in fixed and fixed[key] != value:
+            raise ValueError(f"--fix: {key} given twice with different values")
+        fixed[key] = value
+    return fixed
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchResult:
+    """What the search found."""
+
+    ranked: tuple[Estimate, ...]
+    """The fastest memory-feasible strategies, best first (at most top_k + 1)."""
+    evaluated: int
+    """Structurally valid strategies considered (each mesh order counted once)."""
+    min_memory: Estimate | None
+    """The valid strategy needing the least memory per GPU (None if nothing is valid)."""
+
+    @property
+    def best(self) -> Estimate | None:
+        """The winner, if anything fits."""
+        return self.ranked[0] if self.ranked else None
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _mesh_orders(s: Strategy) -> list[tuple[MeshAxis, ...]]:
+    """Distinct rank layouts: permutations of the axes larger than 1 (size-1 axes stay put)."""
+    slots = [i for i, a in enumerate(DEFAULT_MESH_ORDER) if s.axis_size(a) > 1]
+    movers = [DEFAULT_MESH_ORDER[i] for i in slots]
+    orders = []
+    for perm in itertools.permutations(movers):
+        order = list(DEFAULT_MESH_ORDER)
+        for i, axis in zip(slots, perm, strict=True):
+            order[i] = axis
+        orders.append(tuple(order))
+    return orders
+
+
+class Search:
+    """Enumerates the space for one evaluator, with pinned dimensions."""
+
+    def __init__(self, ev: Evaluator, fixed: dict[str, object] | None = None) -> None:
+        self.ev = ev
+        self.fixed = dict(fixed or {})
+        unknown = set(self.fixed) - set(FIX_KEYS)
+        if unknown:
+            raise ValueError(f"unknown fixed dimension(s) {sorted(unknown)}; {FIX_FORMS}")
+        self._lb_coll = Collectives(ev.acc, lower_bound=True)
+
+    @property
+    def all_pinned(self) -> bool:
+        """Whether --fix pins every main dimension: then a plan is reported even when it does
+        not fit (the least-memory variant of what remains, marked infeasible)."""
+        return set(self.fixed) >= PINNED_FOR_SINGLE
+
+    def _options(self, key: str, default: list) -> list:
+        return [self.fixed[key]] if key in self.fixed else default
+
+    def blocks(self) -> Iterator[_Block]:
+        """The space in blocks that share degrees and micro-batch size, valid or not."""
+        ev, p, t = self.ev, self.ev.profile, self.ev.train
+        n = ev.cluster.num_gpus
+        divs = _divisors(n)
+        kv = p.kv_heads
+        tps = self._options("tp", [d for d in divs if p.heads % d == 0 and p.ffn % d == 0
+                                   and (kv % d == 0 or d % kv == 0)])  # fmt: skip
+        cps = self._options("cp", [d for d in divs if d == 1 or t.seq_len % (2 * d) == 0])
+        pps = self._options("pp", [d for d in divs if d <= ev.num_blocks])
+        eps = self._options("ep", [d for d in _divisors(p.experts) if d <= n] if p.is_moe else [1])
+        pinned_degrees = bool({"tp", "cp", "pp", "dp"} & set(self.fixed))
+        for tp, cp, pp, ep in itertools.product(tps, cps, pps, eps):
+            if n % (tp * cp * pp) and not pinned_degrees:
+                continue
+            dp = int(self.fixed.get("dp", max(1, n // (tp * cp * pp))))  # type: ignore[call-overload]
+            if dp * tp * cp * pp != n and not pinned_degrees:
+                continue
+            per_replica = t.global_batch // dp if t.global_batch % dp == 0 else 0
+            mbss = self._options(
+                "micro_batch_size",
+                [d for d in _divisors(per_replica) if d <= MAX_MICRO_BATCH] if per_replica else [1],
+            )
+            scheds: list[tuple[Schedule, int]] = []
+            if pp == 1:
+                scheds.append((Schedule.NONE, 1))
+            else:
+                scheds += [(Schedule.GPIPE, 1), (Schedule.ONE_F_ONE_B, 1)]
+                top_v = min(MAX_VIRTUAL_STAGES, ev.num_blocks // pp)
+                scheds += [(Schedule.INTERLEAVED_1F1B, v) for v in range(2, top_v + 1)]
+            if "schedule" in self.fixed:
+                fs = Schedule(self.fixed["schedule"])  # type: ignore[arg-type]
+                fv = int(self.fixed.get("virtual_stages", 1))  # type: ignore[call-overload]
+                scheds = [x for x in scheds if x[0] == fs] or [(fs, fv)]
+            if "virtual_stages" in self.fixed:
+                fv = int(self.fixed["virtual_stages"])  # type: ignore[call-overload]
+                scheds = [x for x in scheds if x[1] == fv] or [(x[0], fv) for x in scheds[:1]]
+            rest = list(itertools.product(
+                self._options("sequence_parallel", [False, True] if tp > 1 else [False]),
+                self._options("zero_stage", [0, 1, 2, 3]),
+                self._options("offload_optimizer", [False, True]),
+                self._options("recompute", list(Recompute)),
+            ))  # fmt: skip
+            if "offload_optimizer" not in self.fixed:
+                rest = [r for r in rest if not (r[2] and r[1] == 0)]  # offload needs ZeRO >= 1
+            for mbs in mbss:
+                base = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, micro_batch_size=mbs)
+                yield _Block(base=base, schedules=tuple(scheds), rest=tuple(rest))
+
+    def configs(self) -> Iterator[Strategy]:
+        """Every combination of the searched dimensions (default mesh order), valid or not."""
+        for block in self.blocks():
+            yield from block.strategies()
+
+    def valid(self) -> Iterator[Strategy]:
+        """Structurally valid strategies in every distinct mesh order."""
+        for s in self.configs():
+            if not self.ev.violation(s):
+                for order in _mesh_orders(s):
+                    yield replace(s, mesh_order=order)
+
+    def run(self, top_k: int = 3, progress: Callable[[float], None] | None = None) -> SearchResult:
+        """The best `top_k + 1` feasible strategies, exactly, by best-first branch and bound:
+        blocks are visited in order of their compute lower bound and the search stops when a
+        block's bound is slower than the K-th best found."""
+        ev = self.ev
+        keep = top_k + 1
+        heap: list[tuple] = []  # min-heap whose top is the worst kept (negated rank key)
+        evaluated = 0
+        min_mem: tuple[float, _Block, tuple] | None = None
+        violations: Counter[str] = Counter()
+
+        def worst_s() -> float:
+            return -heap[0][0] if len(heap) == keep else float("inf")
+
+        blocks = []
+        for block in self.blocks():
+            rule = ev.violation(block.probe())
+            bound = float("inf") if rule else ev.compute_lower_bound_s(block.base)
+            blocks.append((bound, len(blocks), block))
+        blocks.sort(key=lambda b: b[:2])
+        for done, (bound, _, block) in enumerate(blocks):
+            if progress is not None:
+                progress(done / len(blocks))
+            if bound > worst_s():
+                break  # every later block is slower still
+            for sched, v in block.schedules:
+                probe = replace(block.probe(), schedule=sched, virtual_stages=v)
+                probe_rule = ev.violation(probe)
+                if not probe_rule and ev.schedule_lower_bound_s(probe) > worst_s():
+                    continue
+                # With nothing pinned, only the probe's rules can fail (the options exclude sp
+                # without TP and offload without ZeRO); with pins, each strategy is checked.
+                if probe_rule and not self.fixed:
+                    violations[probe_rule] += len(block.rest)
+                    continue
+                totals = ev.memory_totals(probe, block.rest)
+                fitted: list[tuple[bool, int, bool, int]] = []  # (sp, zero, offload, rc)
+                for (sp, zero, off, rc), total in zip(block.rest, totals, strict=True):
+                    if self.fixed:
+                        rule = ev.violation(block.strategy(sched, v, sp, zero, off, rc))
+                        if rule:
+                            violations[rule] += 1
+                            continue
+                    evaluated += 1
+                    if min_mem is None or total < min_mem[0]:
+                        min_mem = (total, block, (sched, v, sp, zero, off, rc))
+                    if total > ev.capacity_bytes:
+                        continue
+                    rc_rank = _RECOMPUTE_RANK[rc]
+                    if any(
+                        f[0] == sp and f[1] == zero and f[2] <= off and f[3] <= rc_rank
+                        for f in fitted
+                    ):
+                        continue  # only adds recompute/offload to a faster strategy that fits
+                    fitted.append((sp, zero, off, rc_rank))
+                    s = block.strategy(sched, v, sp, zero, off, rc)
+                    if len(heap) == keep:
+                        ideal = {k: AxisLink(x.size, x.size, 1) for k, x in ev.links(s).items()}
+                        if ev.time(s, ideal, self._lb_coll).step_time_s > worst_s():
+                            continue
+                    memory, peak_stage = ev.memory(s)
+                    est = self._best_order(s, memory, peak_stage)
+                    entry = (-est.step_time_s, -memory.total_bytes, _Neg(est.strategy.sort_key()),
+                             est)  # fmt: skip
+                    if len(heap) < keep:
+                        heapq.heappush(heap, entry)
+                    elif entry[:3] > heap[0][:3]:
+                        heapq.heapreplace(heap, entry)
+        if progress is not None:
+            progress(1.0)
+        if evaluated == 0 and not heap:
+            for s in self.configs():  # nothing was valid: say which rule blocks most of it
+                violations[ev.violation(s)] += 1
+            violations.pop("", None)
+            rule = violations.most_common(1)[0][0] if violations else "no candidates"
+            pinned = ", ".join(f"{k}={v}" for k, v in self.fixed.items()) or "nothing pinned"
+            raise ValueError(
+                f"no valid parallel configuration for {ev.profile.name} on "
+                f"{ev.cluster.num_gpus} GPUs with {pinned}: {rule}; change the pinned values"
+            )
+        least = None if min_mem is None else self._estimate(min_mem[1].strategy(*min_mem[2]))
+        if not heap:
+            least = self._least_memory(least)
+        ranked = tuple(e[3] for e in sorted(heap, key=lambda e: e[:3], reverse=True))
+        return SearchResult(ranked=ranked, evaluated=evaluated, min_memory=least)
+
+    def _estimate(self, s: Strategy) -> Estimate:
+        memory, stage = self.ev.memory(s)
+        return self.ev.finish(s, memory, stage, self.ev.time(s))
+
+    def _best_order(self, s: Strategy, memory: MemoryBreakdown, peak_stage: int) -> Estimate:
+        """The strategy in its fastest mesh order (ties broken by `sort_key`)."""
+        ev = self.ev
+        best = None
+        for order in _mesh_orders(s):
+            so = replace(s, mesh_order=order)
+            tb = ev.time(so)
+            key = (tb.step_time_s, so.sort_key())
+            if best is None or key < best[0]:
+                best = (key, so, tb)
+        _, so, tb = best  # type: ignore[misc]
+        return ev.finish(so, memory, peak_stage, tb)
+
+    def _least_memory(self, found: Estimate | None) -> Estimate | None:
+        """When nothing fits: the exact least-memory valid strategy. Memory grows with the
+        micro-batch size, so each block's smallest micro-batch is enough to look at."""
+        ev, best = self.ev, found
+        smallest: dict[tuple, int] = {}
+        blocks = list(self.blocks())
+        for block in blocks:
+            b = block.base
+            key = (b.tp, b.cp, b.pp, b.ep, b.dp)
+            smallest[key] = min(smallest.get(key, b.micro_batch_size), b.micro_batch_size)
+        for block in blocks:
+            b = block.base
+            if b.micro_batch_size != smallest[(b.tp, b.cp, b.pp, b.ep, b.dp)]:
+                continue
+            for s in block.strategies():
+                if ev.violation(s):
+                    continue
+                memory, stage = ev.memory(s)
+                if best is None or memory.total_bytes < best.memory.total_bytes:
+                    best = ev.finish(s, memory, stage, ev.time(s))
+        return best
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """Strategies sharing degrees and micro-batch size (one unit of the branch and bound)."""
+
+    base: Strategy
+    schedules: tuple[tuple[Schedule, int], ...]
+    rest: tuple[tuple[bool, int, bool, Recompute], ...]
+
+    def probe(self) -> Strategy:
+        """A representative for the block-level structural checks."""
+        sched, v = self.schedules[0]
+        return replace(self.base, schedule=sched, virtual_stages=v)
+
+    def strategy(
+        self, sched: Schedule, v: int, sp: bool, zero: int, off: bool, rc: Recompute
+    ) -> Strategy:
+        """One strategy of the block (default mesh order)."""
+        b = self.base
+        return Strategy(
+            dp=b.dp, tp=b.tp, pp=b.pp, cp=b.cp, ep=b.ep, micro_batch_size=b.micro_batch_size,
+            schedule=sched, virtual_stages=v, sequence_parallel=sp, recompute=rc,
+            zero_stage=zero, offload_optimizer=off,
+        )  # fmt: skip
+
+    def strategies(self) -> Iterator[Strategy]:
+        """Each strategy of the block (default mesh order)."""
+        for sched, v in self.schedules:
+            for sp, zero, off, rc in self.rest:
+                yield self.strategy(sched, v, sp, zero, off, rc)
+
+
+class _Neg:
+    """Orders a sort key in reverse, so a min-heap keeps the worst candidate on top."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple) -> None:
+        self.key = key
+
+    def __lt__(self, other: _Neg) -> bool:
+        return self.key > other.key
+
+    def __gt__(self, other: _Neg) -> bool:
+        return self.key < other.key
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Neg) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+
+def rank_key(e: Estimate) -> tuple:
+    """The ranking both the search and brute force use."""
+    return (e.step_time_s, e.memory.total_bytes, e.strategy.sort_key())
+
+
+def brute_force(ev: Evaluator, fixed: dict[str, object] | None = None) -> list[Estimate]:
+    """Every valid strategy in every mesh order, evaluated in full and ranked (for tests)."""
+    out = [ev.evaluate(s) for s in Search(ev, fixed).valid()]
+    return sorted((e for e in out if e.feasible), key=rank_key)

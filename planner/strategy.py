@@ -1,0 +1,107 @@
+"""One point of the search space: how a training step is split over the GPUs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Schedule(StrEnum):
+    """Pipeline schedule (`none` when there is no pipeline)."""
+
+    NONE = "none"
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved_1f1b"
+
+
+class Recompute(StrEnum):
+    """Activation recomputation policy (Korthikanti et al. 2022 §5)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class MeshAxis(StrEnum):
+    """Axes of the device mesh. Expert parallelism lives inside the `dp` axis."""
+
+    PP = "pp"
+    DP = "dp"
+    CP = "cp"
+    TP = "tp"
+
+
+DEFAULT_MESH_ORDER: tuple[MeshAxis, ...] = (MeshAxis.PP, MeshAxis.DP, MeshAxis.CP, MeshAxis.TP)
+"""Outermost to innermost, as torchtitan and Megatron order them: TP inside a node first."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Strategy:
+    """Degrees and choices of one candidate plan."""
+
+    dp: int
+    """Data-parallel degree (replicas, or FSDP shards)."""
+    tp: int
+    """Tensor-parallel degree."""
+    pp: int
+    """Pipeline stages."""
+    cp: int = 1
+    """Context-parallel degree (sequence split across ranks in attention)."""
+    ep: int = 1
+    """Expert-parallel degree (a divisor of dp; MoE only)."""
+    zero_stage: int = 0
+    """ZeRO stage 0-3 over the data-parallel (x context-parallel) group."""
+    offload_optimizer: bool = False
+    """Optimizer states and step on the host (ZeRO-Offload)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism with TP (Korthikanti et al. 2022 §4.2.2)."""
+    schedule: Schedule = Schedule.NONE
+    """Pipeline schedule."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank (interleaved 1F1B)."""
+    micro_batch_size: int = 1
+    """Sequences per micro-batch."""
+    recompute: Recompute = Recompute.NONE
+    """Activation recomputation policy for the blocks."""
+    mesh_order: tuple[MeshAxis, ...] = DEFAULT_MESH_ORDER
+    """Mesh axes from outermost to innermost (the last varies fastest over ranks)."""
+
+    @property
+    def world_size(self) -> int:
+        """GPUs the strategy uses."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    def axis_size(self, axis: MeshAxis) -> int:
+        """Degree of a mesh axis."""
+        return {MeshAxis.PP: self.pp, MeshAxis.DP: self.dp, MeshAxis.CP: self.cp,
+                MeshAxis.TP: self.tp}[axis]  # fmt: skip
+
+    def sort_key(self) -> tuple:
+        """Deterministic tie-break between equally fast strategies."""
+        return (
+            self.tp, self.pp, self.cp, self.ep, self.dp, self.zero_stage, self.offload_optimizer,
+            not self.sequence_parallel, str(self.schedule), self.virtual_stages,
+            -self.micro_batch_size, str(self.recompute), tuple(str(a) for a in self.mesh_order),
+        )  # fmt: skip
+
+    def short(self) -> str:
+        """Compact description, e.g. ``dp=8 tp=8 pp=16 zero=1 sp 1f1b mbs=1 rc=full``."""
+        parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
+        if self.cp > 1:
+            parts.append(f"cp={self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep={self.ep}")
+        parts.append(f"zero={self.zero_stage}")
+        if self.offload_optimizer:
+            parts.append("offload")
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.pp > 1:
+            sched = str(self.schedule)
+            if self.schedule == Schedule.INTERLEAVED_1F1B:
+                sched += f"(v={self.virtual_stages})"
+            parts.append(sched)
+        parts.append(f"mbs={self.micro_batch_size}")
+        parts.append(f"rc={self.recompute}")
+        return " ".join(parts)
