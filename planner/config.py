@@ -57,8 +57,13 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
-        object.__setattr__(self, "precision", Precision(self.precision))
-        object.__setattr__(self, "optimizer", Optimizer(self.optimizer))
+        for name, enum in (("precision", Precision), ("optimizer", Optimizer)):
+            value = getattr(self, name)
+            try:
+                object.__setattr__(self, name, enum(str(value).lower()))
+            except ValueError:
+                allowed = ", ".join(e.value for e in enum)
+                raise ValueError(f"{name}={value!r} is not one of {allowed}") from None
         if not 0.0 <= self.memory_headroom < 1.0:
             raise ValueError(
                 f"memory_headroom={self.memory_headroom!r} must be a fraction in [0, 1)"

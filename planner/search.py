@@ -142,6 +142,32 @@ class Search:
         if unknown:
             raise ValueError(f"unknown fixed dimension(s) {sorted(unknown)}; {FIX_FORMS}")
         self._lb_coll = Collectives(ev.acc, lower_bound=True)
+        self._check_pins()
+
+    def _check_pins(self) -> None:
+        """Reject a pinned value that no configuration could satisfy, naming its rule."""
+        ev, f = self.ev, self.fixed
+        p, t, n = ev.profile, ev.train, ev.cluster.num_gpus
+        for key in ("dp", "tp", "pp", "cp"):
+            if key in f and n % int(f[key]):  # type: ignore[call-overload]
+                raise ValueError(
+                    f"--fix {key}={f[key]}: {key} must divide the {n} GPUs of the cluster"
+                )
+        if "tp" in f:
+            tp = int(f["tp"])  # type: ignore[call-overload]
+            if p.heads % tp or p.ffn % tp:
+                raise ValueError(f"--fix tp={tp}: tp must divide heads={p.heads} and ffn={p.ffn}")
+        if "pp" in f and int(f["pp"]) > ev.num_blocks:  # type: ignore[call-overload]
+            raise ValueError(f"--fix pp={f['pp']}: more stages than the {ev.num_blocks} blocks")
+        if "cp" in f and int(f["cp"]) > 1 and t.seq_len % (2 * int(f["cp"])):  # type: ignore[call-overload]
+            raise ValueError(f"--fix cp={f['cp']}: seq_len={t.seq_len} must divide by 2*cp")
+        if "ep" in f and int(f["ep"]) > 1 and not p.is_moe:  # type: ignore[call-overload]
+            raise ValueError(f"--fix ep={f['ep']}: expert parallelism needs a MoE model")
+        if "micro_batch_size" in f and t.global_batch % int(f["micro_batch_size"]):  # type: ignore[call-overload]
+            raise ValueError(
+                f"--fix micro_batch_size={f['micro_batch_size']}: it must divide the global "
+                f"batch of {t.global_batch}"
+            )
 
     @property
     def all_pinned(self) -> bool:

@@ -1,0 +1,215 @@
+"""The `paraplan` command line. Thin: parses arguments, calls the planner, prints.
+
+Exit status: 0 on success; 2 on bad input or when no plan fits (the message says why and what
+to change); a plan pinned with --fix that does not fit is still written, and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+EXIT_BAD_INPUT = 2
+_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
+
+
+def _count(text: str) -> int:
+    """An integer with an optional K/M/G suffix (e.g. 16M); argparse reports the error."""
+    raw = text.strip().lower().replace("_", "").replace(",", "")
+    scale = 1
+    if raw and raw[-1] in _SUFFIXES:
+        scale, raw = _SUFFIXES[raw[-1]], raw[:-1]
+    try:
+        value = float(raw) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a count; use an integer such as 256, 16M or 4096K"
+        ) from None
+    if value < 1 or value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive whole number")
+    return int(value)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="paraplan",
+        description="Plan how to parallelize the training of a large model, and why.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    plan = sub.add_parser(
+        "plan",
+        help="search the parallelism space and write the fastest plan that fits",
+        description="Search DP x ZeRO x TP(+SP) x PP(schedule) x CP x EP x micro-batch x "
+        "recompute x mesh order; print the chosen plan, its memory and time, and the runners-up.",
+    )
+    plan.add_argument("--model", required=True, metavar="M",
+                      help="preset (gpt2, gpt2-xl, gpt3-175b, llama3-8b, llama3-70b, llama3-405b, "
+                      "mixtral-8x7b), 'gpt:layers=96,hidden=12288,heads=96,vocab=51200,seq=2048', "
+                      "or a .json spec file")  # fmt: skip
+    plan.add_argument(
+        "--cluster",
+        metavar="C",
+        help="'<N>x<accelerator>' (8xh100, 1024xa100-80gb) or a .json/.yaml file",
+    )
+    plan.add_argument("--gpus", type=_count, metavar="N", help="GPU count (with --gpu)")
+    plan.add_argument("--gpu", metavar="NAME", help="accelerator name (with --gpus)")
+    plan.add_argument("--gpus-per-node", type=_count, metavar="G", help="GPUs per node (default 8)")
+    batch = plan.add_mutually_exclusive_group(required=True)
+    batch.add_argument(
+        "--global-batch", type=_count, metavar="N", help="sequences per optimizer step"
+    )
+    batch.add_argument(
+        "--global-batch-tokens",
+        type=_count,
+        metavar="T",
+        help="tokens per optimizer step (e.g. 16M); must be a multiple of --seq-len",
+    )
+    plan.add_argument(
+        "--seq-len",
+        type=_count,
+        metavar="S",
+        help="tokens per sequence (default: the model's context length)",
+    )
+    plan.add_argument(
+        "--precision",
+        default="bf16",
+        choices=["bf16", "fp16", "fp32"],
+        help="training precision (default bf16 mixed precision)",
+    )
+    plan.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=["adamw", "sgd", "adafactor", "adam8bit"],
+        help="default adamw",
+    )
+    plan.add_argument(
+        "--memory-headroom",
+        type=float,
+        default=0.1,
+        metavar="F",
+        help="fraction of GPU memory kept free (default 0.1)",
+    )
+    plan.add_argument("--fix", default="", metavar="K=V,...",
+                      help="pin dimensions, e.g. tp=8,pp=8,dp=24,zero=1,mbs=2,schedule=1f1b,"
+                      "recompute=full (keys: dp tp pp cp ep zero_stage|zero sequence_parallel|sp "
+                      "virtual_stages|vpp micro_batch_size|mbs schedule recompute "
+                      "offload_optimizer|offload)")  # fmt: skip
+    plan.add_argument(
+        "--top", type=int, default=3, metavar="K", help="runners-up to list (default 3)"
+    )
+    plan.add_argument("-o", "--output", metavar="PATH", help="write the plan JSON here")
+    plan.add_argument(
+        "--json", action="store_true", help="print the plan JSON on stdout instead of the table"
+    )
+    plan.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+    explain = sub.add_parser("explain", help="say in words what bounds a plan",
+                             description="What bounds the plan (memory, bubble, communication) "
+                             "and what the next-best alternative costs.")  # fmt: skip
+    explain.add_argument("plan", metavar="PLAN", help="a plan JSON written by paraplan plan -o")
+    show = sub.add_parser("show", help="print a saved plan's table")
+    show.add_argument("plan", metavar="PLAN", help="a plan JSON written by paraplan plan -o")
+    return parser
+
+
+def _progress_bar() -> object:
+    """A one-line progress bar on stderr, shown only on a terminal."""
+    if not sys.stderr.isatty():
+        return None
+    width = 30
+
+    def update(frac: float) -> None:
+        done = round(width * frac)
+        end = "\n" if frac >= 1.0 else ""
+        sys.stderr.write(f"\rsearching [{'#' * done}{'.' * (width - done)}] {frac:4.0%}{end}")
+        sys.stderr.flush()
+
+    return update
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from .api import plan as make
+    from .planner.api import NoFeasiblePlanError
+    from .planner.cluster import make_cluster, parse_cluster
+    from .planner.explain import format_plan
+    from .planner.model_spec import parse_model
+    from .planner.plan import save_plan
+    from .planner.search import parse_fix
+
+    if args.cluster and (args.gpus or args.gpu):
+        raise ValueError("give either --cluster or --gpus with --gpu, not both")
+    if args.cluster:
+        cluster = parse_cluster(args.cluster, gpus_per_node=args.gpus_per_node)
+    elif args.gpus and args.gpu:
+        cluster = make_cluster(args.gpu, args.gpus, gpus_per_node=args.gpus_per_node)
+    else:
+        raise ValueError("no cluster: give --cluster 8xh100 (or a file), or --gpus N --gpu NAME")
+    spec = parse_model(args.model)
+    seq = args.seq_len or spec.seq
+    batch = args.global_batch
+    if args.global_batch_tokens:
+        if args.global_batch_tokens % seq:
+            raise ValueError(
+                f"--global-batch-tokens {args.global_batch_tokens} is not a multiple of the "
+                f"sequence length {seq}; use a multiple such as {seq * max(1, args.global_batch_tokens // seq)}"
+            )
+        batch = args.global_batch_tokens // seq
+    progress = None if (args.no_progress or args.json) else _progress_bar()
+    try:
+        outcome = make(
+            spec, cluster, global_batch=batch, seq_len=seq, precision=args.precision,
+            optimizer=args.optimizer, memory_headroom=args.memory_headroom,
+            fix=parse_fix(args.fix), top_k=args.top, progress=progress,  # type: ignore[arg-type]
+        )  # fmt: skip
+    except NoFeasiblePlanError as exc:
+        print(f"paraplan: no plan fits: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    plan = outcome.plan
+    if args.output:
+        save_plan(plan, args.output)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print(format_plan(plan))
+        if args.output:
+            print(f"\nplan written to {args.output}")
+    if not plan.feasible:
+        print(f"paraplan: the pinned plan does not fit: {plan.infeasible_reason}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from .planner.explain import explain
+    from .planner.plan import load_plan
+
+    print(explain(load_plan(args.plan)))
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from .planner.explain import format_plan
+    from .planner.plan import load_plan
+
+    print(format_plan(load_plan(args.plan)))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `paraplan` console script."""
+    args = _parser().parse_args(argv)
+    commands = {"plan": _cmd_plan, "explain": _cmd_explain, "show": _cmd_show}
+    try:
+        return commands[args.command](args)
+    except ValueError as exc:
+        print(f"paraplan: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:  # e.g. `paraplan plan ... | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

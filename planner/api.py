@@ -1,0 +1,72 @@
+"""The planner's entry point: model + cluster + training config -> plan."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .build import PlanContext, build_plan
+from .cluster import Cluster
+from .config import TrainConfig
+from .cost.evaluate import Estimate, Evaluator
+from .model import ModelProfile
+from .plan import Plan
+from .search import Search, SearchResult
+
+
+class NoFeasiblePlanError(ValueError):
+    """No strategy fits in memory; carries the least memory any strategy needs."""
+
+    def __init__(self, message: str, least: Estimate | None) -> None:
+        super().__init__(message)
+        self.least = least
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanOutcome:
+    """A plan and the search behind it."""
+
+    plan: Plan
+    """The chosen plan (or, with every dimension pinned, the one evaluated)."""
+    result: SearchResult
+    """Everything the search found."""
+
+
+def make_plan(
+    profile: ModelProfile,
+    cluster: Cluster,
+    train: TrainConfig,
+    *,
+    fixed: dict[str, object] | None = None,
+    top_k: int = 3,
+    progress: Callable[[float], None] | None = None,
+) -> PlanOutcome:
+    """Search the space and build the plan. Raises `NoFeasiblePlanError` when nothing fits
+    (unless every dimension is pinned: then the plan is returned marked infeasible)."""
+    if top_k < 0:
+        raise ValueError(f"top_k={top_k} must be >= 0")
+    ev = Evaluator(profile, cluster, train)
+    search = Search(ev, fixed)
+    result = search.run(top_k=top_k, progress=progress)
+    ctx = PlanContext(profile=profile, cluster=cluster, train=train)
+    if result.best is not None:
+        return PlanOutcome(plan=build_plan(ctx, result.best, result.ranked[1:]), result=result)
+    least = result.min_memory
+    if search.all_pinned and least is not None:
+        return PlanOutcome(plan=build_plan(ctx, least, ()), result=result)
+    need = f"{least.memory.total_bytes / 1e9:.2f} GB" if least else "unknown"
+    cap = ev.capacity_bytes / 1e9
+    pinned = ", ".join(f"{k}={v}" for k, v in (fixed or {}).items())
+    what = f" with {pinned}" if pinned else ""
+    hint = (
+        f" (least-memory strategy: {least.strategy.short()}, on stage {least.peak_stage})"
+        if least
+        else ""
+    )
+    raise NoFeasiblePlanError(
+        f"{profile.name} does not fit on {cluster.name}{what}: the smallest per-GPU memory any "
+        f"plan needs is {need}{hint}, but a {cluster.accelerator.name} offers {cap:.2f} GB "
+        f"usable; use more GPUs, GPUs with more memory, a smaller global batch or sequence, "
+        f"or fewer pinned dimensions",
+        least,
+    )

@@ -1,0 +1,186 @@
+"""From the search's estimates to a `Plan`: layer ranges, decisions, runners-up with reasons."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cluster import Cluster
+from .config import TrainConfig
+from .cost.evaluate import Estimate
+from .cost.layout import pipeline_chunks
+from .model import LayerKind, ModelProfile
+from .plan import (
+    SCHEMA_VERSION,
+    ChunkRange,
+    ClusterInfo,
+    LayerDecision,
+    MemoryBreakdownJSON,
+    Mesh,
+    ModelInfo,
+    Parallelism,
+    Plan,
+    Predicted,
+    RunnerUp,
+    StagePlan,
+    TimeBreakdownJSON,
+    TrainInfo,
+)
+from .strategy import Recompute, Strategy
+
+GENERATOR = "paraplan 0.1.0"
+
+_CAUSES = {
+    "compute_s": "more compute per GPU",
+    "recompute_s": "more recomputation",
+    "comm_s": "more exposed communication",
+    "bubble_s": "a larger pipeline bubble",
+    "optimizer_s": "a slower optimizer step",
+}
+
+
+def parallelism_of(s: Strategy) -> Parallelism:
+    """The plan's parallelism record of a strategy."""
+    return Parallelism(
+        dp=s.dp, tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep, zero_stage=s.zero_stage,
+        sequence_parallel=s.sequence_parallel, virtual_stages=s.virtual_stages,
+        offload_optimizer=s.offload_optimizer,
+    )  # fmt: skip
+
+
+def lost_because(loser: Estimate, winner: Estimate) -> str:
+    """Why `loser` ranks below `winner`, in words."""
+    if not loser.feasible:
+        return f"does not fit: {loser.reason}"
+    gap = loser.step_time_s - winner.step_time_s
+    if gap <= 0:
+        if loser.memory.total_bytes > winner.memory.total_bytes:
+            extra = (loser.memory.total_bytes - winner.memory.total_bytes) / 1e9
+            return f"as fast, but needs {extra:.2f} GB more per GPU"
+        return "as fast and as large; ranked after by the deterministic tie-break"
+    diffs = {name: getattr(loser.time, name) - getattr(winner.time, name) for name in _CAUSES}
+    cause = max(diffs, key=lambda k: diffs[k])
+    return (
+        f"{gap / winner.step_time_s:.1%} slower ({loser.step_time_s:.3f} s vs "
+        f"{winner.step_time_s:.3f} s per step), mostly {_CAUSES[cause]} "
+        f"(+{diffs[cause]:.3f} s)"
+    )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanContext:
+    """What a plan is made for."""
+
+    profile: ModelProfile
+    """The model."""
+    cluster: Cluster
+    """The cluster."""
+    train: TrainConfig
+    """The training configuration."""
+
+
+def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, ...]) -> Plan:
+    """The plan for `chosen`, listing `runners_up` with why each lost."""
+    p, c, t = ctx.profile, ctx.cluster, ctx.train
+    s = chosen.strategy
+    chunks = pipeline_chunks(p, s.pp, s.virtual_stages)
+    stages = tuple(
+        StagePlan(
+            stage=st,
+            chunks=tuple(
+                ChunkRange(chunk=ch.index, first_layer=ch.first_layer, last_layer=ch.last_layer)
+                for ch in chunks
+                if ch.stage == st
+            ),
+        )
+        for st in range(s.pp)
+    )
+    layers = tuple(
+        LayerDecision(
+            index=i,
+            name=x.name,
+            recompute=str(s.recompute if x.kind == LayerKind.BLOCK else Recompute.NONE),
+        )
+        for i, x in enumerate(p.layers)
+    )
+    mem, tb = chosen.memory, chosen.time
+    return Plan(
+        schema_version=SCHEMA_VERSION,
+        generator=GENERATOR,
+        model=ModelInfo(
+            name=p.name,
+            fingerprint=p.fingerprint(),
+            num_params=p.num_params,
+            num_blocks=p.num_blocks,
+            hidden=p.hidden,
+            heads=p.heads,
+            kv_heads=p.kv_heads,
+            vocab=p.vocab,
+            experts=p.experts,
+        ),
+        cluster=ClusterInfo(
+            name=c.name,
+            fingerprint=c.fingerprint(),
+            accelerator=c.accelerator.name,
+            num_nodes=c.num_nodes,
+            gpus_per_node=c.gpus_per_node,
+            num_gpus=c.num_gpus,
+        ),
+        train=TrainInfo(
+            global_batch=t.global_batch,
+            seq_len=t.seq_len,
+            precision=str(t.precision),
+            optimizer=str(t.optimizer),
+            memory_headroom=t.memory_headroom,
+        ),
+        parallelism=parallelism_of(s),
+        mesh=Mesh(
+            axis_order=tuple(str(a) for a in s.mesh_order),
+            shape=tuple(s.axis_size(a) for a in s.mesh_order),
+        ),
+        schedule=str(s.schedule),
+        micro_batch_size=s.micro_batch_size,
+        num_microbatches=chosen.num_microbatches,
+        stages=stages,
+        layers=layers,
+        feasible=chosen.feasible,
+        infeasible_reason=chosen.reason,
+        predicted=Predicted(
+            step_time_s=chosen.step_time_s,
+            tokens_per_s=chosen.tokens_per_s,
+            mfu=chosen.mfu,
+            memory_per_gpu_bytes=mem.total_bytes,
+            memory_capacity_bytes=chosen.capacity_bytes,
+            peak_stage=chosen.peak_stage,
+            memory_breakdown=MemoryBreakdownJSON(
+                params_bytes=mem.params_bytes,
+                grads_bytes=mem.grads_bytes,
+                optimizer_bytes=mem.optimizer_bytes,
+                activations_bytes=mem.activations_bytes,
+                other_bytes=mem.other_bytes,
+            ),
+            time_breakdown=TimeBreakdownJSON(
+                compute_s=tb.compute_s,
+                recompute_s=tb.recompute_s,
+                comm_s=tb.comm_s,
+                bubble_s=tb.bubble_s,
+                optimizer_s=tb.optimizer_s,
+            ),
+            bubble_fraction=chosen.bubble_fraction,
+            exposed_comm_s=chosen.exposed_comm_s,
+        ),
+        runners_up=tuple(
+            RunnerUp(
+                parallelism=parallelism_of(r.strategy),
+                schedule=str(r.strategy.schedule),
+                micro_batch_size=r.strategy.micro_batch_size,
+                recompute=str(r.strategy.recompute),
+                mesh_axis_order=tuple(str(a) for a in r.strategy.mesh_order),
+                step_time_s=r.step_time_s,
+                tokens_per_s=r.tokens_per_s,
+                mfu=r.mfu,
+                memory_per_gpu_bytes=r.memory.total_bytes,
+                lost_because=lost_because(r, chosen),
+            )
+            for r in runners_up
+        ),
+    )

@@ -1,0 +1,164 @@
+"""Plans in words: the table `paraplan plan` prints and what `paraplan explain` says."""
+
+from __future__ import annotations
+
+from .plan import Plan
+
+GB = 1e9
+MEMORY_BOUND_SHARE = 0.9
+"""A plan using more than this share of usable memory is called memory-bound."""
+
+
+def _gb(x: float) -> str:
+    return f"{x / GB:,.2f} GB"
+
+
+def format_plan(plan: Plan) -> str:
+    """The human-readable summary table of a plan."""
+    p, m, c, t = plan.parallelism, plan.model, plan.cluster, plan.train
+    pr = plan.predicted
+    mb, tb = pr.memory_breakdown, pr.time_breakdown
+    mesh = " x ".join(
+        f"{a}({n})" for a, n in zip(plan.mesh.axis_order, plan.mesh.shape, strict=True)
+    )
+    lines = [
+        f"paraplan: {m.name} ({m.num_params / 1e9:,.2f}B params) on {c.name} "
+        f"({c.num_nodes} node{'s' if c.num_nodes > 1 else ''} x {c.gpus_per_node} {c.accelerator})",
+        f"          global batch {t.global_batch} x {t.seq_len} tokens, {t.precision}, {t.optimizer}",
+        "",
+        "Plan" + ("" if plan.feasible else "  ** DOES NOT FIT: " + plan.infeasible_reason + " **"),
+        f"  degrees       dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp} ep={p.ep}",
+        f"  sharding      ZeRO-{p.zero_stage}, sequence parallel {'on' if p.sequence_parallel else 'off'}"
+        f", optimizer offload {'on' if p.offload_optimizer else 'off'}",
+        f"  mesh          {mesh}  (outermost -> innermost)",
+        f"  schedule      {plan.schedule}"
+        + (f" (v={p.virtual_stages})" if p.virtual_stages > 1 else "")
+        + f", micro-batch {plan.micro_batch_size} x {plan.num_microbatches} per replica",
+        f"  recompute     {_recompute_summary(plan)}",
+        "",
+        "Predicted",
+        f"  step time     {pr.step_time_s:,.3f} s   tokens/s {pr.tokens_per_s:,.0f}   "
+        f"MFU {pr.mfu:.1%}",
+        f"  bubble        {pr.bubble_fraction:.1%}   exposed communication {pr.exposed_comm_s:,.3f} s",
+        "",
+        f"Memory per GPU (stage {pr.peak_stage}): {_gb(pr.memory_per_gpu_bytes)} of "
+        f"{_gb(pr.memory_capacity_bytes)} usable",
+    ]
+    total = pr.memory_per_gpu_bytes or 1.0
+    for name, value in (
+        ("params", mb.params_bytes), ("grads", mb.grads_bytes),
+        ("optimizer", mb.optimizer_bytes), ("activations", mb.activations_bytes),
+        ("other", mb.other_bytes),
+    ):  # fmt: skip
+        bar = "#" * round(30 * value / total)
+        lines.append(f"  {name:<12}{_gb(value):>12}  {value / total:6.1%}  {bar}")
+    lines += ["", "Time per step"]
+    step = pr.step_time_s or 1.0
+    for name, value in (
+        ("compute", tb.compute_s), ("recompute", tb.recompute_s), ("comm", tb.comm_s),
+        ("bubble", tb.bubble_s), ("optimizer", tb.optimizer_s),
+    ):  # fmt: skip
+        lines.append(f"  {name:<12}{value:>10,.3f} s  {value / step:6.1%}")
+    if plan.runners_up:
+        lines += ["", "Runners-up"]
+        lines.append(
+            f"  {'#':<3}{'strategy':<58}{'step s':>9}{'MFU':>7}{'GB/GPU':>8}  lost because"
+        )
+        for i, r in enumerate(plan.runners_up, 1):
+            lines.append(
+                f"  {i:<3}{_strategy(r.parallelism, r.schedule, r.micro_batch_size, r.recompute):<58}"
+                f"{r.step_time_s:>9.3f}{r.mfu:>7.1%}{r.memory_per_gpu_bytes / GB:>8.1f}  "
+                f"{r.lost_because}"
+            )
+    return "\n".join(lines)
+
+
+def _strategy(p, schedule: str, mbs: int, recompute: str) -> str:  # type: ignore[no-untyped-def]
+    parts = [f"dp={p.dp} tp={p.tp} pp={p.pp}"]
+    if p.cp > 1:
+        parts.append(f"cp={p.cp}")
+    if p.ep > 1:
+        parts.append(f"ep={p.ep}")
+    parts.append(f"zero={p.zero_stage}")
+    if p.sequence_parallel:
+        parts.append("sp")
+    if p.offload_optimizer:
+        parts.append("offload")
+    if schedule != "none":
+        parts.append(schedule + (f"(v={p.virtual_stages})" if p.virtual_stages > 1 else ""))
+    parts.append(f"mbs={mbs} rc={recompute}")
+    return " ".join(parts)
+
+
+def _recompute_summary(plan: Plan) -> str:
+    kinds = sorted({d.recompute for d in plan.layers if d.name.startswith("block")})
+    return ", ".join(kinds) if kinds else "none"
+
+
+def explain(plan: Plan) -> str:
+    """What bounds the plan (memory, bubble, communication) and what the next best costs."""
+    pr, p = plan.predicted, plan.parallelism
+    tb, mb = pr.time_breakdown, pr.memory_breakdown
+    out = [
+        f"Plan for {plan.model.name} on {plan.cluster.name}: {_strategy(p, plan.schedule, plan.micro_batch_size, _recompute_summary(plan))}."
+    ]
+    if not plan.feasible:
+        out.append(f"It does NOT fit: {plan.infeasible_reason}.")
+    use = pr.memory_per_gpu_bytes / pr.memory_capacity_bytes
+    parts = {
+        "parameters": mb.params_bytes, "gradients": mb.grads_bytes,
+        "optimizer states": mb.optimizer_bytes, "activations": mb.activations_bytes,
+        "buffers and runtime": mb.other_bytes,
+    }  # fmt: skip
+    biggest = max(parts, key=lambda k: parts[k])
+    verdict = "memory-bound" if use >= MEMORY_BOUND_SHARE else "not memory-bound"
+    out.append(
+        f"Memory: {use:.0%} of the usable {_gb(pr.memory_capacity_bytes)} per GPU "
+        f"(stage {pr.peak_stage}) — {verdict}; the largest share is {biggest} "
+        f"({_gb(parts[biggest])})."
+    )
+    step = pr.step_time_s
+    shares = {
+        "the pipeline bubble": tb.bubble_s, "exposed communication": tb.comm_s,
+        "recomputation": tb.recompute_s, "the optimizer step": tb.optimizer_s,
+    }  # fmt: skip
+    out.append(
+        f"Time: {step:.3f} s per step, {tb.compute_s / step:.0%} useful compute, MFU {pr.mfu:.1%}."
+    )
+    overhead = max(shares, key=lambda k: shares[k])
+    if shares[overhead] / step < 0.02:
+        out.append("Nearly all of the step is compute: the plan is compute-bound.")
+    else:
+        out.append(
+            f"The largest overhead is {overhead}: {shares[overhead]:.3f} s "
+            f"({shares[overhead] / step:.0%} of the step)."
+        )
+        out.append("  " + _advice(overhead, plan))
+    if plan.runners_up:
+        r = plan.runners_up[0]
+        out.append(
+            f"Next best: {_strategy(r.parallelism, r.schedule, r.micro_batch_size, r.recompute)} "
+            f"at {r.step_time_s:.3f} s per step ({r.step_time_s / step - 1:+.1%}), "
+            f"{r.memory_per_gpu_bytes / GB:.1f} GB per GPU: {r.lost_because}."
+        )
+    else:
+        out.append("No runner-up was recorded (re-plan with --top K to list alternatives).")
+    return "\n".join(out)
+
+
+def _advice(overhead: str, plan: Plan) -> str:
+    p = plan.parallelism
+    if overhead == "the pipeline bubble":
+        return (
+            f"With pp={p.pp} and {plan.num_microbatches} micro-batches the bubble is "
+            f"{plan.predicted.bubble_fraction:.0%}; more micro-batches (a larger global batch) "
+            "or more virtual stages would shrink it, memory permitting."
+        )
+    if overhead == "exposed communication":
+        return (
+            "Communication that compute cannot hide: faster links, a mesh order that keeps the "
+            "chattiest axis inside a node, or larger micro-batches to hide it behind compute."
+        )
+    if overhead == "recomputation":
+        return "Memory forces recomputation; more GPUs or more sharding (ZeRO/TP) would avoid it."
+    return "The optimizer step is slow (offloaded or unsharded); more ZeRO sharding shortens it."
