@@ -11,7 +11,8 @@ import sys
 from collections.abc import Sequence
 
 EXIT_BAD_INPUT = 2
-_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "b": 10**9}
+_SUFFIXES = {"k": 2**10, "m": 2**20, "g": 2**30}
+"""Count suffixes are binary, as token budgets are quoted: 16M tokens = 16 * 2**20."""
 
 
 def _count(text: str) -> int:

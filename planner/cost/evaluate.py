@@ -5,7 +5,7 @@ Each term names its source; docs/cost-model.md lists them all with their units.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache
 
 from ..cluster import Cluster
@@ -322,7 +322,7 @@ class Evaluator:
                 sums = self._act_sums(s.pp, v, s.tp, sp, s.cp, rc)
                 boundary = 0.0
                 if s.pp > 1:
-                    boundary = 2 * v * self._boundary_bytes(replace(s, sequence_parallel=sp))
+                    boundary = 2 * v * self._boundary_bytes(s, sp)
                 full = rc == Recompute.FULL
                 acts[(sp, rc)] = [
                     (per_seq * inflight[i] + (worst if full else 0.0)) * mbs + boundary
@@ -355,10 +355,12 @@ class Evaluator:
             other += BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES
         return states[0], states[1], states[2], other
 
-    def _boundary_bytes(self, s: Strategy) -> float:
-        """Bytes of one micro-batch's activation crossing a stage boundary (per rank)."""
+    def _boundary_bytes(self, s: Strategy, sp: bool | None = None) -> float:
+        """Bytes of one micro-batch's activation crossing a stage boundary (per rank), with
+        sequence parallelism `sp` (default: the strategy's)."""
         p = self.profile
-        div = s.cp * (s.tp if s.sequence_parallel else 1)
+        sp = s.sequence_parallel if sp is None else sp
+        div = s.cp * (s.tp if sp else 1)
         return s.micro_batch_size * p.seq_len * p.hidden * p.act_dtype_bytes / div
 
     # ---- time -----------------------------------------------------------------------------
