@@ -1,1 +1,1 @@
-"""paraplan."""
+"""paraplan.planner: model + cluster + training config -> plan. Never imports torch."""

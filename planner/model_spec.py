@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from .model import LayerCost, LayerKind, ModelProfile
 
@@ -279,9 +280,9 @@ class TransformerSpec:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-_GPT = {"learned_pos": True, "bias": True, "norm": Norm.LAYERNORM, "dropout": True}
-_GPT_MATH = {**_GPT, "attention": Attention.MATH}
-_LLAMA3 = {"ffn_kind": FfnKind.SWIGLU, "vocab": 128256, "seq": 8192, "kv_heads": 8}
+_GPT: dict[str, Any] = {"learned_pos": True, "bias": True, "norm": Norm.LAYERNORM, "dropout": True}
+_GPT_MATH: dict[str, Any] = {**_GPT, "attention": Attention.MATH}
+_LLAMA3: dict[str, Any] = {"ffn_kind": FfnKind.SWIGLU, "vocab": 128256, "seq": 8192, "kv_heads": 8}
 
 PRESETS: dict[str, TransformerSpec] = {
     # GPT-2: Radford et al. 2019, Table 2; 124,439,808 params with the 50,257-token vocab.
@@ -315,7 +316,7 @@ PRESETS: dict[str, TransformerSpec] = {
     ),
 }  # fmt: skip
 
-_FAMILIES = {
+_FAMILIES: dict[str, dict[str, Any]] = {
     "gpt": dict(_GPT_MATH),
     "llama": {"ffn_kind": FfnKind.SWIGLU},
     "moe": {"ffn_kind": FfnKind.SWIGLU},

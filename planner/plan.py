@@ -289,7 +289,8 @@ def _to_json(value: typing.Any) -> typing.Any:
 def _from_json(cls: typing.Any, data: typing.Any) -> typing.Any:
     if is_dataclass(cls):
         hints = typing.get_type_hints(cls)
-        return cls(**{f.name: _from_json(hints[f.name], data[f.name]) for f in fields(cls)})
+        build = typing.cast(typing.Any, cls)
+        return build(**{f.name: _from_json(hints[f.name], data[f.name]) for f in fields(cls)})
     origin = typing.get_origin(cls)
     if origin is tuple:
         (item, _) = typing.get_args(cls)

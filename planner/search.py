@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from .cost.comm import AxisLink, Collectives
-from .cost.evaluate import Estimate, Evaluator
+from .cost.evaluate import HOST_OPTIMIZER_BYTES_PER_S, Estimate, Evaluator
 from .cost.memory import MemoryBreakdown
 from .strategy import DEFAULT_MESH_ORDER, MeshAxis, Recompute, Schedule, Strategy
 
@@ -23,8 +23,8 @@ MAX_VIRTUAL_STAGES = 8
 """Largest interleaving factor searched unless pinned: each chunk adds p2p sends, and
 Narayanan et al. 2021 (Fig. 12) report gains flattening out by a handful of chunks."""
 MAX_MICRO_BATCH = 64
-_RECOMPUTE_RANK = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
 """Largest micro-batch size searched unless pinned."""
+_RECOMPUTE_RANK = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
 
 FIX_KEYS = (
     "dp", "tp", "pp", "cp", "ep", "zero_stage", "sequence_parallel", "virtual_stages",
@@ -107,7 +107,8 @@ class SearchResult:
     evaluated: int
     """Structurally valid strategies considered (each mesh order counted once)."""
     min_memory: Estimate | None
-    """The valid strategy needing the least memory per GPU (None if nothing is valid)."""
+    """When nothing fits: the valid strategy needing the least memory per GPU (exact). When
+    something fits: the least-memory strategy among those the search visited."""
 
     @property
     def best(self) -> Estimate | None:
@@ -249,11 +250,14 @@ class Search:
         evaluated = 0
         min_mem: tuple[float, _Block, tuple] | None = None
         violations: Counter[str] = Counter()
+        # Offloading only adds time when the host streams no faster than HBM (true of every
+        # catalog entry; a calibration could break it, and then offload is never pruned).
+        offload_slower = ev.acc.memory_bw_bytes_per_s >= HOST_OPTIMIZER_BYTES_PER_S
 
         def worst_s() -> float:
             return -heap[0][0] if len(heap) == keep else float("inf")
 
-        blocks = []
+        blocks: list[tuple[float, int, _Block]] = []
         for block in self.blocks():
             rule = ev.violation(block.probe())
             bound = float("inf") if rule else ev.compute_lower_bound_s(block.base)
@@ -290,8 +294,9 @@ class Search:
                     rc_rank = _RECOMPUTE_RANK[rc]
                     if any(
                         f[0] == sp and f[1] == zero and f[2] <= off and f[3] <= rc_rank
+                        and (f[2] == off or offload_slower)
                         for f in fitted
-                    ):
+                    ):  # fmt: skip
                         continue  # only adds recompute/offload to a faster strategy that fits
                     fitted.append((sp, zero, off, rc_rank))
                     s = block.strategy(sched, v, sp, zero, off, rc)

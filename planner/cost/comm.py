@@ -63,13 +63,12 @@ class Collectives:
         self._acc = acc
         self._cache: dict[tuple, float] = {}
         # A lower bound for any placement: every byte on the fastest link, no latency.
-        intra_bw = acc.intra_node_bw_bytes_per_s
-        self._intra = (intra_bw, 0.0 if lower_bound else acc.intra_node_latency_s)
-        self._inter = (
-            (intra_bw, 0.0)
-            if lower_bound
-            else (acc.inter_node_bw_bytes_per_s, acc.inter_node_latency_s)
-        )
+        fastest = max(acc.intra_node_bw_bytes_per_s, acc.inter_node_bw_bytes_per_s)
+        if lower_bound:
+            self._intra = self._inter = (fastest, 0.0)
+        else:
+            self._intra = (acc.intra_node_bw_bytes_per_s, acc.intra_node_latency_s)
+            self._inter = (acc.inter_node_bw_bytes_per_s, acc.inter_node_latency_s)
 
     def _phases(self, link: AxisLink) -> tuple[tuple[int, float, float], ...]:
         """(ranks, bandwidth B/s, latency s) of the intra-node and inter-node phases."""

@@ -106,6 +106,7 @@ class _Stage:
     dense_params: float
     expert_params: float
     max_block_params: float
+    max_block_expert_params: float
     n_blocks: int
     n_moe_blocks: int
     has_embedding: bool
@@ -220,8 +221,9 @@ class Evaluator:
                     layers=idx,
                     dense_params=dense,
                     expert_params=float(sum(x.expert_params for x in layers)),
-                    max_block_params=float(
-                        max((x.params + x.expert_params for x in blocks), default=0)
+                    max_block_params=float(max((x.params for x in blocks), default=0)),
+                    max_block_expert_params=float(
+                        max((x.expert_params for x in blocks), default=0)
                     ),
                     n_blocks=len(blocks),
                     n_moe_blocks=sum(1 for x in blocks if x.expert_params),
@@ -350,7 +352,8 @@ class Evaluator:
         if zero == 3 and dpcp > 1:
             # FSDP keeps the current and the prefetched block unsharded, plus one block's
             # unsharded gradients before reduce-scatter (Zhao et al. 2023, PyTorch FSDP §3.2).
-            other += stage.max_block_params / tp * (2 * t.param_bytes + t.grad_bytes)
+            block = stage.max_block_params / tp + stage.max_block_expert_params / (tp * ep)
+            other += block * (2 * t.param_bytes + t.grad_bytes)
         elif dpcp > 1:
             other += BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES
         return states[0], states[1], states[2], other
@@ -535,8 +538,9 @@ class Evaluator:
         """Optimizer step: memory-bound over the rank's shard of states (read and write), or on
         the host with the gradient/parameter PCIe transfers (Ren et al. 2021 §4)."""
         t, acc = self.train, self.acc
-        shard_div = s.dp * s.cp if s.zero_stage >= 1 else 1
-        shard = (stage.dense_params / s.tp + stage.expert_params / (s.tp * s.ep)) / shard_div
+        dpcp = s.dp * s.cp if s.zero_stage >= 1 else 1
+        edp = dpcp // s.ep if s.zero_stage >= 1 else 1  # experts shard over dp*cp/ep
+        shard = stage.dense_params / s.tp / dpcp + stage.expert_params / (s.tp * s.ep) / edp
         state_bytes = shard * (t.param_bytes + t.grad_bytes + t.optimizer_bytes)
         if not s.offload_optimizer:
             return 2 * state_bytes / acc.memory_bw_bytes_per_s
