@@ -317,7 +317,7 @@ PRESETS: dict[str, TransformerSpec] = {
 }  # fmt: skip
 
 _FAMILIES: dict[str, dict[str, Any]] = {
-    "gpt": dict(_GPT_MATH),
+    "gpt": {**_GPT_MATH, "tied_embeddings": True},  # GPT-2/3 tie the output head
     "llama": {"ffn_kind": FfnKind.SWIGLU},
     "moe": {"ffn_kind": FfnKind.SWIGLU},
 }

@@ -66,11 +66,10 @@ def parse_fix(text: str) -> dict[str, object]:
             raise ValueError(f"--fix: unknown key {raw_key.strip()!r} in {token!r}; {FIX_FORMS}")
         value: object
         if key in _INT_KEYS:
-            if not raw.isdigit() or int(raw) < (0 if key == "zero_stage" else 1):
-                raise ValueError(
-                    f"--fix: {token!r}: {key} must be a "
-                    f"{'non-negative' if key == 'zero_stage' else 'positive'} integer"
-                )
+            if key == "zero_stage" and raw not in ("0", "1", "2", "3"):
+                raise ValueError(f"--fix: {token!r}: zero_stage must be 0, 1, 2 or 3")
+            if key != "zero_stage" and (not raw.isdigit() or int(raw) < 1):
+                raise ValueError(f"--fix: {token!r}: {key} must be a positive integer")
             value = int(raw)
         elif key in _BOOL_KEYS:
             if raw not in _BOOL_WORDS:

@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+
 from paraplan.planner.cluster import (
     Cluster,
     cluster_from_dict,

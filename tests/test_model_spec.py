@@ -6,6 +6,7 @@ import json
 from dataclasses import replace
 
 import pytest
+
 from paraplan.planner.model import LayerKind
 from paraplan.planner.model_spec import (
     PRESETS,
@@ -160,7 +161,7 @@ def test_spec_file_rejects_unknown_keys(tmp_path):
 def test_spec_file_rejects_invalid_json(tmp_path):
     path = tmp_path / "broken.json"
     path.write_text("{layers: 2")
-    with pytest.raises(ValueError, match="broken.json"):
+    with pytest.raises(ValueError, match=r"broken\.json"):
         parse_model(str(path))
 
 
@@ -195,12 +196,12 @@ def test_non_integer_value_is_named():
 
 
 def test_heads_must_divide_hidden():
-    with pytest.raises(ValueError, match="hidden=100.*heads=3"):
+    with pytest.raises(ValueError, match=r"hidden=100.*heads=3"):
         parse_model("gpt:layers=2,hidden=100,heads=3,vocab=100")
 
 
 def test_kv_heads_must_divide_heads():
-    with pytest.raises(ValueError, match="heads=8.*kv_heads=3"):
+    with pytest.raises(ValueError, match=r"heads=8.*kv_heads=3"):
         parse_model("llama:layers=2,hidden=64,heads=8,kv_heads=3,vocab=100")
 
 
@@ -221,7 +222,7 @@ def test_missing_size_is_named():
 
 def test_missing_file_is_named(tmp_path):
     path = tmp_path / "nowhere.json"
-    with pytest.raises(ValueError, match="nowhere.json"):
+    with pytest.raises(ValueError, match=r"nowhere\.json"):
         parse_model(str(path))
 
 

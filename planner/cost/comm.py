@@ -11,7 +11,8 @@ all-reduce do (Sergeev & Del Balso 2018).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import ceil
+from functools import cache
+from math import ceil, lcm
 
 from ..hardware import Accelerator
 from ..strategy import MeshAxis
@@ -45,8 +46,29 @@ def link_of(size: int, stride: int, gpus_per_node: int) -> AxisLink:
     """Group of `size` ranks at distance `stride`: how many share a node, how many nodes."""
     if size <= 1:
         return AxisLink(1, 1, 1)
+    span = size * stride
+    aligned = (
+        gpus_per_node % span == 0  # every group inside one node
+        or (span % gpus_per_node == 0 and gpus_per_node % stride == 0)  # whole nodes
+        or stride % gpus_per_node == 0  # one rank per node
+    )
+    if not aligned:
+        return _straddling_link(size, stride, gpus_per_node)
     per_node = max(1, min(size, gpus_per_node // stride)) if stride < gpus_per_node else 1
     return AxisLink(size, per_node, ceil(size / per_node))
+
+
+@cache
+def _straddling_link(size: int, stride: int, gpus_per_node: int) -> AxisLink:
+    """Some groups straddle a node boundary: price the worst one (most nodes spanned). The
+    layout repeats every lcm(size * stride, gpus_per_node) ranks, so one period is enough."""
+    period = lcm(size * stride, gpus_per_node)
+    nodes = 1
+    for base in range(period):
+        if (base // stride) % size == 0:
+            spanned = {(base + j * stride) // gpus_per_node for j in range(size)}
+            nodes = max(nodes, len(spanned))
+    return AxisLink(size, max(1, size // nodes), nodes)
 
 
 def merge_links(a: AxisLink, b: AxisLink) -> AxisLink:

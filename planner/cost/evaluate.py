@@ -247,28 +247,40 @@ class Evaluator:
     def _act_sums_uncached(
         self, pp: int, v: int, tp: int, sp: bool, cp: int, recompute: Recompute
     ) -> tuple[tuple[float, float], ...]:
-        """Per stage: (activation bytes per sequence, worst block's bytes without recompute)."""
-        prefix, plain = self._act_prefix(tp, sp, cp, recompute)
+        """Per stage: (activation bytes per sequence, extra bytes while a block is recomputed).
+
+        Under full recompute, backward re-materializes one block at a time: its activations
+        come back on top of the kept inputs (less its own input, already kept), after the
+        head's backward has freed the head's activations (Korthikanti et al. 2022 §5)."""
+        prefix, rematerialized = self._act_prefix(tp, sp, cp, recompute)
         out = []
         for stage in self._stages(pp, v):
             per_seq = sum(prefix[c.last_layer + 1] - prefix[c.first_layer] for c in stage.chunks)
-            worst = max(max(plain[c.first_layer : c.last_layer + 1]) for c in stage.chunks)
-            out.append((per_seq, worst))
+            worst = max(max(rematerialized[c.first_layer : c.last_layer + 1]) for c in stage.chunks)
+            head = 0.0
+            if stage.has_head:
+                head = prefix[len(prefix) - 1] - prefix[len(prefix) - 2]
+            out.append((per_seq, max(0.0, worst - head)))
         return tuple(out)
 
     def _act_prefix_uncached(
         self, tp: int, sp: bool, cp: int, recompute: Recompute
     ) -> tuple[list[float], list[float]]:
-        """Prefix sums of each layer's saved bytes under `recompute`, and each block's bytes
-        without recompute (0 for embedding and head)."""
+        """Prefix sums of each layer's saved bytes under `recompute`, and what recomputing
+        each block adds back (its bytes without recompute less what full recompute keeps;
+        0 for embedding and head)."""
         prefix = [0.0]
-        plain = []
+        back = []
         for x in self.profile.layers:
             prefix.append(prefix[-1] + layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=recompute))
-            block = x.kind == LayerKind.BLOCK
-            none = Recompute.NONE
-            plain.append(layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=none) if block else 0.0)
-        return prefix, plain
+            if x.kind == LayerKind.BLOCK:
+                back.append(
+                    layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=Recompute.NONE)
+                    - layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=Recompute.FULL)
+                )
+            else:
+                back.append(0.0)
+        return prefix, back
 
     def _stage_memory(
         self, s: Strategy, stage: _Stage, per_seq: float, worst_block: float

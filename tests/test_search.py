@@ -1,0 +1,269 @@
+"""The outer search: exact against brute force on small spaces, deterministic, honest about
+models that fit nowhere, and strict about pins (fast, CPU only)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from paraplan.planner.cluster import cluster_from_dict, parse_cluster
+from paraplan.planner.config import TrainConfig
+from paraplan.planner.cost.evaluate import Evaluator
+from paraplan.planner.model_spec import parse_model
+from paraplan.planner.search import Search, brute_force, parse_fix, rank_key
+from paraplan.planner.strategy import Recompute, Schedule
+
+
+def _evaluator(
+    model: str,
+    cluster: str | dict,
+    *,
+    global_batch: int,
+    seq_len: int,
+    gpus_per_node: int | None = None,
+) -> Evaluator:
+    """`cluster` is a preset name or a cluster-file mapping (with a calibration)."""
+    spec = parse_model(model)
+    if isinstance(cluster, str):
+        built = parse_cluster(cluster, gpus_per_node=gpus_per_node)
+    else:
+        built = cluster_from_dict(cluster)
+    return Evaluator(
+        spec.to_profile(seq_len=seq_len),
+        built,
+        TrainConfig(global_batch=global_batch, seq_len=seq_len),
+    )
+
+
+# Each brute force evaluates every valid strategy in every mesh order: small models, clusters
+# and batches keep each one to a couple of seconds.
+SMALL_SPACES = {
+    "gpt2-8xh100": dict(model="gpt2", cluster="8xh100", global_batch=16, seq_len=1024),
+    "small-gpt-16xa100-nodes-of-2": dict(
+        model="gpt:layers=8,hidden=512,heads=8,vocab=1000,seq=512",
+        cluster="16xa100-80gb",
+        gpus_per_node=2,
+        global_batch=8,
+        seq_len=512,
+    ),
+    "tiny-moe-8xh100": dict(
+        model="moe:layers=4,hidden=256,heads=4,vocab=500,seq=256,experts=4,top_k=2",
+        cluster="8xh100",
+        global_batch=8,
+        seq_len=256,
+    ),
+    "gqa-llama-4xl4-memory-bound": dict(
+        model="llama:layers=16,hidden=4096,heads=32,kv_heads=8,ffn=11008,vocab=32000,seq=4096",
+        cluster="4xl4",
+        global_batch=8,
+        seq_len=4096,
+    ),
+    # Calibrations the catalog never has: a network faster than the PCIe switch inside the
+    # node (the pruning bound must use the fastest link), and HBM slower than the host's
+    # optimizer stream (offloading is then faster, so it must not be pruned as a slowdown).
+    "network-faster-than-intra-node": dict(
+        model="gpt:layers=4,hidden=1024,heads=8,vocab=1000,seq=512",
+        cluster={
+            "accelerator": "h100-pcie",
+            "nodes": 2,
+            "gpus_per_node": 4,
+            "calibration": {"inter_node_bw_bytes_per_s": 1e12},
+        },
+        global_batch=8,
+        seq_len=512,
+    ),
+    "host-faster-than-hbm": dict(
+        model="gpt:layers=4,hidden=1024,heads=8,vocab=1000,seq=512",
+        cluster={
+            "accelerator": "l4",
+            "nodes": 1,
+            "gpus_per_node": 4,
+            "calibration": {"memory_bw_bytes_per_s": 1e10},
+        },
+        global_batch=8,
+        seq_len=512,
+    ),
+}
+PINNED_SPACES = {
+    "gpt2-tp2-zero1-selective": (
+        "gpt2-8xh100",
+        "tp=2,zero=1,recompute=selective",
+    ),
+    "gpt2-pp2-interleaved-mbs1": ("gpt2-8xh100", "pp=2,schedule=interleaved_1f1b,mbs=1"),
+    "llama-4xl4-pp2": ("gqa-llama-4xl4-memory-bound", "pp=2"),
+}
+CASES = [(name, name, "") for name in SMALL_SPACES] + [
+    (name, space, fix) for name, (space, fix) in PINNED_SPACES.items()
+]
+
+
+@pytest.mark.parametrize(("space", "fix"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_search_finds_the_brute_force_optimum(space, fix):
+    ev = _evaluator(**SMALL_SPACES[space])
+    fixed = parse_fix(fix)
+    result = Search(ev, fixed).run(top_k=3)
+    everything = brute_force(ev, fixed)
+    assert everything, "the case should have feasible strategies"
+    assert result.best is not None
+    assert result.best.strategy == everything[0].strategy  # mesh order included
+    assert result.best.step_time_s == everything[0].step_time_s
+    assert result.best.memory.total_bytes == everything[0].memory.total_bytes
+    for key, value in fixed.items():
+        assert getattr(result.best.strategy, key) == value
+    # The ranked list: at most top_k + 1, sorted by the shared ranking, all fitting.
+    assert 1 <= len(result.ranked) <= 4
+    keys = [rank_key(e) for e in result.ranked]
+    assert keys == sorted(keys)
+    for est in result.ranked:
+        assert est.feasible
+        assert est.memory.total_bytes <= ev.capacity_bytes
+        assert ev.violation(est.strategy) == ""
+    assert result.evaluated > 0
+
+
+def test_memory_binds_in_the_memory_bound_case():
+    # The fastest valid strategy regardless of memory does not fit on 24 GB L4s, so the
+    # optimum above is shaped by the memory constraint and is slower than it.
+    ev = _evaluator(**SMALL_SPACES["gqa-llama-4xl4-memory-bound"])
+    valid = list(Search(ev).valid())
+    fastest = min(valid, key=lambda s: ev.time(s).step_time_s)
+    assert ev.memory(fastest)[0].total_bytes > ev.capacity_bytes
+    best = Search(ev).run(top_k=0).best
+    assert best is not None
+    assert best.step_time_s > ev.time(fastest).step_time_s
+
+
+def test_search_is_deterministic():
+    spec = SMALL_SPACES["small-gpt-16xa100-nodes-of-2"]
+    first = Search(_evaluator(**spec)).run(top_k=3)
+    second = Search(_evaluator(**spec)).run(top_k=3)
+    assert [e.strategy for e in first.ranked] == [e.strategy for e in second.ranked]
+    assert [rank_key(e) for e in first.ranked] == [rank_key(e) for e in second.ranked]
+    assert first.evaluated == second.evaluated
+    assert first.min_memory.strategy == second.min_memory.strategy
+
+
+def test_progress_is_reported_up_to_one():
+    ev = _evaluator(**SMALL_SPACES["tiny-moe-8xh100"])
+    seen: list[float] = []
+    Search(ev).run(top_k=1, progress=seen.append)
+    assert seen
+    assert seen == sorted(seen)
+    assert seen[-1] == 1.0
+    assert all(0.0 <= x <= 1.0 for x in seen)
+
+
+# --- a model that fits nowhere ---------------------------------------------------------------
+
+
+def test_model_that_fits_nowhere():
+    ev = _evaluator("llama3-405b", "8xl4", global_batch=8, seq_len=8192)
+    result = Search(ev).run(top_k=3)
+    assert result.best is None
+    assert result.ranked == ()
+    least = result.min_memory
+    assert least is not None
+    assert not least.feasible
+    assert least.memory.total_bytes > ev.capacity_bytes
+    assert least.reason  # says how much it needs
+    # 405B parameters in bf16 alone are 810 GB; spread over 8 GPUs that is > 24 GB each.
+    assert least.memory.total_bytes >= 2 * 405e9 / 8
+    # Nothing is feasible by brute force either, and min_memory is the exact least memory
+    # of any valid strategy.
+    assert brute_force(ev) == []
+    valid = list(Search(ev).valid())
+    assert valid
+    assert least.memory.total_bytes == min(ev.memory(s)[0].total_bytes for s in valid)
+
+
+# --- parse_fix -------------------------------------------------------------------------------
+
+
+def test_parse_fix_aliases_and_types():
+    fixed = parse_fix("zero=1, sp=true, vpp=2, mbs=4, offload=yes, tp=8, pp=16, dp=24")
+    assert fixed == {
+        "zero_stage": 1,
+        "sequence_parallel": True,
+        "virtual_stages": 2,
+        "micro_batch_size": 4,
+        "offload_optimizer": True,
+        "tp": 8,
+        "pp": 16,
+        "dp": 24,
+    }
+    for key in ("zero_stage", "virtual_stages", "micro_batch_size", "tp", "pp", "dp"):
+        assert type(fixed[key]) is int
+    assert fixed["sequence_parallel"] is True
+
+
+def test_parse_fix_schedules_and_recompute_are_enums():
+    fixed = parse_fix("schedule=1F1B,recompute=Full,sequence_parallel=off,zero_stage=0")
+    assert fixed["schedule"] is Schedule.ONE_F_ONE_B
+    assert fixed["recompute"] is Recompute.FULL
+    assert fixed["sequence_parallel"] is False
+    assert fixed["zero_stage"] == 0
+    assert parse_fix("schedule=interleaved_1f1b")["schedule"] is Schedule.INTERLEAVED_1F1B
+
+
+def test_parse_fix_empty_is_nothing_pinned():
+    assert parse_fix("") == {}
+    assert parse_fix(" , ") == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("tp=2,width=4", "'width'"),
+        ("schedule=zigzag", "schedule=zigzag"),
+        ("tp=two", "tp=two"),
+        ("mbs=1.5", "mbs=1.5"),
+        ("tp=0", "tp=0"),
+        ("tp=2,pp", "'pp'"),
+        ("sp=maybe", "sp=maybe"),
+        ("recompute=some", "recompute=some"),
+        ("tp=", "'tp='"),
+    ],
+)
+def test_parse_fix_errors_name_the_bad_token(text, named):
+    with pytest.raises(ValueError) as err:
+        parse_fix(text)
+    assert named in str(err.value)
+
+
+def test_parse_fix_rejects_contradictory_repeats():
+    assert parse_fix("tp=2,tp=2") == {"tp": 2}
+    with pytest.raises(ValueError, match="tp given twice"):
+        parse_fix("tp=2,tp=4")
+
+
+# --- pins nothing satisfies -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpt2_ev() -> Evaluator:
+    return _evaluator(**SMALL_SPACES["gpt2-8xh100"])
+
+
+@pytest.mark.parametrize(
+    ("fix", "rule"),
+    [
+        ("tp=3", "tp must divide the 8 GPUs"),
+        ("tp=8", "tp must divide heads=12"),  # gpt2 has 12 heads
+        ("pp=16", "pp must divide the 8 GPUs"),
+        ("cp=3", "cp must divide the 8 GPUs"),
+        ("ep=2", "needs a MoE model"),
+        ("mbs=3", "must divide the global batch of 16"),
+        ("sp=true,tp=1", "sequence_parallel needs tp > 1"),
+        ("offload=true,zero=0", "offload_optimizer needs zero_stage >= 1"),
+        ("pp=1,schedule=gpipe", "use 'none' exactly when pp=1"),
+    ],
+)
+def test_unsatisfiable_pins_raise_naming_the_rule(gpt2_ev, fix, rule):
+    with pytest.raises(ValueError, match=re.escape(rule)):
+        Search(gpt2_ev, parse_fix(fix)).run()
+
+
+def test_unknown_fixed_dimension_is_rejected(gpt2_ev):
+    with pytest.raises(ValueError, match="width"):
+        Search(gpt2_ev, {"width": 2})
