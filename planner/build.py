@@ -56,7 +56,10 @@ def lost_because(loser: Estimate, winner: Estimate) -> str:
         if loser.memory.total_bytes > winner.memory.total_bytes:
             extra = (loser.memory.total_bytes - winner.memory.total_bytes) / 1e9
             return f"as fast, but needs {extra:.2f} GB more per GPU"
-        return "as fast and as large; ranked after by the deterministic tie-break"
+        return (
+            "equivalent under the cost model (same time and memory); the plan is preferred as "
+            "the simpler strategy (smaller tp, pp, cp first)"
+        )
     diffs = {name: getattr(loser.time, name) - getattr(winner.time, name) for name in _CAUSES}
     cause = max(diffs, key=lambda k: diffs[k])
     return (
