@@ -50,6 +50,42 @@ class LayerCost:
     """Bytes of the layer's input: all that full recompute keeps (Korthikanti §5)."""
     output_bytes: float
     """Bytes of the layer's output (pipeline p2p message when a stage ends here)."""
+    fwd_tmp_bytes: float = 0.0
+    """Peak transient bytes inside the forward, above what the layer keeps (profiled)."""
+    bwd_tmp_bytes: float = 0.0
+    """Peak transient bytes inside the backward, above what persists (profiled)."""
+    fwd_time_s: float | None = None
+    """Measured forward seconds per sequence on `ModelProfile.measured_on` (None: roofline)."""
+    bwd_time_s: float | None = None
+    """Measured backward seconds per sequence (None: roofline)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpNode:
+    """One operator of a layer's forward, for rematerialization solvers."""
+
+    op: str
+    """The aten operator, e.g. ``aten.mm.default``."""
+    inputs: tuple[int, ...]
+    """Producers of its tensor inputs: node indices in the same graph, -1 for the layer input,
+    -2 for parameters and other tensors from outside the layer."""
+    output_bytes: float
+    """Bytes of the new tensors it produces (views and in-place ops produce none), per
+    sequence."""
+    fwd_flops: float
+    """Its FLOPs per sequence."""
+    saved: bool
+    """Whether autograd keeps its output for the backward pass."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerGraph:
+    """The op-level graph of one layer's forward."""
+
+    layer: int
+    """Index of the layer in the chain."""
+    nodes: tuple[OpNode, ...]
+    """Operators in execution order."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -80,6 +116,10 @@ class ModelProfile:
     """Experts each token is routed to."""
     tied_embeddings: bool = False
     """Whether the head reuses the embedding matrix (a PP>1 plan keeps a copy on both ends)."""
+    measured_on: str = ""
+    """Accelerator catalog name the layer times were measured on ('' when not measured)."""
+    op_graphs: tuple[LayerGraph, ...] = ()
+    """Op-level graphs of representative layers (a traced profile; empty for a spec)."""
 
     def __post_init__(self) -> None:
         kinds = [layer.kind for layer in self.layers]

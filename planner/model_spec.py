@@ -47,6 +47,11 @@ class Norm(StrEnum):
     RMSNORM = "rmsnorm"
 
 
+RMSNORM_EXTRA = {Norm.LAYERNORM: 0, Norm.RMSNORM: 1}
+"""Extra (b, s, h) tensors a norm keeps beyond its input: Hugging Face's unfused RMSNorm keeps
+the normalized hidden for the weight multiply; LayerNorm keeps only mean and rstd."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TransformerSpec:
     """A decoder-only transformer by its sizes."""
@@ -198,8 +203,11 @@ class TransformerSpec:
             mlp_tp_bytes = mlp_saved * p * s * inner
         fwd_flops = qkv_proj_flops + attn_core_flops + mlp_flops
         # Activations saved for backward (Korthikanti et al. 2022 §4.1, generalized).
-        # Replicated across TP ranks: norm1 input, QKV input, norm2 input, MLP input, 2 masks.
+        # Replicated across TP ranks: norm1 input, QKV input, norm2 input, MLP input, 2 masks;
+        # an RMSNorm as Hugging Face writes it (unfused) also keeps x * rsqrt(var) for the
+        # weight multiply: one more (b, s, h) tensor per norm (measured, docs/cost-model.md).
         replicated = 4 * p * s * h + 2 * mask * s * h + moe_replicated
+        replicated += 2 * p * s * h * RMSNORM_EXTRA[self.norm]
         if self.attention == Attention.MATH:
             # softmax output (p), its dropout mask and dropout output (Korthikanti: 5as^2).
             core = (p + mask + (p if self.dropout else 0)) * a * s * s
@@ -255,7 +263,7 @@ class TransformerSpec:
             # final-norm input and head input (replicated), fp32 logits for the loss (vocab-
             # parallel): Korthikanti et al. 2022 §4.1, 4sbh/t (1 + v/h).
             act_tp_bytes=float(LOGITS_FP32_BYTES * s * v),
-            act_replicated_bytes=float(2 * p * s * h),
+            act_replicated_bytes=float((2 + RMSNORM_EXTRA[self.norm]) * p * s * h),
             input_bytes=float(p * s * h),
             output_bytes=float(LOGITS_FP32_BYTES),
         )

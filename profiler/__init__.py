@@ -1,2 +1,9 @@
-"""paraplan.profiler: real `nn.Module`s into the planner's `ModelProfile` (issue 3; imports
-torch). Nothing is implemented yet: the planner reads models through `planner.model_spec`."""
+"""paraplan.profiler: real `nn.Module`s into the planner's `ModelProfile` (imports torch).
+
+`profile(model, example_inputs)` traces one training step: per layer FLOPs, parameters, bytes
+saved for backward, transient peaks, op graphs, and (mode="measure") measured times.
+"""
+
+from .api import profile
+
+__all__ = ["profile"]

@@ -1,0 +1,121 @@
+"""Refuse a plan that does not fit the running job, before any collective.
+
+A plan is checked against the job (world size, device) and the model (parameter count and
+depth). The model fingerprint: `module_fingerprint` digests the parameter names, shapes and
+dtypes; plans carry the digest of the planner's *profile*, which cannot be recomputed from a
+module yet, so the executor compares what both sides know: the parameter count (tied matrices
+counted once) and the number of blocks. The profiler will match `ModuleFingerprint.digest`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..planner.plan import Plan
+from ..planner.strategy import MeshAxis, Schedule
+
+SUPPORTED_PRECISIONS = ("fp32", "bf16")
+SUPPORTED_OPTIMIZERS = ("adamw", "sgd", "adafactor")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModuleFingerprint:
+    """What identifies a model's parameters."""
+
+    num_params: int
+    """Parameter count, a tied (shared) matrix counted once."""
+    digest: str
+    """sha256 (16 hex digits) of the sorted (name, shape, dtype) of every parameter."""
+
+
+def module_fingerprint(model: nn.Module) -> ModuleFingerprint:
+    """Fingerprint of `model`'s parameters (names as `named_parameters` gives them)."""
+    named = list(model.named_parameters())  # shared parameters appear once
+    rows = sorted(f"{n}:{tuple(p.shape)}:{p.dtype}" for n, p in named)
+    digest = hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
+    return ModuleFingerprint(num_params=sum(p.numel() for _, p in named), digest=digest)
+
+
+def check_plan_supported(plan: Plan) -> None:
+    """Plan features the executor does not run yet, refused by name."""
+    par = plan.parallelism
+    if par.cp > 1:
+        raise ValueError(
+            f"the plan uses context parallelism cp={par.cp}, which the executor does not run "
+            "yet; re-plan with --fix cp=1"
+        )
+    if par.ep > 1 or plan.model.experts:
+        raise ValueError(
+            f"the plan is for a mixture-of-experts model (experts={plan.model.experts}, "
+            f"ep={par.ep}); the executor runs dense models only"
+        )
+    if plan.train.precision not in SUPPORTED_PRECISIONS:
+        raise ValueError(
+            f"precision {plan.train.precision!r} needs loss scaling, which the executor does "
+            f"not do; re-plan with --precision bf16 or fp32"
+        )
+    if plan.train.optimizer not in SUPPORTED_OPTIMIZERS:
+        raise ValueError(
+            f"optimizer {plan.train.optimizer!r} is not in torch.optim; re-plan with "
+            f"--optimizer {' or '.join(SUPPORTED_OPTIMIZERS)}"
+        )
+    if par.offload_optimizer and par.zero_stage == 0 and par.dp > 1:
+        raise ValueError(
+            "offload_optimizer with zero_stage=0: optimizer offload runs through FSDP's "
+            "CPUOffloadPolicy and needs zero_stage >= 1; re-plan with --fix zero=1"
+        )
+    schedules = {str(s) for s in Schedule}
+    if plan.schedule not in schedules:
+        raise ValueError(f"schedule {plan.schedule!r} is not one of {sorted(schedules)}")
+    if par.pp > 1 and plan.schedule == Schedule.NONE:
+        raise ValueError(f"pp={par.pp} with schedule 'none': name a pipeline schedule")
+    if par.virtual_stages > 1 and plan.schedule != Schedule.INTERLEAVED_1F1B:
+        raise ValueError(
+            f"virtual_stages={par.virtual_stages} needs schedule interleaved_1f1b, not "
+            f"{plan.schedule!r}"
+        )
+    names = tuple(plan.mesh.axis_order)
+    if sorted(names) != sorted(str(a) for a in MeshAxis) or len(plan.mesh.shape) != len(names):
+        raise ValueError(
+            f"mesh axes {names} with shape {tuple(plan.mesh.shape)}: expected each of "
+            f"{[str(a) for a in MeshAxis]} once with one size each"
+        )
+    sizes = dict(zip(names, plan.mesh.shape, strict=True))
+    degrees = {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}
+    if sizes != degrees:
+        raise ValueError(f"mesh sizes {sizes} disagree with the plan's degrees {degrees}")
+
+
+def check_job(plan: Plan, *, world_size: int, device_type: str) -> None:
+    """The running job must have the plan's world size and device kind."""
+    if world_size != plan.cluster.num_gpus:
+        raise ValueError(
+            f"the plan is for {plan.cluster.num_gpus} ranks ({plan.cluster.name}) but this job "
+            f"has world size {world_size}; launch with torchrun --nproc-per-node="
+            f"{plan.cluster.num_gpus} (paraplan run does) or re-plan for {world_size} devices"
+        )
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"the plan is for {plan.cluster.accelerator} GPUs but CUDA is not available here; "
+            "run it on GPUs, or re-plan with --cluster <N>xcpu for a CPU run"
+        )
+
+
+def check_model(plan: Plan, model: nn.Module, *, num_blocks: int) -> None:
+    """The model must be the one planned: same parameter count and depth."""
+    found = module_fingerprint(model).num_params
+    if found != plan.model.num_params:
+        raise ValueError(
+            f"model fingerprint mismatch: the module has {found:,} parameters but the plan "
+            f"was made for {plan.model.name!r} with {plan.model.num_params:,}; re-plan for "
+            "this model (same config) or load the model the plan names"
+        )
+    if num_blocks != plan.model.num_blocks:
+        raise ValueError(
+            f"model fingerprint mismatch: the module has {num_blocks} blocks but the plan "
+            f"was made for {plan.model.num_blocks}; re-plan for this model"
+        )

@@ -1,0 +1,75 @@
+"""The process group and the DeviceMesh a plan asks for.
+
+The mesh has the plan's axes (`MeshAxis` names, outermost first) and sizes, so rank r sits at
+the coordinates the planner assumed (the last axis varies fastest, as in `init_device_mesh`).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from ..planner.plan import Plan
+from ..planner.strategy import MeshAxis
+
+DEFAULT_TIMEOUT_S = 300.0
+"""Seconds a collective waits for a peer before raising: a rank that dies or hangs makes the
+others fail within this bound instead of hanging (NCCL and gloo honour the group timeout)."""
+
+
+def job_world_size() -> int:
+    """World size of the running job, read without any collective: the process group when it
+    exists, else torchrun's WORLD_SIZE (1 for a plain `python` process)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    raw = os.environ.get("WORLD_SIZE", "1")
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"WORLD_SIZE={raw!r} is not an integer; launch with torchrun") from None
+
+
+def plan_device_type(plan: Plan) -> str:
+    """``cpu`` for plans made for the catalog's ``cpu`` accelerator, else ``cuda``."""
+    return "cpu" if plan.cluster.accelerator == "cpu" else "cuda"
+
+
+def init_distributed(device_type: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """Start the default process group (gloo on CPU, NCCL on CUDA) with a bounded timeout,
+    unless it exists; on CUDA, bind this process to its LOCAL_RANK device first."""
+    if dist.is_initialized():
+        return
+    if device_type == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if "MASTER_ADDR" not in os.environ:  # a plain single-process run
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29555")
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+    dist.init_process_group(
+        backend="nccl" if device_type == "cuda" else "gloo",
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
+    """The plan's DeviceMesh (a collective: every rank must call it)."""
+    return init_device_mesh(
+        device_type, tuple(plan.mesh.shape), mesh_dim_names=tuple(plan.mesh.axis_order)
+    )
+
+
+def axis_size(mesh: DeviceMesh, axis: MeshAxis) -> int:
+    """Size of a mesh axis (1 when the mesh lacks it)."""
+    names = mesh.mesh_dim_names or ()
+    return mesh.size(names.index(str(axis))) if str(axis) in names else 1
+
+
+def axis_rank(mesh: DeviceMesh, axis: MeshAxis) -> int:
+    """This rank's coordinate along a mesh axis (0 when the mesh lacks it)."""
+    names = mesh.mesh_dim_names or ()
+    return mesh.get_local_rank(str(axis)) if str(axis) in names else 0

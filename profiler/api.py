@@ -1,0 +1,242 @@
+"""`profile(model, example_inputs)`: a real `nn.Module` into the planner's `ModelProfile`."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from paraplan.planner.model import LayerCost, LayerGraph, LayerKind, ModelProfile, OpNode
+
+from .chain import BlockList, find_blocks, same_structure
+from .hf import Shape, shape_of
+from .timing import measure_times
+from .tracer import BWD, FWD, SegmentStats, Tracer
+
+Mode = Literal["measure", "meta"]
+DEFAULT_WARMUP = 2
+DEFAULT_REPEATS = 5
+
+
+def _default_loss(out: Any) -> torch.Tensor:
+    """The model's own loss (Hugging Face `.loss`), else the sum of a tensor output."""
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(out, torch.Tensor):
+        return out.float().sum()
+    if isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
+        return out[0].float().sum()
+    raise ValueError(
+        f"cannot derive a loss from a {type(out).__name__} output; pass loss_fn=... returning "
+        "a scalar tensor"
+    )
+
+
+def _call(model: nn.Module, inputs: Any) -> Any:
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, tuple | list):
+        return model(*inputs)
+    return model(inputs)
+
+
+def _batch_and_seq(inputs: Any, shape: Shape | None) -> tuple[int, int]:
+    first = next(iter(inputs.values())) if isinstance(inputs, dict) else (
+        inputs[0] if isinstance(inputs, tuple | list) else inputs
+    )  # fmt: skip
+    if not isinstance(first, torch.Tensor) or first.dim() < 1:
+        raise ValueError("example_inputs must start with a batched tensor (batch first)")
+    seq = int(first.shape[1]) if shape is not None and first.dim() >= 2 else 1
+    return int(first.shape[0]), seq
+
+
+@contextlib.contextmanager
+def _shrunk(model: nn.Module, blocks: BlockList, keep: int) -> Iterator[tuple[nn.Module, ...]]:
+    """Temporarily keep only the first `keep` blocks (identical blocks cost the same)."""
+    parent_name, _, attr = blocks.container.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    original = getattr(parent, attr) if attr else None
+    if original is None or len(blocks.modules) <= keep:
+        yield blocks.modules
+        return
+    kept = type(original)(list(blocks.modules[:keep]))
+    setattr(parent, attr, kept)
+    cfg = getattr(model, "config", None)
+    old_layers = getattr(cfg, "num_hidden_layers", None)
+    try:
+        if old_layers is not None:
+            cfg.num_hidden_layers = keep  # type: ignore[union-attr]
+        yield blocks.modules[:keep]
+    finally:
+        setattr(parent, attr, original)
+        if old_layers is not None:
+            cfg.num_hidden_layers = old_layers  # type: ignore[union-attr]
+
+
+def profile(
+    model: nn.Module,
+    example_inputs: Any,
+    *,
+    mode: Mode = "measure",
+    device: str | torch.device | None = None,
+    blocks: str | None = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    name: str | None = None,
+    measured_on: str | None = None,
+    warmup: int = DEFAULT_WARMUP,
+    repeats: int = DEFAULT_REPEATS,
+    progress: bool = False,
+) -> ModelProfile:
+    """Profile one training step of `model` on `example_inputs` (a tensor, tuple or kwargs
+    dict, batch first) into a chain of layers: embedding, the repeated blocks (found
+    automatically or named by `blocks`), head (the loss included).
+
+    mode="measure" also times each layer's forward and backward (median of `repeats` steps
+    after `warmup`) on the model's device; mode="meta" expects a model and inputs on the meta
+    device, traces only two of a run of identical blocks, and leaves times to the roofline."""
+    if mode not in ("measure", "meta"):
+        raise ValueError(f"mode={mode!r} must be 'measure' or 'meta'")
+    dev = torch.device(device) if device is not None else _device_of(model)
+    if mode == "meta" and dev.type != "meta":
+        raise ValueError(f"mode='meta' needs the model on the meta device, it is on {dev}; "
+                         "build it under `with torch.device('meta'):`")  # fmt: skip
+    if mode == "measure" and dev.type == "meta":
+        raise ValueError("mode='measure' cannot time a meta model; use mode='meta'")
+    config = getattr(model, "config", None)
+    shape = shape_of(config) if config is not None and hasattr(config, "vocab_size") else None
+    batch, seq = _batch_and_seq(example_inputs, shape)
+    found = find_blocks(model, blocks)
+    loss_of = loss_fn or _default_loss
+    identical = len(found.modules) > 2 and all(
+        same_structure(found.modules[1], b) for b in found.modules[2:]
+    )
+    keep = 2 if (mode == "meta" and identical) else len(found.modules)
+    bar = _progress(progress, 2 * (keep + 2) + (warmup + repeats if mode == "measure" else 0))
+    model.train()
+    with _shrunk(model, found, keep) as traced_blocks:
+        hidden = shape.hidden if shape else 0
+        tracer = Tracer(
+            model, traced_blocks, seq_len=seq, hidden=hidden,
+            graph_segments=set(range(len(traced_blocks) + 2)),
+            on_segment=lambda *_: bar.update(1) if bar else None,
+        )  # fmt: skip
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(tracer.pack, lambda t: t), tracer:
+                loss = loss_of(_call(model, example_inputs))
+                tracer.switch(BWD, len(traced_blocks) + 1)
+                loss.backward()
+                tracer.stats[tracer.seg].end[tracer.phase] = tracer.live
+        finally:
+            tracer.remove_hooks()
+        tracer.param_leftovers()
+        model.zero_grad(set_to_none=True)
+        times = None
+        if mode == "measure":
+            def step(mark: Callable[[int, int], None]) -> None:
+                mark(FWD, 0)
+                out_loss = loss_of(_call(model, example_inputs))
+                mark(BWD, len(traced_blocks) + 1)
+                out_loss.backward()
+                mark(BWD, 0)
+                model.zero_grad(set_to_none=True)
+
+            times = measure_times(
+                model, traced_blocks, step, device=dev, warmup=warmup, repeats=repeats,
+                tick=(lambda: bar.update(1)) if bar else None,
+            )  # fmt: skip
+    if bar is not None:
+        bar.close()
+    return _assemble(
+        name or type(model).__name__, tracer.stats, times, len(found.modules), batch, seq,
+        shape, _act_bytes(model), measured_on if measured_on is not None else (
+            "" if times is None else dev.type),
+    )  # fmt: skip
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _act_bytes(model: nn.Module) -> int:
+    for p in model.parameters():
+        return p.element_size()
+    return 4
+
+
+def _progress(enabled: bool, total: int) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="profiling", unit="segment", leave=False)
+
+
+def _layer(kind: LayerKind, name: str, st: SegmentStats, times: list[list[float]] | None,
+           seg: int, batch: int) -> LayerCost:  # fmt: skip
+    b = float(batch)
+    rep = st.replicated_bytes / b
+    return LayerCost(
+        name=name,
+        kind=kind,
+        params=st.params - st.expert_params,
+        expert_params=st.expert_params,
+        fwd_flops=st.flops[FWD] / b,
+        bwd_flops=st.flops[BWD] / b,
+        attn_core_fwd_flops=st.attn_core_flops / b,
+        act_tp_bytes=st.saved_bytes / b - rep,
+        act_replicated_bytes=rep,
+        act_attn_core_bytes=st.attn_core_bytes / b,
+        input_bytes=st.input_bytes / b,
+        output_bytes=st.output_bytes / b,
+        fwd_tmp_bytes=st.tmp_bytes(FWD) / b,
+        bwd_tmp_bytes=st.tmp_bytes(BWD) / b,
+        fwd_time_s=None if times is None else times[FWD][seg] / b,
+        bwd_time_s=None if times is None else times[BWD][seg] / b,
+    )
+
+
+def _graph(layer: int, st: SegmentStats, batch: int) -> LayerGraph:
+    return LayerGraph(layer=layer, nodes=tuple(
+        OpNode(op=n["op"], inputs=n["inputs"], output_bytes=n["output_bytes"] / batch,
+               fwd_flops=n["fwd_flops"] / batch, saved=n["saved"])
+        for n in st.nodes
+    ))  # fmt: skip
+
+
+def _assemble(name: str, stats: list[SegmentStats], times: list[list[float]] | None,
+              num_blocks: int, batch: int, seq: int, shape: Shape | None, act_bytes: int,
+              measured_on: str) -> ModelProfile:  # fmt: skip
+    traced = len(stats) - 2
+    layers = [_layer(LayerKind.EMBEDDING, "embedding", stats[0], times, 0, batch)]
+    graphs = [_graph(0, stats[0], batch)]
+    for i in range(num_blocks):
+        seg = min(i, traced - 1) + 1  # blocks past the traced ones repeat the last traced
+        layers.append(_layer(LayerKind.BLOCK, f"block.{i}", stats[seg], times, seg, batch))
+        if i < traced:
+            graphs.append(_graph(i + 1, stats[seg], batch))
+    layers.append(_layer(LayerKind.HEAD, "head", stats[-1], times, traced + 1, batch))
+    graphs.append(_graph(num_blocks + 1, stats[-1], batch))
+    hidden = shape.hidden if shape else int(max((x.output_bytes for x in layers[1:-1]),
+                                                default=0) // max(1, act_bytes))  # fmt: skip
+    return ModelProfile(
+        name=name,
+        layers=tuple(layers),
+        seq_len=seq,
+        act_dtype_bytes=act_bytes,
+        hidden=max(1, hidden),
+        heads=shape.heads if shape else 1,
+        kv_heads=shape.kv_heads if shape else 1,
+        ffn=shape.ffn if shape else 1,
+        vocab=shape.vocab if shape else 1,
+        experts=shape.experts if shape else 0,
+        top_k=shape.top_k if shape else 0,
+        tied_embeddings=shape.tied if shape else False,
+        measured_on=measured_on,
+        op_graphs=tuple(graphs),
+    )

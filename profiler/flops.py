@@ -1,0 +1,35 @@
+"""FLOPs of one aten op: PyTorch's own formulas (`torch.utils.flop_counter.flop_registry`,
+the ones FlopCounterMode uses), plus the CPU fused attention kernels it misses.
+
+FlopCounterMode has no entry for `aten._scaled_dot_product_flash_attention_for_cpu` (the kernel
+SDPA picks on CPU), so attention would count as zero there (../shared/TORCH-NOTES.md). We count
+it with the same formulas as the CUDA flash kernel: QK^T and AV over every (query, key) pair.
+Causal masking is NOT discounted — neither by FlopCounterMode nor by the math backend's explicit
+matmuls, nor by Narayanan et al. 2021 Eq. 3 — so every count here agrees with those (see
+docs/cost-model.md, "FLOPs").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+_aten = torch.ops.aten
+_CPU_SDPA = _aten._scaled_dot_product_flash_attention_for_cpu
+_CPU_SDPA_BWD = _aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
+    """FLOPs (2 per multiply-add) of one dispatched op; 0 for ops without a formula."""
+    packet = func._overloadpacket
+    if packet in flop_registry:
+        return int(flop_registry[packet](*args, **kwargs, out_val=out))
+    if packet is _CPU_SDPA:
+        q, k, v = args[:3]
+        return int(sdpa_flop_count(q.shape, k.shape, v.shape))
+    if packet is _CPU_SDPA_BWD:
+        grad_out, q, k, v = args[:4]
+        return int(sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape))
+    return 0

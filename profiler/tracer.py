@@ -1,0 +1,264 @@
+"""One traced training step: per layer FLOPs, saved bytes, transient peaks, op graphs.
+
+Ops are attributed to chain segments (0: embedding, 1..L: blocks, L+1: head) by module hooks:
+forward pre/post hooks on the blocks, and full backward pre/post hooks for the backward pass.
+A `TorchDispatchMode` sees every aten op (real, meta or fake tensors alike): it counts FLOPs
+(`flops.op_flops`), follows the bytes of live tensor storages (to find transient peaks) and
+records the forward op graph. `saved_tensors_hooks` sees what autograd keeps for backward;
+storages are counted once, parameters never.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from .flops import op_flops
+
+FWD, BWD = 0, 1
+
+
+@dataclass
+class SegmentStats:
+    """What one chain segment did in the traced step (mutable while tracing)."""
+
+    flops: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    """FLOPs in forward, backward."""
+    saved_bytes: float = 0.0
+    """Bytes kept for backward (deduplicated by storage)."""
+    replicated_bytes: float = 0.0
+    """Part of `saved_bytes` a tensor-parallel rank would hold whole (norm inputs/outputs and
+    residual-path dropout masks, see docs/cost-model.md)."""
+    attn_core_bytes: float = 0.0
+    """Part of `saved_bytes` in s x s attention scores (selective recompute drops it)."""
+    attn_core_flops: float = 0.0
+    """Forward FLOPs of ops producing s x s scores or consuming them (QK^T, AV)."""
+    peak: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    """Highest live bytes seen in forward, backward."""
+    start: list[float] = field(default_factory=lambda: [-1.0, -1.0])
+    """Live bytes when the segment's forward/backward started."""
+    end: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    """Live bytes when it ended."""
+    input_bytes: float = 0.0
+    """Bytes of the segment's input tensor."""
+    output_bytes: float = 0.0
+    """Bytes of the segment's output tensor."""
+    params: int = 0
+    """Parameters first used by this segment."""
+    expert_params: int = 0
+    """Of which in MoE experts."""
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    """Forward op graph (when recorded)."""
+
+    def tmp_bytes(self, phase: int) -> float:
+        """Transient peak: above both what was live at its start and what persists after."""
+        if self.start[phase] < 0:
+            return 0.0
+        return max(0.0, self.peak[phase] - max(self.start[phase], self.end[phase]))
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class Tracer(TorchDispatchMode):
+    """Attributes every op of one forward+backward to chain segments."""
+
+    def __init__(
+        self, model: nn.Module, blocks: tuple[nn.Module, ...], *, seq_len: int, hidden: int,
+        graph_segments: set[int], on_segment: Callable[[int, int], None] | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.num_segments = len(blocks) + 2
+        self.stats = [SegmentStats() for _ in range(self.num_segments)]
+        self.seq_len, self.hidden = seq_len, hidden
+        self.graph_segments = graph_segments
+        self.on_segment = on_segment
+        self.phase, self.seg = FWD, 0
+        self.live = 0.0
+        self._live_ids: dict[int, int] = {}
+        self._producer: dict[int, tuple[int, int]] = {}  # storage id -> (segment, node index)
+        self._saved_ids: set[int] = set()
+        self._replicated_ids: set[int] = set()
+        self._in_norm = 0  # depth inside normalization modules (what they save is replicated)
+        self._params: dict[int, tuple[int, bool]] = {}  # storage id -> (numel, is_expert)
+        for name, p in model.named_parameters():
+            self._params[id(p.untyped_storage())] = (p.numel(), "expert" in name)
+        self._param_seen: set[int] = set()
+        self._handles: list[Any] = []
+        self._blocks = blocks
+        self._block_input_id = [-1] * len(blocks)
+        self._hook_blocks(blocks)
+        self._hook_norms(model)
+        self.stats[0].start[FWD] = 0.0
+
+    # ---- segment bookkeeping -----------------------------------------------------------
+    def switch(self, phase: int, seg: int) -> None:
+        """Enter `seg` in `phase` (closing the current segment's accounting)."""
+        cur = self.stats[self.seg]
+        cur.end[self.phase] = self.live
+        self.phase, self.seg = phase, seg
+        new = self.stats[seg]
+        if new.start[phase] < 0:
+            new.start[phase] = self.live
+        new.peak[phase] = max(new.peak[phase], self.live)
+        if self.on_segment is not None:
+            self.on_segment(phase, seg)
+
+    def _hook_blocks(self, blocks: tuple[nn.Module, ...]) -> None:
+        last = len(blocks) - 1
+        for i, block in enumerate(blocks):
+            def pre(_m: nn.Module, args: tuple, kwargs: dict, i: int = i) -> None:
+                self.switch(FWD, i + 1)
+                inputs = _tensors((args, kwargs))
+                if inputs:
+                    self.stats[i + 1].input_bytes = _nbytes(inputs[0])
+                    if i == 0:
+                        self.stats[0].output_bytes = _nbytes(inputs[0])
+
+            def post(_m: nn.Module, _a: tuple, _k: dict, out: Any, i: int = i) -> None:
+                outs = _tensors(out)
+                if outs:
+                    self.stats[i + 1].output_bytes = _nbytes(outs[0])
+                if i == last:
+                    self.switch(FWD, last + 2)
+
+            def bwd_pre(_m: nn.Module, _g: Any, i: int = i) -> None:
+                self.switch(BWD, i + 1)
+
+            def bwd_post(_m: nn.Module, _gi: Any, _go: Any, i: int = i) -> None:
+                self.switch(BWD, i)
+
+            self._handles += [
+                block.register_forward_pre_hook(pre, with_kwargs=True),
+                block.register_forward_hook(post, with_kwargs=True),
+                block.register_full_backward_pre_hook(bwd_pre),
+                block.register_full_backward_hook(bwd_post),
+            ]
+
+    def _hook_norms(self, model: nn.Module) -> None:
+        """Inputs and outputs of normalization layers are replicated across TP ranks."""
+        def mark(*tensors_of: Any) -> None:
+            for t in _tensors(tensors_of):
+                self._replicated_ids.add(id(t.untyped_storage()))
+
+        def enter(_m: nn.Module, args: tuple) -> None:
+            mark(args)
+            self._in_norm += 1
+
+        def leave(_m: nn.Module, _a: tuple, out: Any) -> None:
+            mark(out)
+            self._in_norm -= 1
+
+        for m in model.modules():
+            if "norm" in type(m).__name__.lower():
+                self._handles += [m.register_forward_pre_hook(enter),
+                                  m.register_forward_hook(leave)]  # fmt: skip
+
+    def remove_hooks(self) -> None:
+        """Detach every hook this tracer installed."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    # ---- memory ------------------------------------------------------------------------
+    def _track(self, t: torch.Tensor) -> int:
+        st = t.untyped_storage()
+        key = id(st)
+        if key in self._live_ids or key in self._params:
+            return 0
+        nbytes = st.nbytes()
+        self._live_ids[key] = nbytes
+        self.live += nbytes
+        weakref.finalize(st, self._free, key)
+        return nbytes
+
+    def _free(self, key: int) -> None:
+        self.live -= self._live_ids.pop(key, 0)
+        self._producer.pop(key, None)
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """saved_tensors_hooks pack: count what autograd keeps, once per storage."""
+        st = t.untyped_storage()
+        key = id(st)
+        if key in self._params or key in self._saved_ids or self.phase != FWD:
+            return t
+        self._saved_ids.add(key)
+        nbytes = st.nbytes()
+        seg = self.stats[self.seg]
+        seg.saved_bytes += nbytes
+        is_mask = t.dtype == torch.bool and t.numel() % max(1, self.hidden) == 0 and (
+            t.dim() >= 1 and t.shape[-1] == self.hidden
+        )
+        if key in self._replicated_ids or is_mask or self._in_norm:
+            seg.replicated_bytes += nbytes
+        elif t.dim() >= 2 and t.shape[-1] == t.shape[-2] == self.seq_len > 1:
+            seg.attn_core_bytes += nbytes
+        prod = self._producer.get(key)
+        if prod is not None and prod[0] == self.seg and prod[1] < len(seg.nodes):
+            seg.nodes[prod[1]]["saved"] = True
+        return t
+
+    # ---- ops ---------------------------------------------------------------------------
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        seg = self.stats[self.seg]
+        flops = op_flops(func, args, kwargs, out)
+        seg.flops[self.phase] += flops
+        if self.phase == FWD:
+            for t in _tensors((args, kwargs)):
+                key = id(t.untyped_storage())
+                if key in self._params and key not in self._param_seen:
+                    self._param_seen.add(key)
+                    numel, expert = self._params[key]
+                    seg.params += numel
+                    seg.expert_params += numel if expert else 0
+            if flops and any(
+                t.dim() >= 2 and t.shape[-1] == t.shape[-2] == self.seq_len > 1
+                for t in _tensors((args, out))
+            ):
+                seg.attn_core_flops += flops
+        new_bytes = sum(self._track(t) for t in _tensors(out))
+        seg.peak[self.phase] = max(seg.peak[self.phase], self.live)
+        if self.phase == FWD and self.seg in self.graph_segments:
+            self._record(func, args, kwargs, out, flops, new_bytes)
+        return out
+
+    def _record(self, func: Any, args: tuple, kwargs: dict, out: Any, flops: int,
+                new_bytes: int) -> None:  # fmt: skip
+        seg = self.stats[self.seg]
+        inputs = []
+        for t in _tensors((args, kwargs)):
+            key = id(t.untyped_storage())
+            prod = self._producer.get(key)
+            if prod is not None and prod[0] == self.seg:
+                inputs.append(prod[1])
+            else:
+                inputs.append(-2 if key in self._params else -1)
+        index = len(seg.nodes)
+        seg.nodes.append({"op": str(func), "inputs": tuple(inputs), "output_bytes": new_bytes,
+                          "fwd_flops": flops, "saved": False})  # fmt: skip
+        for t in _tensors(out):
+            key = id(t.untyped_storage())
+            if key in self._live_ids and self._producer.get(key, (None,))[0] != self.seg:
+                self._producer[key] = (self.seg, index)
+
+    def param_leftovers(self) -> None:
+        """Parameters no op touched (e.g. unused heads) belong to the embedding."""
+        for key, (numel, expert) in self._params.items():
+            if key not in self._param_seen:
+                self._param_seen.add(key)
+                self.stats[0].params += numel
+                self.stats[0].expert_params += numel if expert else 0
