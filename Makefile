@@ -34,6 +34,7 @@ bench: $(STAMP)
 # Rewrite docs/plan.schema.json from the code (a test checks they agree).
 schema: $(STAMP)
 	$(BIN)/python -m paraplan.planner.schema > docs/plan.schema.json
+	$(BIN)/python -m paraplan.planner.profile_io > docs/profile.schema.json
 
 clean:
 	rm -rf $(VENV)

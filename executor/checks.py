@@ -63,7 +63,7 @@ def check_plan_supported(plan: Plan) -> None:
             f"optimizer {plan.train.optimizer!r} is not in torch.optim; re-plan with "
             f"--optimizer {' or '.join(SUPPORTED_OPTIMIZERS)}"
         )
-    if par.offload_optimizer and par.zero_stage == 0 and par.dp > 1:
+    if par.offload_optimizer and par.zero_stage == 0:
         raise ValueError(
             "offload_optimizer with zero_stage=0: optimizer offload runs through FSDP's "
             "CPUOffloadPolicy and needs zero_stage >= 1; re-plan with --fix zero=1"

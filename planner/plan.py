@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-import types
 import typing
-from dataclasses import dataclass, field, fields, is_dataclass
-from enum import Enum
-from pathlib import Path
+from dataclasses import dataclass, field
+
+from .jsonio import from_json, read_json, to_json, write_atomic
 
 SCHEMA_VERSION = 1
 """Bumped on any incompatible change of the plan JSON."""
@@ -265,7 +263,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, typing.Any]:
         """The JSON form."""
-        return _to_json(self)
+        return to_json(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, typing.Any]) -> Plan:
@@ -273,68 +271,18 @@ class Plan:
         from .schema import validate_plan_dict
 
         validate_plan_dict(data)
-        return _from_json(cls, data)
-
-
-def _to_json(value: typing.Any) -> typing.Any:
-    if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _to_json(getattr(value, f.name)) for f in fields(value)}
-    if isinstance(value, tuple | list):
-        return [_to_json(v) for v in value]
-    if isinstance(value, Enum):
-        return value.value
-    return value
-
-
-def _from_json(cls: typing.Any, data: typing.Any) -> typing.Any:
-    if is_dataclass(cls):
-        hints = typing.get_type_hints(cls)
-        build = typing.cast(typing.Any, cls)
-        return build(**{f.name: _from_json(hints[f.name], data[f.name]) for f in fields(cls)})
-    origin = typing.get_origin(cls)
-    if origin is tuple:
-        (item, _) = typing.get_args(cls)
-        return tuple(_from_json(item, v) for v in data)
-    if cls is float:
-        return float(data)
-    if origin in (typing.Union, types.UnionType):  # pragma: no cover - no optional fields yet
-        return data
-    return data
+        return from_json(cls, data)
 
 
 def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
-    """Write the plan as JSON atomically: a temporary file in the same folder, then rename,
-    so a reader never sees a half-written plan."""
-    target = Path(path)
-    text = json.dumps(plan.to_dict(), indent=2) + "\n"
-    folder = target.parent if str(target.parent) else Path(".")
-    if not folder.is_dir():
-        raise ValueError(f"cannot write plan to {str(target)!r}: folder {str(folder)!r} is missing")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write the plan as JSON atomically (a reader never sees a half-written plan)."""
+    write_atomic(path, json.dumps(plan.to_dict(), indent=2) + "\n")
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:
     """Read and strictly validate a plan JSON file."""
-    source = Path(path)
-    if not source.is_file():
-        raise ValueError(
-            f"plan file {str(source)!r} does not exist; write one with paraplan plan -o"
-        )
-    try:
-        data = json.loads(source.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"plan file {str(source)!r} is not valid JSON (line {exc.lineno}, column "
-            f"{exc.colno}: {exc.msg}); regenerate it with paraplan plan -o"
-        ) from None
+    data = read_json(path, "plan", "write one with paraplan plan -o")
     try:
         return Plan.from_dict(data)
     except ValueError as exc:
-        raise ValueError(f"plan file {str(source)!r}: {exc}") from None
+        raise ValueError(f"plan file {str(path)!r}: {exc}") from None

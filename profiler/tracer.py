@@ -72,6 +72,10 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+class UnsupportedOpError(ValueError):
+    """An op the profiler cannot run here (e.g. data-dependent shapes on the meta device)."""
+
+
 class Tracer(TorchDispatchMode):
     """Attributes every op of one forward+backward to chain segments."""
 
@@ -101,6 +105,20 @@ class Tracer(TorchDispatchMode):
         self._block_input_id = [-1] * len(blocks)
         self._hook_blocks(blocks)
         self._hook_norms(model)
+        self.module_stack: list[str] = []
+        names = {id(m): n or type(model).__name__ for n, m in model.named_modules()}
+
+        def push(m: nn.Module, _args: Any) -> None:
+            self.module_stack.append(names.get(id(m), type(m).__name__))
+
+        def pop(_m: nn.Module, _args: Any, _out: Any) -> None:
+            if self.module_stack:
+                self.module_stack.pop()
+
+        self._handles += [
+            torch.nn.modules.module.register_module_forward_pre_hook(push),
+            torch.nn.modules.module.register_module_forward_hook(pop),
+        ]
         self.stats[0].start[FWD] = 0.0
 
     # ---- segment bookkeeping -----------------------------------------------------------
@@ -166,6 +184,11 @@ class Tracer(TorchDispatchMode):
                 self._handles += [m.register_forward_pre_hook(enter),
                                   m.register_forward_hook(leave)]  # fmt: skip
 
+    @staticmethod
+    def _device_note(args: tuple) -> str:
+        devices = {t.device.type for t in _tensors(args)}
+        return "on " + ", ".join(sorted(devices)) if devices else "no tensor inputs"
+
     def remove_hooks(self) -> None:
         """Detach every hook this tracer installed."""
         for h in self._handles:
@@ -213,7 +236,15 @@ class Tracer(TorchDispatchMode):
     # ---- ops ---------------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except (NotImplementedError, RuntimeError) as exc:
+            where = self.module_stack[-1] if self.module_stack else "(top level)"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UnsupportedOpError(
+                f"cannot profile op {func} in module {where!r} ({self._device_note(args)}): "
+                f"{first}; profile on a real device (mode='measure'), or replace the construct"
+            ) from exc
         seg = self.stats[self.seg]
         flops = op_flops(func, args, kwargs, out)
         seg.flops[self.phase] += flops

@@ -5,7 +5,7 @@ Each term names its source; docs/cost-model.md lists them all with their units.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 from ..cluster import Cluster
@@ -130,6 +130,16 @@ class Evaluator:
         self.capacity_bytes = acc.memory_bytes * (1.0 - train.memory_headroom)
         self.coll = Collectives(acc)
         self.model_flops_per_seq = sum(x.fwd_flops + x.bwd_flops for x in profile.layers)
+        # A profile traced in one dtype planned in another: activations scale with the dtype.
+        self.act_scale = train.act_bytes / profile.act_dtype_bytes
+        blocks = [x for x in profile.layers if x.kind == LayerKind.BLOCK]
+        # The (b, s, h) tensor a block passes on: pipeline p2p and TP collective messages.
+        self.block_output_seq_bytes = max(x.output_bytes for x in blocks) * self.act_scale
+        self.measured = (
+            bool(profile.measured_on)
+            and profile.measured_on == acc.name
+            and all(x.fwd_time_s is not None and x.bwd_time_s is not None for x in profile.layers)
+        )
         self._layer_keys = [
             (x.kind, x.params, x.expert_params, x.fwd_flops, x.bwd_flops, x.attn_core_fwd_flops,
              x.act_tp_bytes, x.act_replicated_bytes, x.act_attn_core_bytes, x.input_bytes)
@@ -241,46 +251,74 @@ class Evaluator:
                               s.recompute)  # fmt: skip
         stages = self._stages(s.pp, s.virtual_stages)
         mems = [self._stage_memory(s, st, *acts[i]) for i, st in enumerate(stages)]
+        if self._single_pass(s):
+            mems = [self._backward_timeline(s, mems[0])]
         peak = max(range(len(mems)), key=lambda i: mems[i].total_bytes)
         return mems[peak], stages[peak].index
+
+    def _single_pass(self, s: Strategy) -> bool:
+        """One micro-batch, no pipeline, unsharded gradients: the gradients then grow while
+        the activations are freed, layer by layer, instead of coexisting whole."""
+        return s.pp == 1 and s.zero_stage < 2 and self.num_microbatches(s) == 1
+
+    def _backward_timeline(self, s: Strategy, mem: MemoryBreakdown) -> MemoryBreakdown:
+        """Peak over the backward pass, which runs from the head to the embedding: at layer i
+        the gradients of layers >= i exist and the activations of layers <= i, plus layer i's
+        transient (profiled peak, or its re-materialization under full recompute)."""
+        p, t, mbs = self.profile, self.train, s.micro_batch_size
+        prefix, back, tmp = self._act_prefix(s.tp, s.sequence_parallel, s.cp, s.recompute)
+        full = s.recompute == Recompute.FULL
+        grads = 0.0
+        best = (-1.0, 0.0, 0.0)
+        for i in reversed(range(len(p.layers))):
+            x = p.layers[i]
+            grads += (x.params / s.tp + x.expert_params / (s.tp * s.ep)) * t.grad_bytes
+            acts = (prefix[i + 1] + max(tmp[i], back[i] if full else 0.0)) * mbs
+            if grads + acts > best[0]:
+                best = (grads + acts, grads, acts)
+        return replace(mem, grads_bytes=best[1], activations_bytes=best[2])
 
     def _act_sums_uncached(
         self, pp: int, v: int, tp: int, sp: bool, cp: int, recompute: Recompute
     ) -> tuple[tuple[float, float], ...]:
-        """Per stage: (activation bytes per sequence, extra bytes while a block is recomputed).
+        """Per stage: (activation bytes kept per sequence, transient bytes per sequence).
 
-        Under full recompute, backward re-materializes one block at a time: its activations
-        come back on top of the kept inputs (less its own input, already kept), after the
-        head's backward has freed the head's activations (Korthikanti et al. 2022 §5)."""
-        prefix, rematerialized = self._act_prefix(tp, sp, cp, recompute)
+        The transient is the largest of the layers' profiled forward/backward peaks and, under
+        full recompute, what re-materializing one block adds back on top of the kept inputs
+        (less its own input, already kept), after the head's backward has freed the head's
+        activations (Korthikanti et al. 2022 §5)."""
+        prefix, back, tmp = self._act_prefix(tp, sp, cp, recompute)
+        full = recompute == Recompute.FULL
         out = []
         for stage in self._stages(pp, v):
             per_seq = sum(prefix[c.last_layer + 1] - prefix[c.first_layer] for c in stage.chunks)
-            worst = max(max(rematerialized[c.first_layer : c.last_layer + 1]) for c in stage.chunks)
-            head = 0.0
+            spans = [(c.first_layer, c.last_layer + 1) for c in stage.chunks]
+            worst = max(max(back[a:b]) for a, b in spans) if full else 0.0
             if stage.has_head:
-                head = prefix[len(prefix) - 1] - prefix[len(prefix) - 2]
-            out.append((per_seq, max(0.0, worst - head)))
+                worst -= prefix[len(prefix) - 1] - prefix[len(prefix) - 2]
+            out.append((per_seq, max(0.0, worst, max(max(tmp[a:b]) for a, b in spans))))
         return tuple(out)
 
     def _act_prefix_uncached(
         self, tp: int, sp: bool, cp: int, recompute: Recompute
-    ) -> tuple[list[float], list[float]]:
-        """Prefix sums of each layer's saved bytes under `recompute`, and what recomputing
-        each block adds back (its bytes without recompute less what full recompute keeps;
-        0 for embedding and head)."""
+    ) -> tuple[list[float], list[float], list[float]]:
+        """Per chain layer, per sequence, in the training dtype: prefix sums of the bytes kept
+        under `recompute`; what recomputing each block adds back (its bytes without recompute
+        less what full recompute keeps; 0 for embedding and head); its transient peak."""
         prefix = [0.0]
-        back = []
+        back, tmp = [], []
+        k = self.act_scale
         for x in self.profile.layers:
-            prefix.append(prefix[-1] + layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=recompute))
+            kept = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=recompute)
+            prefix.append(prefix[-1] + kept * k)
             if x.kind == LayerKind.BLOCK:
-                back.append(
-                    layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=Recompute.NONE)
-                    - layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=Recompute.FULL)
-                )
+                none = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=Recompute.NONE)
+                full = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=Recompute.FULL)
+                back.append((none - full) * k)
             else:
                 back.append(0.0)
-        return prefix, back
+            tmp.append(max(x.fwd_tmp_bytes, x.bwd_tmp_bytes) * k / (tp * cp))
+        return prefix, back, tmp
 
     def _stage_memory(
         self, s: Strategy, stage: _Stage, per_seq: float, worst_block: float
@@ -295,10 +333,7 @@ class Evaluator:
             num_microbatches=self.num_microbatches(s),
             virtual_stages=s.virtual_stages,
         )
-        acts = per_seq * s.micro_batch_size * inflight
-        if s.recompute == Recompute.FULL:
-            # Recomputing one block re-materializes all of its activations (Korthikanti §5).
-            acts += worst_block * s.micro_batch_size
+        acts = (per_seq * inflight + worst_block) * s.micro_batch_size
         if s.pp > 1:
             boundary = self._boundary_bytes(s)
             other += 2 * s.virtual_stages * boundary  # send and receive buffers per chunk
@@ -337,11 +372,15 @@ class Evaluator:
                 boundary = 0.0
                 if s.pp > 1:
                     boundary = 2 * v * self._boundary_bytes(s, sp)
-                full = rc == Recompute.FULL
                 acts[(sp, rc)] = [
-                    (per_seq * inflight[i] + (worst if full else 0.0)) * mbs + boundary
-                    for i, (per_seq, worst) in enumerate(sums)
+                    (per_seq * inflight[i] + transient) * mbs + boundary
+                    for i, (per_seq, transient) in enumerate(sums)
                 ]
+            if self._single_pass(s) and zero < 2:
+                choice = replace(s, sequence_parallel=sp, zero_stage=zero,
+                                 offload_optimizer=off, recompute=rc)  # fmt: skip
+                out.append(self.memory(choice)[0].total_bytes)
+                continue
             out.append(max(x + y for x, y in zip(static[(zero, off)], acts[(sp, rc)], strict=True)))
         return out
 
@@ -373,10 +412,9 @@ class Evaluator:
     def _boundary_bytes(self, s: Strategy, sp: bool | None = None) -> float:
         """Bytes of one micro-batch's activation crossing a stage boundary (per rank), with
         sequence parallelism `sp` (default: the strategy's)."""
-        p = self.profile
         sp = s.sequence_parallel if sp is None else sp
         div = s.cp * (s.tp if sp else 1)
-        return s.micro_batch_size * p.seq_len * p.hidden * p.act_dtype_bytes / div
+        return s.micro_batch_size * self.block_output_seq_bytes / div
 
     # ---- time -----------------------------------------------------------------------------
     def _roofline_s(self, flops: float, nbytes: float) -> float:
@@ -393,11 +431,16 @@ class Evaluator:
         for x in p.layers:
             weights = (x.params / tp + x.expert_params / (tp * ep)) * t.param_bytes
             acts = ACT_IO_FACTOR * mbs * (x.act_tp_bytes / tp + x.act_replicated_bytes) / cp
+            acts *= self.act_scale
             # Matmuls on the roofline, plus the memory-bound elementwise kernels (norms,
             # activations, softmax, residuals) streaming the activations they save.
             elementwise = acts / self.acc.memory_bw_bytes_per_s
-            f = self._roofline_s(x.fwd_flops * mbs / (tp * cp), weights) + elementwise
-            b = self._roofline_s(x.bwd_flops * mbs / (tp * cp), 2 * weights) + elementwise
+            if self.measured:  # profiled on this accelerator: measured seconds, split ideally
+                f = x.fwd_time_s * mbs / (tp * cp)  # type: ignore[operator]
+                b = x.bwd_time_s * mbs / (tp * cp)  # type: ignore[operator]
+            else:
+                f = self._roofline_s(x.fwd_flops * mbs / (tp * cp), weights) + elementwise
+                b = self._roofline_s(x.bwd_flops * mbs / (tp * cp), 2 * weights) + elementwise
             block = x.kind == LayerKind.BLOCK
             sel = x.attn_core_fwd_flops * mbs / (tp * cp) / self.flops_per_s if block else 0.0
             for acc, val in zip(sums, (f, b, f if block else 0.0, sel), strict=True):
@@ -464,14 +507,14 @@ class Evaluator:
         stages = self._stages(s.pp, v)
         compute = self._compute(s.pp, v, s.tp, s.cp, s.ep, mbs)
         tokens = mbs * p.seq_len / s.cp
-        act = tokens * p.hidden * p.act_dtype_bytes  # one micro-batch's (b, s/cp, h) tensor
+        act = mbs * self.block_output_seq_bytes / s.cp  # one micro-batch's (b, s/cp, h) tensor
         tp_link = links["tp"]
         if s.sequence_parallel:
             tp_unit = coll.all_gather(act, tp_link) + coll.reduce_scatter(act, tp_link)
         else:
             tp_unit = coll.all_reduce(act, tp_link)
         kv_shard = max(1, min(s.tp, p.kv_heads))
-        kv_bytes = 2 * tokens * (p.kv_heads * p.hidden // p.heads) / kv_shard * p.act_dtype_bytes
+        kv_bytes = 2 * tokens * (p.kv_heads * p.hidden // p.heads) / kv_shard * self.train.act_bytes
         cp_ring = (s.cp - 1) * coll.p2p(kv_bytes, links["cp"].nodes > 1) if s.cp > 1 else 0.0
         a2a_bytes = act * p.top_k / (s.tp if s.sequence_parallel else 1)
         a2a = coll.all_to_all(a2a_bytes, links["ep"]) if s.ep > 1 else 0.0

@@ -1,0 +1,240 @@
+"""`parallelize(model, plan)`: apply a plan inside a torchrun process, in one fixed order.
+
+0. check the plan against the job and the model (no collective yet), convert the model to a
+   chain (embedding, blocks, head);
+1. process group (bounded timeout) and the plan's DeviceMesh;
+2. pipeline split: keep this rank's chunks (first, so each rank parallelizes only the layers it
+   runs, as torchtitan splits before parallelizing each part);
+3. tensor parallel, with sequence parallel when planned;
+4. activation checkpointing per layer;
+5. data parallel: FSDP2 (ZeRO-1/2/3, mixed precision, offload) or DDP;
+6. pipeline stages and the planned schedule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
+
+from ..planner.plan import Plan
+from ..planner.strategy import MeshAxis
+from . import checks, mesh as meshes, pipeline
+from .chain import Chain, TPPlanFn, to_chain
+from .data_parallel import PARAM_DTYPES, apply_ddp, apply_fsdp
+from .recompute import apply_recompute, layer_recompute
+from .tensor_parallel import apply_tp
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of logits (B, T, V) against target ids (B, T), in fp32."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelModel:
+    """A model with a plan applied: this rank's chunks, wrapped, and how to run a step."""
+
+    plan: Plan
+    """The plan applied."""
+    mesh: DeviceMesh
+    """The plan's device mesh."""
+    device: torch.device
+    """Where this rank computes."""
+    chains: tuple[Chain, ...]
+    """This rank's chain chunks (the whole chain without a pipeline), in model order."""
+    parts: tuple[nn.Module, ...]
+    """The same chunks as run: FSDP modules, DDP wrappers, or the chains themselves."""
+    schedule: object | None
+    """The pipeline schedule (None without a pipeline)."""
+    tied: pipeline.TiedCopies
+    """Embedding/head copies whose gradients are summed after backward (pipeline only)."""
+    autocast_dtype: torch.dtype | None
+    """Compute dtype under `torch.autocast` when no FSDP policy casts (bf16 with DDP)."""
+    loss_fn: LossFn
+    """Loss of logits against labels, averaged over tokens."""
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's data-parallel coordinate (which slice of the global batch it takes)."""
+        return meshes.axis_rank(self.mesh, MeshAxis.DP)
+
+    @property
+    def is_first_stage(self) -> bool:
+        """Whether this rank feeds the token ids (holds the embedding)."""
+        return self.chains[0].embed is not None
+
+    @property
+    def is_last_stage(self) -> bool:
+        """Whether this rank computes the loss (holds the head)."""
+        return self.chains[-1].head is not None
+
+    def local_batch(self, tokens: torch.Tensor) -> torch.Tensor:
+        """This data-parallel replica's rows of a global batch (global_batch, ...)."""
+        rows = tokens.shape[0] // self.plan.parallelism.dp
+        if rows * self.plan.parallelism.dp != tokens.shape[0]:
+            raise ValueError(
+                f"a global batch of {tokens.shape[0]} sequences does not split over "
+                f"dp={self.plan.parallelism.dp}; use the plan's global batch "
+                f"{self.plan.train.global_batch}"
+            )
+        return tokens[self.dp_rank * rows : (self.dp_rank + 1) * rows].to(self.device)
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        """Parameters of this rank's chunks."""
+        for part in self.parts:
+            yield from part.parameters()
+
+    def forward_backward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
+        """Forward and backward of this replica's batch (B, T) split into the plan's
+        micro-batches; gradients are those of the mean loss. Returns the mean loss, or None
+        on pipeline ranks without the head."""
+        if self.schedule is not None:
+            losses: list[torch.Tensor] = []
+            args = (input_ids.to(self.device),) if self.is_first_stage else ()
+            target = labels.to(self.device) if self.is_last_stage else None
+            with self._autocast():
+                self.schedule.step(*args, target=target, losses=losses)  # type: ignore[attr-defined]
+            self.tied.sync_grads()
+            return torch.stack(losses).mean().detach() if self.is_last_stage else None
+        (part,) = self.parts
+        n = self.plan.num_microbatches
+        total = torch.zeros((), device=self.device)
+        xs, ys = input_ids.to(self.device).chunk(n), labels.to(self.device).chunk(n)
+        for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+            with _grad_sync(part, i == n - 1):
+                with self._autocast():
+                    loss = self.loss_fn(part(x), y) / n  # x (b, T) -> logits (b, T, V)
+                loss.backward()
+            total += loss.detach()
+        return total
+
+    def _autocast(self) -> contextlib.AbstractContextManager[object]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def named_tensors(self, kind: str = "param") -> dict[str, torch.Tensor]:
+        """Full (gathered) parameters or gradients of this rank's chunks by chain name; a
+        collective over the data- and tensor-parallel groups (call it on every rank)."""
+        out: dict[str, torch.Tensor] = {}
+        for chain in self.chains:
+            for name, p in chain.named_parameters():
+                t = p if kind == "param" else p.grad
+                if t is None:
+                    continue
+                out[name] = (t.full_tensor() if isinstance(t, DTensor) else t).detach()
+        return out
+
+
+@contextlib.contextmanager
+def _grad_sync(part: nn.Module, sync: bool) -> Iterator[None]:
+    """Reduce gradients only on the last micro-batch of gradient accumulation."""
+    if isinstance(part, DistributedDataParallel) and not sync:
+        with part.no_sync():
+            yield
+        return
+    if isinstance(part, FSDPModule):
+        part.set_requires_gradient_sync(sync)
+    yield
+
+
+def parallelize(
+    model: nn.Module,
+    plan: Plan,
+    *,
+    mesh: DeviceMesh | None = None,
+    tp_plan: TPPlanFn | None = None,
+    loss_fn: LossFn = causal_lm_loss,
+    timeout_s: float = meshes.DEFAULT_TIMEOUT_S,
+) -> ParallelModel:
+    """Apply `plan` to `model` (a Hugging Face GPT-2 or Llama causal LM, or a `Chain`) in this
+    torchrun process. The model must hold the same weights on every rank (same seed); it is
+    modified in place. `tp_plan` overrides the block TP plan; `mesh`, when given, must have
+    the plan's axes and sizes. Raises ValueError, before any collective, when the plan does
+    not match the job or the model."""
+    # 0. checks without communication, then the chain view of the model
+    par = plan.parallelism
+    device_type = meshes.plan_device_type(plan)
+    checks.check_plan_supported(plan)
+    checks.check_job(plan, world_size=meshes.job_world_size(), device_type=device_type)
+    chain = to_chain(model)
+    checks.check_model(plan, chain, num_blocks=chain.num_blocks)
+    if par.pp > 1:
+        pipeline.check_layout(plan, chain.num_blocks)
+
+    # 1. process group and mesh
+    meshes.init_distributed(device_type, timeout_s=timeout_s)
+    if mesh is None:
+        mesh = meshes.build_mesh(plan, device_type)
+    elif tuple(mesh.mesh_dim_names or ()) != tuple(plan.mesh.axis_order) or tuple(
+        mesh.shape
+    ) != tuple(plan.mesh.shape):
+        raise ValueError(
+            f"mesh {mesh.mesh_dim_names} {tuple(mesh.shape)} is not the plan's "
+            f"{plan.mesh.axis_order} {plan.mesh.shape}; pass mesh=None to build it"
+        )
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if device_type == "cuda"
+        else torch.device("cpu")
+    )
+    chain.to(device)
+
+    # 2. pipeline split: this rank's chunks
+    if par.pp > 1:
+        pipeline.untie(chain)
+        ranges = pipeline.local_chunks(plan, meshes.axis_rank(mesh, MeshAxis.PP))
+        chunks = [(index, chain.chunk(first, last)) for index, first, last in ranges]
+    else:
+        chunks = [(0, chain)]
+    tied = (
+        pipeline.tied_copies(chain, [c for _, c in chunks], mesh)
+        if par.pp > 1
+        else pipeline.TiedCopies(params=(), group=None)
+    )
+
+    decisions = layer_recompute(plan)
+    parts: list[tuple[int, nn.Module]] = []
+    use_fsdp = par.dp > 1 and par.zero_stage >= 1 or par.offload_optimizer
+    for index, part in chunks:
+        # 3. tensor (and sequence) parallel
+        if par.tp > 1:
+            apply_tp(part, mesh[str(MeshAxis.TP)], sequence_parallel=par.sequence_parallel,
+                     heads=plan.model.heads, kv_heads=plan.model.kv_heads, tp_plan=tp_plan)  # fmt: skip
+        # 4. activation checkpointing, per layer
+        apply_recompute(part, decisions)
+        # 5. data parallel
+        wrapped: nn.Module = part
+        if use_fsdp:
+            apply_fsdp(part, mesh[str(MeshAxis.DP)], zero_stage=par.zero_stage,
+                       precision=plan.train.precision, offload=par.offload_optimizer)  # fmt: skip
+        elif par.dp > 1:
+            wrapped = apply_ddp(part, mesh[str(MeshAxis.DP)])
+        parts.append((index, wrapped))
+
+    # 6. pipeline schedule
+    schedule = None
+    if par.pp > 1:
+        schedule = pipeline.build_schedule(plan, parts, mesh[str(MeshAxis.PP)], loss_fn, device)
+    return ParallelModel(
+        plan=plan,
+        mesh=mesh,
+        device=device,
+        chains=tuple(c for _, c in chunks),
+        parts=tuple(m for _, m in parts),
+        schedule=schedule,
+        tied=tied,
+        autocast_dtype=None if use_fsdp else PARAM_DTYPES[plan.train.precision],
+        loss_fn=loss_fn,
+    )

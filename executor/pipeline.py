@@ -1,0 +1,157 @@
+"""Pipeline parallelism: the plan's layer ranges as `torch.distributed.pipelining` stages.
+
+Chunk c of the plan (chain layers first_layer..last_layer) runs on pipeline rank c % pp
+(Narayanan et al. 2021 §2.2); a rank holds `virtual_stages` chunks under interleaved 1F1B.
+The schedule splits each local batch into the plan's micro-batches and averages their losses
+(`scale_grads=True`), so gradients equal those of the whole batch.
+
+A head that shares the embedding matrix (GPT-2) gets its own copy when the two sit on
+different ranks; after backward the copies' gradients are summed over the ranks that hold them
+(Megatron-LM's embedding group), so both copies see the tied gradient and stay equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import (
+    PipelineScheduleMulti,
+    PipelineScheduleSingle,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
+from torch.distributed.tensor import DTensor
+
+from ..planner.plan import Plan
+from ..planner.strategy import MeshAxis, Schedule
+from .chain import Chain
+
+SCHEDULES = {
+    Schedule.GPIPE: ScheduleGPipe,
+    Schedule.ONE_F_ONE_B: Schedule1F1B,
+    Schedule.INTERLEAVED_1F1B: ScheduleInterleaved1F1B,
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TiedCopies:
+    """The two copies of a matrix the embedding and head share, split over pipeline ranks."""
+
+    params: tuple[nn.Parameter, ...]
+    """The copies this rank holds (one, or none on a middle rank)."""
+    group: dist.ProcessGroup | None
+    """The ranks holding a copy, with this rank in it (None on a middle rank)."""
+
+    def sync_grads(self) -> None:
+        """Sum the copies' gradients over the group, so each holds the tied gradient."""
+        if self.group is None:
+            return
+        for p in self.params:
+            if p.grad is not None:
+                grad = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
+                dist.all_reduce(grad, group=self.group)
+
+
+def local_chunks(plan: Plan, pp_rank: int) -> list[tuple[int, int, int]]:
+    """(chunk index, first layer, last layer) of the chunks pipeline rank `pp_rank` runs."""
+    for stage in plan.stages:
+        if stage.stage == pp_rank:
+            return [(c.chunk, c.first_layer, c.last_layer) for c in stage.chunks]
+    raise ValueError(
+        f"the plan has no layer ranges for pipeline rank {pp_rank} (stages "
+        f"{[s.stage for s in plan.stages]}); re-plan: every rank needs a stage"
+    )
+
+
+def check_layout(plan: Plan, num_blocks: int) -> None:
+    """Chunks must cover chain layers 0..L+1 once, in order, and alternate over ranks."""
+    pp = plan.parallelism.pp
+    chunks = sorted((c.chunk, c.first_layer, c.last_layer, s.stage)
+                    for s in plan.stages for c in s.chunks)  # fmt: skip
+    expected = pp * plan.parallelism.virtual_stages
+    nxt = 0
+    for i, (index, first, last, stage) in enumerate(chunks):
+        if index != i or first != nxt or last < first or stage != i % pp:
+            raise ValueError(
+                f"pipeline chunk {index} ({first}..{last} on rank {stage}) breaks the layout: "
+                f"chunks must be numbered 0..{expected - 1}, run on rank chunk % {pp}, and "
+                f"cover the chain 0..{num_blocks + 1} in order; re-plan for this model"
+            )
+        nxt = last + 1
+    if len(chunks) != expected or nxt != num_blocks + 2:
+        raise ValueError(
+            f"the plan has {len(chunks)} pipeline chunks covering layers 0..{nxt - 1}; "
+            f"expected {expected} covering 0..{num_blocks + 1}; re-plan for this model"
+        )
+
+
+def untie(chain: Chain) -> None:
+    """Give the head its own copy of a matrix it shares with the embedding."""
+    if chain.tied is None or chain.head is None:
+        return
+    head_name = chain.tied[1].removeprefix("head.")
+    module_path, _, leaf = head_name.rpartition(".")
+    owner = chain.head.get_submodule(module_path)
+    shared = getattr(owner, leaf)
+    setattr(owner, leaf, nn.Parameter(shared.detach().clone(), shared.requires_grad))
+
+
+def tied_copies(chain: Chain, parts: list[Chain], mesh: DeviceMesh) -> TiedCopies:
+    """The tied copies on this rank and the group of ranks (first and last pipeline rank at
+    the same dp/cp/tp coordinates) that sums their gradients."""
+    if chain.tied is None:
+        return TiedCopies(params=(), group=None)
+    names = mesh.mesh_dim_names or ()
+    pp_axis = names.index(str(MeshAxis.PP))
+    pp = mesh.size(pp_axis)
+    rows = mesh.mesh.movedim(pp_axis, -1).reshape(-1, pp)  # (other coordinates, pp)
+    me, group = dist.get_rank(), None
+    if pp == 2:  # the pipeline group is the pair
+        group = mesh.get_group(pp_axis)
+    else:  # every rank creates every pair's group, in the same order
+        for row in rows.tolist():
+            pair = [row[0], row[-1]]
+            g = dist.new_group(pair)
+            if me in pair:
+                group = g
+    params = []
+    for part in parts:
+        if part.embed is not None:
+            params.append(part.get_parameter(chain.tied[0]))
+        if part.head is not None:
+            params.append(part.get_parameter(chain.tied[1]))
+    return TiedCopies(params=tuple(params), group=group)
+
+
+def build_schedule(
+    plan: Plan,
+    modules: list[tuple[int, nn.Module]],
+    pp_mesh: DeviceMesh,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    device: torch.device,
+) -> PipelineScheduleSingle | PipelineScheduleMulti:
+    """Stages for this rank's (chunk index, module) pairs and the plan's schedule."""
+    num_chunks = plan.parallelism.pp * plan.parallelism.virtual_stages
+    group = pp_mesh.get_group()
+    stages = [
+        PipelineStage(module, index, num_chunks, device, group=group) for index, module in modules
+    ]
+    kind = SCHEDULES[Schedule(plan.schedule)]
+    n = plan.num_microbatches
+    if kind is ScheduleInterleaved1F1B:
+        if n % plan.parallelism.pp:
+            raise ValueError(
+                f"interleaved 1F1B needs the micro-batch count ({n}) to be a multiple of "
+                f"pp={plan.parallelism.pp}; re-plan with another micro-batch size"
+            )
+        return kind(stages, n_microbatches=n, loss_fn=loss_fn, scale_grads=True)
+    if len(stages) != 1:
+        raise ValueError(f"{plan.schedule} runs one chunk per rank, this rank has {len(stages)}")
+    return kind(stages[0], n_microbatches=n, loss_fn=loss_fn, scale_grads=True)

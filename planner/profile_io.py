@@ -1,0 +1,70 @@
+"""Profile JSON: `docs/profile.schema.json` (generated from `ModelProfile`), strict load
+(unknown keys rejected), atomic save. `python -m paraplan.planner.profile_io` prints the
+schema."""
+
+from __future__ import annotations
+
+import json
+import os
+import typing
+from functools import cache
+
+from .jsonio import from_json, object_schema, read_json, to_json, validate, write_atomic
+from .model import ModelProfile
+
+PROFILE_SCHEMA_VERSION = 1
+"""Bumped on any incompatible change of the profile JSON."""
+
+
+@cache
+def profile_schema() -> dict[str, typing.Any]:
+    """The profile JSON schema (draft 2020-12): a version and the `ModelProfile`."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://paraplan.dev/profile.schema.json",
+        "title": "paraplan model profile",
+        "type": "object",
+        "description": "A model as a chain of layers with their costs, per sequence.",
+        "properties": {
+            "schema_version": {"const": PROFILE_SCHEMA_VERSION},
+            "profile": object_schema(ModelProfile),
+        },
+        "required": ["schema_version", "profile"],
+        "additionalProperties": False,
+    }
+
+
+def profile_to_dict(profile: ModelProfile) -> dict[str, typing.Any]:
+    """The JSON form."""
+    return {"schema_version": PROFILE_SCHEMA_VERSION, "profile": to_json(profile)}
+
+
+def profile_from_dict(data: typing.Any) -> ModelProfile:
+    """Validate against the schema and build (ValueError on any problem)."""
+    if isinstance(data, dict) and data.get("schema_version") not in (
+        None, PROFILE_SCHEMA_VERSION,
+    ):  # fmt: skip
+        raise ValueError(
+            f"schema_version {data.get('schema_version')!r} is not supported (this paraplan "
+            f"reads version {PROFILE_SCHEMA_VERSION}); profile the model again"
+        )
+    validate(data, profile_schema(), "profile")
+    return from_json(ModelProfile, data["profile"])
+
+
+def save_profile(profile: ModelProfile, path: str | os.PathLike[str]) -> None:
+    """Write atomically."""
+    write_atomic(path, json.dumps(profile_to_dict(profile), indent=1) + "\n")
+
+
+def load_profile(path: str | os.PathLike[str]) -> ModelProfile:
+    """Read and strictly validate a profile JSON file."""
+    data = read_json(path, "profile", "write one with paraplan profile -o")
+    try:
+        return profile_from_dict(data)
+    except ValueError as exc:
+        raise ValueError(f"profile file {str(path)!r}: {exc}") from None
+
+
+if __name__ == "__main__":
+    print(json.dumps(profile_schema(), indent=2))
