@@ -9,7 +9,18 @@ The Python API (no torch import until a function that needs it is called)::
 
 from __future__ import annotations
 
-from .api import plan
+from typing import Any
 
-__all__ = ["plan"]
+from .api import model_profile, plan
+
+__all__ = ["model_profile", "plan", "profile"]
+
+
+def profile(model: Any, example_inputs: Any, **kwargs: Any) -> Any:
+    """Profile a real `nn.Module` (see `paraplan.profiler.profile`; imports torch)."""
+    from .profiler import profile as run
+
+    return run(model, example_inputs, **kwargs)
+
+
 __version__ = "0.1.0"

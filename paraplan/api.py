@@ -12,6 +12,49 @@ if TYPE_CHECKING:
     from .planner.model_spec import TransformerSpec
 
 
+def model_profile(
+    model: str, *, seq_len: int | None, precision: str = "bf16", source: str = "auto",
+    progress: bool = False, notes: list[str] | None = None,
+) -> ModelProfile:  # fmt: skip
+    """The planner's view of `--model`: a Hugging Face preset or config.json traced on the meta
+    device (source "trace"; needs torch), or an analytic spec (source "spec": a preset,
+    'family:key=value,...' or a spec file). "auto" traces Hugging Face models and falls back to
+    the analytic spec of the same preset when tracing is impossible (the reason goes to
+    `notes`)."""
+    from .planner.hf_presets import is_hf_model
+    from .planner.model_spec import PRESETS, parse_model
+
+    if source not in ("auto", "spec", "trace"):
+        raise ValueError(f"model source {source!r} must be auto, spec or trace")
+    act_bytes = 4 if precision == "fp32" else 2
+    if source == "trace" or (source == "auto" and is_hf_model(model)):
+        if not is_hf_model(model):
+            raise ValueError(
+                f"--model {model!r}: tracing needs a Hugging Face preset or config.json "
+                "(with model_type); use --model-source spec for a transformer by its sizes"
+            )
+        try:
+            import torch
+
+            from .profiler.hf import profile_hf
+        except ImportError as exc:  # torch not installed: the planner alone still works
+            if source == "trace" or model.lower() not in PRESETS:
+                raise ValueError(f"tracing {model!r} needs torch and transformers: {exc}") from None
+            if notes is not None:
+                notes.append(f"torch unavailable ({exc}); planned from the analytic spec")
+        else:
+            dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+            try:
+                return profile_hf(model, seq_len=seq_len, dtype=dtype, progress=progress)
+            except ValueError as exc:
+                if source == "trace" or model.lower() not in PRESETS:
+                    raise
+                if notes is not None:
+                    notes.append(f"tracing failed ({exc}); planned from the analytic spec")
+    spec = parse_model(model)
+    return spec.to_profile(spec.seq if seq_len is None else seq_len, act_bytes=act_bytes)
+
+
 def plan(
     model: str | TransformerSpec | ModelProfile,
     cluster: str | Cluster,

@@ -44,10 +44,24 @@ def _parser() -> argparse.ArgumentParser:
         description="Search DP x ZeRO x TP(+SP) x PP(schedule) x CP x EP x micro-batch x "
         "recompute x mesh order; print the chosen plan, its memory and time, and the runners-up.",
     )
-    plan.add_argument("--model", required=True, metavar="M",
-                      help="preset (gpt2, gpt2-xl, gpt3-175b, llama3-8b, llama3-70b, llama3-405b, "
-                      "mixtral-8x7b), 'gpt:layers=96,hidden=12288,heads=96,vocab=51200,seq=2048', "
-                      "or a .json spec file")  # fmt: skip
+    source = plan.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", metavar="M",
+                        help="a preset (gpt2, gpt2-xl, gpt3-175b, llama3-8b, llama3-70b, "
+                        "llama3-405b, mixtral-8x7b), a Hugging Face config.json, "
+                        "'gpt:layers=96,hidden=12288,heads=96,vocab=51200,seq=2048', or a .json "
+                        "spec file")  # fmt: skip
+    source.add_argument(
+        "--profile",
+        metavar="PROFILE",
+        help="plan from a profile JSON written by paraplan profile -o",
+    )
+    plan.add_argument(
+        "--model-source",
+        default="auto",
+        choices=["auto", "trace", "spec"],
+        help="auto (default): trace Hugging Face presets/configs on the meta "
+        "device, analytic spec otherwise; trace; spec (analytic, no torch)",
+    )
     plan.add_argument(
         "--cluster",
         metavar="C",
@@ -105,6 +119,34 @@ def _parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
+    prof = sub.add_parser(
+        "profile", help="trace a model's training step into a per-layer profile",
+        description="Per layer: FLOPs, parameters, bytes saved for backward, transient peaks, "
+        "op graphs and (measure mode) forward/backward times.",
+    )  # fmt: skip
+    prof.add_argument(
+        "--model",
+        required=True,
+        metavar="M",
+        help="a Hugging Face preset (gpt2, llama3-8b, ...) or config.json",
+    )
+    prof.add_argument("--batch", type=_count, default=1, metavar="B", help="sequences (default 1)")
+    prof.add_argument(
+        "--seq-len",
+        type=_count,
+        metavar="S",
+        help="tokens per sequence (default: the model's context length)",
+    )
+    prof.add_argument(
+        "--mode",
+        default="meta",
+        choices=["meta", "measure"],
+        help="meta (default): nothing allocated, times from the roofline; "
+        "measure: run on the CPU and time each layer",
+    )
+    prof.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="default bf16")
+    prof.add_argument("-o", "--output", metavar="PATH", help="write the profile JSON here")
+    prof.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     explain = sub.add_parser("explain", help="say in words what bounds a plan",
                              description="What bounds the plan (memory, bubble, communication) "
                              "and what the next-best alternative costs.")  # fmt: skip
@@ -132,12 +174,13 @@ def _progress_bar() -> object:
 def _cmd_plan(args: argparse.Namespace) -> int:
     import json
 
+    from .api import model_profile
     from .api import plan as make
     from .planner.api import NoFeasiblePlanError
     from .planner.cluster import make_cluster, parse_cluster
     from .planner.explain import format_plan
-    from .planner.model_spec import parse_model
     from .planner.plan import save_plan
+    from .planner.profile_io import load_profile
     from .planner.search import parse_fix
 
     if args.cluster and (args.gpus or args.gpu):
@@ -148,8 +191,24 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         cluster = make_cluster(args.gpu, args.gpus, gpus_per_node=args.gpus_per_node)
     else:
         raise ValueError("no cluster: give --cluster 8xh100 (or a file), or --gpus N --gpu NAME")
-    spec = parse_model(args.model)
-    seq = args.seq_len or spec.seq
+    fix = parse_fix(args.fix)  # bad --fix fails before any tracing
+    notes: list[str] = []
+    if args.profile:
+        profile = load_profile(args.profile)
+        if args.seq_len and args.seq_len != profile.seq_len:
+            raise ValueError(
+                f"--seq-len {args.seq_len} differs from the profile's {profile.seq_len}; "
+                "profile the model at the training sequence length"
+            )
+    else:
+        profile = model_profile(
+            args.model, seq_len=args.seq_len, precision=args.precision,
+            source=args.model_source, progress=not args.no_progress and sys.stderr.isatty(),
+            notes=notes,
+        )  # fmt: skip
+    for note in notes:
+        print(f"paraplan: note: {note}", file=sys.stderr)
+    seq = profile.seq_len
     batch = args.global_batch
     if args.global_batch_tokens:
         if args.global_batch_tokens % seq:
@@ -161,9 +220,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     progress = None if (args.no_progress or args.json) else _progress_bar()
     try:
         outcome = make(
-            spec, cluster, global_batch=batch, seq_len=seq, precision=args.precision,
+            profile, cluster, global_batch=batch, seq_len=seq, precision=args.precision,
             optimizer=args.optimizer, memory_headroom=args.memory_headroom,
-            fix=parse_fix(args.fix), top_k=args.top, progress=progress,  # type: ignore[arg-type]
+            fix=fix, top_k=args.top, progress=progress,  # type: ignore[arg-type]
         )  # fmt: skip
     except NoFeasiblePlanError as exc:
         print(f"paraplan: no plan fits: {exc}", file=sys.stderr)
@@ -180,6 +239,34 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if not plan.feasible:
         print(f"paraplan: the pinned plan does not fit: {plan.infeasible_reason}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    return 0
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from .planner.explain import format_profile
+    from .planner.hf_presets import is_hf_model
+    from .planner.profile_io import save_profile
+
+    if not is_hf_model(args.model):
+        raise ValueError(
+            f"--model {args.model!r}: paraplan profile traces Hugging Face presets or config.json "
+            "files (with model_type); profile other modules with paraplan.profile(model, inputs)"
+        )
+    import torch
+
+    from .profiler.hf import profile_hf
+
+    dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
+    if args.mode == "measure" and args.dtype == "bf16":
+        dtype = torch.float32  # CPU timing in fp32: bf16 matmuls on CPU are not representative
+    result = profile_hf(
+        args.model, seq_len=args.seq_len, batch=args.batch, dtype=dtype, mode=args.mode,
+        progress=not args.no_progress and sys.stderr.isatty(),
+    )  # fmt: skip
+    print(format_profile(result))
+    if args.output:
+        save_profile(result, args.output)
+        print(f"\nprofile written to {args.output}")
     return 0
 
 
@@ -202,7 +289,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `paraplan` console script."""
     args = _parser().parse_args(argv)
-    commands = {"plan": _cmd_plan, "explain": _cmd_explain, "show": _cmd_show}
+    commands = {"plan": _cmd_plan, "profile": _cmd_profile, "explain": _cmd_explain,
+                "show": _cmd_show}  # fmt: skip
     try:
         return commands[args.command](args)
     except ValueError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .model import LayerKind, ModelProfile
 from .plan import Plan
 
 GB = 1e9
@@ -162,3 +163,34 @@ def _advice(overhead: str, plan: Plan) -> str:
     if overhead == "recomputation":
         return "Memory forces recomputation; more GPUs or more sharding (ZeRO/TP) would avoid it."
     return "The optimizer step is slow (offloaded or unsharded); more ZeRO sharding shortens it."
+
+
+def format_profile(profile: ModelProfile) -> str:
+    """A per-layer table of a profile (identical consecutive blocks folded into one row)."""
+    p = profile
+    lines = [
+        f"{p.name}: {p.num_params / 1e6:,.1f}M params, {p.num_blocks} blocks, seq {p.seq_len}, "
+        f"{p.act_dtype_bytes}-byte activations"
+        + (f", times measured on {p.measured_on}" if p.measured_on else ", times: roofline"),
+        "",
+        f"{'layer':<16}{'params':>12}{'fwd GFLOP':>11}{'bwd GFLOP':>11}{'saved MB':>10}"
+        f"{'out MB':>9}{'tmp MB':>9}{'fwd ms':>9}{'bwd ms':>9}   (per sequence)",
+    ]
+    rows: list[tuple[str, tuple]] = []
+    for x in p.layers:
+        key = (x.params + x.expert_params, x.fwd_flops, x.bwd_flops,
+               x.act_tp_bytes + x.act_replicated_bytes, x.output_bytes,
+               max(x.fwd_tmp_bytes, x.bwd_tmp_bytes),
+               x.fwd_time_s, x.bwd_time_s)  # fmt: skip
+        if rows and x.kind == LayerKind.BLOCK and rows[-1][1][:6] == key[:6]:
+            first = rows[-1][0].split("..")[0]
+            rows[-1] = (f"{first}..{x.name.split('.')[-1]}", rows[-1][1])
+            continue
+        rows.append((x.name, key))
+    for name, (params, f, b, saved, out, tmp, ft, bt) in rows:
+        ms = lambda t: "-" if t is None else f"{t * 1e3:.2f}"  # noqa: E731
+        lines.append(
+            f"{name:<16}{params:>12,}{f / 1e9:>11.3f}{b / 1e9:>11.3f}{saved / 1e6:>10.2f}"
+            f"{out / 1e6:>9.2f}{tmp / 1e6:>9.2f}{ms(ft):>9}{ms(bt):>9}"
+        )
+    return "\n".join(lines)

@@ -11,6 +11,7 @@ from torch import nn
 
 from paraplan.planner.model import LayerCost, LayerGraph, LayerKind, ModelProfile, OpNode
 
+from .attention import FusedAttention
 from .chain import BlockList, find_blocks, same_structure
 from .hf import Shape, shape_of
 from .timing import measure_times
@@ -77,6 +78,38 @@ def _shrunk(model: nn.Module, blocks: BlockList, keep: int) -> Iterator[tuple[nn
             cfg.num_hidden_layers = old_layers  # type: ignore[union-attr]
 
 
+@contextlib.contextmanager
+def _faked(model: nn.Module, inputs: Any) -> Iterator[Any]:
+    """Run a meta-device model under FakeTensorMode: parameters, buffers and inputs become fake
+    tensors (restored afterwards). Libraries skip value-dependent checks (`.item()`) for fake
+    tensors, which plain meta tensors cannot answer."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._pytree import tree_map
+
+    fm = FakeTensorMode(allow_non_fake_inputs=True)
+    originals: list[tuple[dict, str, Any]] = []
+    memo: dict[int, Any] = {}
+    for mod in model.modules():
+        for table in (mod._parameters, mod._buffers):
+            for key, t in list(table.items()):
+                if t is None:
+                    continue
+                if id(t) not in memo:
+                    fake = fm.from_tensor(t)
+                    memo[id(t)] = nn.Parameter(fake, t.requires_grad) if isinstance(
+                        t, nn.Parameter) else fake  # fmt: skip
+                originals.append((table, key, t))
+                table[key] = memo[id(t)]
+    fake_inputs = tree_map(lambda t: fm.from_tensor(t) if isinstance(t, torch.Tensor) else t,
+                           inputs)  # fmt: skip
+    try:
+        with fm:
+            yield fake_inputs
+    finally:
+        for table, key, t in originals:
+            table[key] = t
+
+
 def profile(
     model: nn.Module,
     example_inputs: Any,
@@ -117,7 +150,11 @@ def profile(
     keep = 2 if (mode == "meta" and identical) else len(found.modules)
     bar = _progress(progress, 2 * (keep + 2) + (warmup + repeats if mode == "measure" else 0))
     model.train()
-    with _shrunk(model, found, keep) as traced_blocks:
+    faked = _faked(model, example_inputs) if mode == "meta" else contextlib.nullcontext(
+        example_inputs)  # fmt: skip
+    fused = FusedAttention(causal="CausalLM" in type(model).__name__) if mode == "meta" else (
+        contextlib.nullcontext())  # fmt: skip
+    with _shrunk(model, found, keep) as traced_blocks, faked as example_inputs, fused:
         hidden = shape.hidden if shape else 0
         tracer = Tracer(
             model, traced_blocks, seq_len=seq, hidden=hidden,
@@ -136,6 +173,7 @@ def profile(
         model.zero_grad(set_to_none=True)
         times = None
         if mode == "measure":
+
             def step(mark: Callable[[int, int], None]) -> None:
                 mark(FWD, 0)
                 out_loss = loss_of(_call(model, example_inputs))

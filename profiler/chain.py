@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+
 @dataclass(frozen=True, slots=True)
 class BlockList:
     """The repeated blocks of a model."""

@@ -14,24 +14,7 @@ from torch import nn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# Config kwargs of the presets (architecture papers cited in planner/model_spec.py).
-_LLAMA3 = {"model_type": "llama", "vocab_size": 128256, "num_key_value_heads": 8,
-           "max_position_embeddings": 8192, "rope_theta": 500000.0, "tie_word_embeddings": False}
-HF_PRESETS: dict[str, dict[str, Any]] = {
-    "gpt2": {"model_type": "gpt2"},
-    "gpt2-xl": {"model_type": "gpt2", "n_layer": 48, "n_embd": 1600, "n_head": 25},
-    "llama3-8b": {**_LLAMA3, "hidden_size": 4096, "intermediate_size": 14336,
-                  "num_hidden_layers": 32, "num_attention_heads": 32},
-    "llama3-70b": {**_LLAMA3, "hidden_size": 8192, "intermediate_size": 28672,
-                   "num_hidden_layers": 80, "num_attention_heads": 64},
-    "llama3-405b": {**_LLAMA3, "hidden_size": 16384, "intermediate_size": 53248,
-                    "num_hidden_layers": 126, "num_attention_heads": 128},
-    "mixtral-8x7b": {"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096,
-                     "intermediate_size": 14336, "num_hidden_layers": 32,
-                     "num_attention_heads": 32, "num_key_value_heads": 8,
-                     "num_local_experts": 8, "num_experts_per_tok": 2,
-                     "max_position_embeddings": 32768, "tie_word_embeddings": False},
-}  # fmt: skip
+from paraplan.planner.hf_presets import HF_PRESETS
 
 
 def load_config(source: str | dict[str, Any]) -> Any:
@@ -74,7 +57,7 @@ def build_model(config: Any, *, device: str | torch.device = "meta",
     config.use_cache = False
     auto = AutoModelForMaskedLM if config.model_type == "bert" else AutoModelForCausalLM
     with torch.device(device):
-        model = auto.from_config(config, torch_dtype=dtype)
+        model = auto.from_config(config, dtype=dtype)
     return model.train()
 
 
@@ -114,7 +97,31 @@ def shape_of(config: Any) -> Shape:
 
 
 def example_inputs(config: Any, batch: int, seq_len: int, device: str | torch.device) -> dict:
-    """Synthetic token ids (and labels, so the model computes its loss)."""
+    """Synthetic token ids and labels (so the model computes its loss), no padding."""
     vocab = shape_of(config).vocab
     ids = torch.randint(0, vocab, (batch, seq_len), device="cpu").to(device)
     return {"input_ids": ids, "labels": ids.clone()}
+
+
+def profile_hf(
+    source: str | dict[str, Any], *, seq_len: int | None = None, batch: int = 1,
+    dtype: torch.dtype = torch.bfloat16, mode: str = "meta", progress: bool = False,
+) -> Any:  # fmt: skip
+    """Profile a Hugging Face model given by preset name, config.json path or config dict:
+    built on the meta device (mode="meta", nothing allocated) or on the CPU (mode="measure")."""
+    from .api import profile
+
+    config = load_config(source)
+    shape = shape_of(config)
+    seq = seq_len or shape.max_seq
+    if seq > shape.max_seq:
+        raise ValueError(
+            f"seq_len={seq} exceeds the model's {shape.max_seq} positions; use a shorter --seq-len"
+        )
+    device = "meta" if mode == "meta" else "cpu"
+    model = build_model(config, device=device, dtype=dtype)
+    name = source if isinstance(source, str) and source.lower() in HF_PRESETS else (
+        Path(source).stem if isinstance(source, str) else str(config.model_type)
+    )  # fmt: skip
+    return profile(model, example_inputs(config, batch, seq, device), mode=mode,  # type: ignore[arg-type]
+                   name=name, progress=progress)  # fmt: skip

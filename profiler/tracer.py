@@ -137,6 +137,7 @@ class Tracer(TorchDispatchMode):
     def _hook_blocks(self, blocks: tuple[nn.Module, ...]) -> None:
         last = len(blocks) - 1
         for i, block in enumerate(blocks):
+
             def pre(_m: nn.Module, args: tuple, kwargs: dict, i: int = i) -> None:
                 self.switch(FWD, i + 1)
                 inputs = _tensors((args, kwargs))
@@ -167,6 +168,7 @@ class Tracer(TorchDispatchMode):
 
     def _hook_norms(self, model: nn.Module) -> None:
         """Inputs and outputs of normalization layers are replicated across TP ranks."""
+
         def mark(*tensors_of: Any) -> None:
             for t in _tensors(tensors_of):
                 self._replicated_ids.add(id(t.untyped_storage()))
@@ -221,8 +223,10 @@ class Tracer(TorchDispatchMode):
         nbytes = st.nbytes()
         seg = self.stats[self.seg]
         seg.saved_bytes += nbytes
-        is_mask = t.dtype == torch.bool and t.numel() % max(1, self.hidden) == 0 and (
-            t.dim() >= 1 and t.shape[-1] == self.hidden
+        is_mask = (
+            t.dtype == torch.bool
+            and t.numel() % max(1, self.hidden) == 0
+            and (t.dim() >= 1 and t.shape[-1] == self.hidden)
         )
         if key in self._replicated_ids or is_mask or self._in_norm:
             seg.replicated_bytes += nbytes

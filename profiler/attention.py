@@ -1,0 +1,61 @@
+"""Attention as a fused kernel when profiling on the meta device.
+
+Under fake/meta tensors, SDPA has no fused kernel and decomposes into the math path, which
+keeps the s x s scores for backward — what no real training run on a GPU does (they use flash
+or memory-efficient kernels, Dao et al. 2022), and which would overstate a 405B model's
+activations many times over. In meta mode every `scaled_dot_product_attention` call is
+therefore run as PyTorch's fused CPU flash kernel op (it has meta kernels and an autograd
+formula): it keeps q, k, v, the output and the log-sum-exp, like the GPU kernels. An explicit
+mask is replaced by the kernel's causal flag (decoders) or dropped (encoders): Hugging Face
+builds such masks under fake tensors only because it cannot inspect their values.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
+
+
+class FusedAttention(TorchFunctionMode):
+    """Redirects SDPA to the fused flash op, causal for decoders."""
+
+    def __init__(self, causal: bool) -> None:
+        super().__init__()
+        self.causal = causal
+        self._env: str | None = None
+
+    def __enter__(self) -> FusedAttention:
+        # With a mask present, Hugging Face repeats K/V heads for GQA instead of letting the
+        # kernel share them; the real (mask-free) run shares them, so force the same here.
+        self._env = os.environ.get(_FORCE_GQA)
+        os.environ[_FORCE_GQA] = "1"
+        return super().__enter__()  # type: ignore[return-value]
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._env is None:
+            os.environ.pop(_FORCE_GQA, None)
+        else:
+            os.environ[_FORCE_GQA] = self._env
+        super().__exit__(*exc)
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
+        kwargs = kwargs or {}
+        if func is not F.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+        bound = dict(zip(names, args, strict=False)) | kwargs
+        q, k, v = bound["query"], bound["key"], bound["value"]
+        causal = bool(bound.get("is_causal")) or (
+            self.causal and bound.get("attn_mask") is not None
+        )  # fmt: skip
+        out, _lse = _FLASH(q, k, v, float(bound.get("dropout_p") or 0.0), causal,
+                           scale=bound.get("scale"))  # fmt: skip
+        # (enable_gqa is implied: the kernel shares K/V heads across query-head groups)
+        return out
