@@ -33,3 +33,10 @@ def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
         grad_out, q, k, v = args[:4]
         return int(sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape))
     return 0
+
+
+def is_attention_op(func: Any) -> bool:
+    """Whether `func` is a fused attention kernel (its FLOPs are the attention core's)."""
+    return "scaled_dot_product" in str(func._overloadpacket) or "attention" in str(
+        func._overloadpacket
+    )

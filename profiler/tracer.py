@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .flops import op_flops
+from .flops import is_attention_op, op_flops
 
 FWD, BWD = 0, 1
 
@@ -260,10 +260,10 @@ class Tracer(TorchDispatchMode):
                     numel, expert = self._params[key]
                     seg.params += numel
                     seg.expert_params += numel if expert else 0
-            if flops and any(
+            if flops and (is_attention_op(func) or any(
                 t.dim() >= 2 and t.shape[-1] == t.shape[-2] == self.seq_len > 1
                 for t in _tensors((args, out))
-            ):
+            )):  # fmt: skip
                 seg.attn_core_flops += flops
         new_bytes = sum(self._track(t) for t in _tensors(out))
         seg.peak[self.phase] = max(seg.peak[self.phase], self.live)
