@@ -24,6 +24,10 @@ MAX_VIRTUAL_STAGES = 8
 Narayanan et al. 2021 (Fig. 12) report gains flattening out by a handful of chunks."""
 MAX_MICRO_BATCH = 64
 """Largest micro-batch size searched unless pinned."""
+MIN_TOKENS_PER_CP_RANK = 1024
+"""Context parallelism is searched only while every rank keeps at least this many tokens of a
+sequence (unless pinned): below that, each ring step's latency outweighs its attention block
+(ring attention works on blocks of thousands of tokens, Liu et al. 2023 §3)."""
 _RECOMPUTE_RANK = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
 
 FIX_KEYS = (
@@ -186,7 +190,8 @@ class Search:
         kv = p.kv_heads
         tps = self._options("tp", [d for d in divs if p.heads % d == 0 and p.ffn % d == 0
                                    and (kv % d == 0 or d % kv == 0)])  # fmt: skip
-        cps = self._options("cp", [d for d in divs if d == 1 or t.seq_len % (2 * d) == 0])
+        cps = self._options("cp", [d for d in divs if d == 1 or (
+            t.seq_len % (2 * d) == 0 and t.seq_len // d >= MIN_TOKENS_PER_CP_RANK)])  # fmt: skip
         pps = self._options("pp", [d for d in divs if d <= ev.num_blocks])
         eps = self._options("ep", [d for d in _divisors(p.experts) if d <= n] if p.is_moe else [1])
         pinned_degrees = bool({"tp", "cp", "pp", "dp"} & set(self.fixed))
