@@ -50,9 +50,10 @@ def test_preset_traced_and_analytic_agree(capsys) -> None:
     # The same network two ways: traced from its Hugging Face config, and by its sizes.
     plans = {}
     for source in ("trace", "spec"):
+        pins = "dp=8,tp=1,pp=1,zero=3,mbs=1,schedule=none,recompute=full"
         code = main(["plan", "--model", "llama3-8b", "--model-source", source, "--cluster",
                      "8xh100", "--global-batch", "64", "--seq-len", "2048", "--json",
-                     "--fix", "dp=8,tp=1,pp=1,zero=3,mbs=1,schedule=none,recompute=full"])  # fmt: skip
+                     "--fix", pins])  # fmt: skip
         assert code == 0
         plans[source] = json.loads(capsys.readouterr().out)
     traced, analytic = plans["trace"], plans["spec"]

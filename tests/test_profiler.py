@@ -111,8 +111,8 @@ def test_predicted_peak_matches_memtracker(name: str, recompute: Recompute) -> N
     model, inputs, loss_fn = build(name)
     prof = profile(model, inputs, loss_fn=loss_fn, repeats=1, warmup=0)
     batch = batch_of(inputs)
-    ev = Evaluator(prof, parse_cluster("1xcpu"),
-                   TrainConfig(global_batch=batch, seq_len=prof.seq_len, precision="fp32"))  # fmt: skip
+    train = TrainConfig(global_batch=batch, seq_len=prof.seq_len, precision="fp32")
+    ev = Evaluator(prof, parse_cluster("1xcpu"), train)
     memory, _ = ev.memory(Strategy(dp=1, tp=1, pp=1, micro_batch_size=batch, recompute=recompute))
     # MemTracker sees tensors only: leave out the runtime context the planner adds.
     predicted = memory.total_bytes - ev.acc.runtime_overhead_bytes
@@ -239,11 +239,18 @@ def test_unsupported_construct_names_module_and_op() -> None:
         profile(model, (x,), mode="meta")
 
 
+def test_progress_bar_runs(capsys) -> None:
+    model, inputs = hf("gpt2")
+    prof = profile(model, inputs, repeats=1, warmup=0, progress=True)
+    assert prof.num_blocks == 2
+    assert "profiling" in capsys.readouterr().err
+
+
 def test_bad_arguments() -> None:
     model, inputs = hf("gpt2")
     with pytest.raises(ValueError, match="mode="):
         profile(model, inputs, mode="fast")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="meta device"):
         profile(model, inputs, mode="meta")
-    with pytest.raises(ValueError, match="transformer.nope"):
+    with pytest.raises(ValueError, match=r"transformer\.nope"):
         profile(model, inputs, blocks="transformer.nope")
