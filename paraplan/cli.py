@@ -151,6 +151,14 @@ def _parser() -> argparse.ArgumentParser:
                              description="What bounds the plan (memory, bubble, communication) "
                              "and what the next-best alternative costs.")  # fmt: skip
     explain.add_argument("plan", metavar="PLAN", help="a plan JSON written by paraplan plan -o")
+    run = sub.add_parser(
+        "run", help="launch a training script under torchrun with the plan's world size",
+        description="paraplan run plan.json -- train.py [args]: one process per planned device; "
+        "the script finds the plan in the PARAPLAN_PLAN environment variable.",
+    )  # fmt: skip
+    run.add_argument("plan", metavar="PLAN", help="a plan JSON written by paraplan plan -o")
+    run.add_argument("script", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS]",
+                     help="the training script and its arguments, after --")  # fmt: skip
     show = sub.add_parser("show", help="print a saved plan's table")
     show.add_argument("plan", metavar="PLAN", help="a plan JSON written by paraplan plan -o")
     return parser
@@ -278,6 +286,17 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .executor.launch import run_plan
+
+    script = list(args.script)
+    if script and script[0] == "--":
+        script = script[1:]
+    if not script:
+        raise ValueError("no training script: use paraplan run plan.json -- train.py [args]")
+    return run_plan(args.plan, script[0], script[1:])
+
+
 def _cmd_show(args: argparse.Namespace) -> int:
     from .planner.explain import format_plan
     from .planner.plan import load_plan
@@ -290,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `paraplan` console script."""
     args = _parser().parse_args(argv)
     commands = {"plan": _cmd_plan, "profile": _cmd_profile, "explain": _cmd_explain,
-                "show": _cmd_show}  # fmt: skip
+                "show": _cmd_show, "run": _cmd_run}  # fmt: skip
     try:
         return commands[args.command](args)
     except ValueError as exc:
