@@ -1,9 +1,16 @@
 """paraplan.executor: apply a plan with native PyTorch distributed (imports torch).
 
-Public API (loaded on first use, so `paraplan.executor.launch` stays light)::
+Inside a torchrun process (``paraplan run plan.json -- script.py`` starts one per device)::
 
-    pm = parallelize(model, plan)        # inside torchrun: mesh, TP/SP, PP, AC, FSDP/DDP
-    report = train(pm, steps=20)          # timed steps, run report vs the plan's predictions
+    from paraplan.executor import RunOptions, format_report, parallelize, train
+
+    pm = parallelize(model, plan)       # checks, mesh, PP split, TP/SP, checkpointing, FSDP/DDP
+    report = train(pm, RunOptions(steps=20))
+    print(format_report(report))        # measured vs predicted step time, tokens/s, memory
+
+or step by step: `Optimizers(pm, lr=...)`, `train_step(pm, opts, x, y)`, `save_checkpoint` /
+`load_checkpoint`. Names load on first use, so `paraplan.executor.launch` (the launcher the CLI
+imports) does not import torch.
 """
 
 from __future__ import annotations
@@ -20,7 +27,16 @@ _EXPORTS = {
     "module_fingerprint": ".checks",
     "ModuleFingerprint": ".checks",
     "synthetic_tokens": ".data",
+    "Optimizers": ".optim",
+    "RunOptions": ".training",
+    "train": ".training",
+    "train_step": ".training",
     "global_loss": ".training",
+    "RunReport": ".report",
+    "format_report": ".report",
+    "save_checkpoint": ".checkpoint",
+    "load_checkpoint": ".checkpoint",
+    "latest_checkpoint": ".checkpoint",
     "run_plan": ".launch",
 }
 

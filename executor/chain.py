@@ -9,7 +9,7 @@ depend on the plan (torchtitan keeps its layers in a ModuleDict for the same rea
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -29,7 +29,7 @@ class Chain(nn.Module):
     def __init__(
         self,
         embed: nn.Module | None,
-        blocks: list[nn.Module] | nn.ModuleDict,
+        blocks: Sequence[nn.Module] | nn.ModuleDict,
         head: nn.Module | None,
         *,
         family: str = "custom",

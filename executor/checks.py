@@ -10,9 +10,11 @@ counted once) and the number of blocks. The profiler will match `ModuleFingerpri
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ..planner.plan import Plan
@@ -70,24 +72,33 @@ def check_plan_supported(plan: Plan) -> None:
         )
     schedules = {str(s) for s in Schedule}
     if plan.schedule not in schedules:
-        raise ValueError(f"schedule {plan.schedule!r} is not one of {sorted(schedules)}")
+        raise ValueError(
+            f"schedule {plan.schedule!r} is not one of {sorted(schedules)}; regenerate the plan"
+        )
     if par.pp > 1 and plan.schedule == Schedule.NONE:
-        raise ValueError(f"pp={par.pp} with schedule 'none': name a pipeline schedule")
+        raise ValueError(
+            f"pp={par.pp} with schedule 'none': a pipeline needs a schedule; re-plan with "
+            "--fix schedule=1f1b (or gpipe, interleaved_1f1b)"
+        )
     if par.virtual_stages > 1 and plan.schedule != Schedule.INTERLEAVED_1F1B:
         raise ValueError(
             f"virtual_stages={par.virtual_stages} needs schedule interleaved_1f1b, not "
-            f"{plan.schedule!r}"
+            f"{plan.schedule!r}; re-plan with --fix schedule=interleaved_1f1b or vpp=1"
         )
     names = tuple(plan.mesh.axis_order)
     if sorted(names) != sorted(str(a) for a in MeshAxis) or len(plan.mesh.shape) != len(names):
         raise ValueError(
             f"mesh axes {names} with shape {tuple(plan.mesh.shape)}: expected each of "
-            f"{[str(a) for a in MeshAxis]} once with one size each"
+            f"{[str(a) for a in MeshAxis]} once with one size each; regenerate the plan"
         )
     sizes = dict(zip(names, plan.mesh.shape, strict=True))
     degrees = {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}
-    if sizes != degrees:
-        raise ValueError(f"mesh sizes {sizes} disagree with the plan's degrees {degrees}")
+    if sizes != degrees or math.prod(plan.mesh.shape) != plan.cluster.num_gpus:
+        raise ValueError(
+            f"mesh sizes {sizes} disagree with the plan's degrees {degrees} or its "
+            f"{plan.cluster.num_gpus} devices; the plan file is inconsistent: regenerate it "
+            "with paraplan plan -o"
+        )
 
 
 def check_job(plan: Plan, *, world_size: int, device_type: str) -> None:
@@ -106,7 +117,8 @@ def check_job(plan: Plan, *, world_size: int, device_type: str) -> None:
 
 
 def check_model(plan: Plan, model: nn.Module, *, num_blocks: int) -> None:
-    """The model must be the one planned: same parameter count and depth."""
+    """The model must be the one planned (same parameter count and depth) and runnable under
+    it (no dropout with tensor parallelism)."""
     found = module_fingerprint(model).num_params
     if found != plan.model.num_params:
         raise ValueError(
@@ -119,3 +131,39 @@ def check_model(plan: Plan, model: nn.Module, *, num_blocks: int) -> None:
             f"model fingerprint mismatch: the module has {num_blocks} blocks but the plan "
             f"was made for {plan.model.num_blocks}; re-plan for this model"
         )
+    check_dropout(model, tp=plan.parallelism.tp)
+
+
+def check_same_weights(model: nn.Module, device: torch.device) -> None:
+    """Every rank must start from the same weights (FSDP keeps each rank's own shard as is);
+    compares a float64 sum and sum of squares of all parameters over ranks (one all-gather)."""
+    with torch.no_grad():
+        stats = torch.zeros(2, dtype=torch.float64)
+        for p in model.parameters():
+            w = p.detach().to("cpu", torch.float64)
+            stats += torch.stack([w.sum(), (w * w).sum()])
+    stats = stats.to(device)
+    everyone = [torch.empty_like(stats) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, stats)
+    differ = [r for r, s in enumerate(everyone) if not torch.equal(s, everyone[0])]
+    if differ:
+        raise ValueError(
+            f"ranks {differ} hold other weights than rank 0: every rank must build the model "
+            "the same way; call torch.manual_seed(seed) with one seed before building it"
+        )
+
+
+def check_dropout(model: nn.Module, *, tp: int) -> None:
+    """Dropout under tensor parallelism would draw different masks on ranks that must agree
+    (replicated activations); the executor does not coordinate RNG across ranks."""
+    if tp == 1:
+        return
+    for name, m in model.named_modules():
+        p = m.p if isinstance(m, nn.Dropout) else getattr(m, "dropout_p", 0.0)
+        p = p or getattr(m, "attention_dropout", 0.0)
+        if isinstance(p, float | int) and p > 0:
+            raise ValueError(
+                f"dropout p={p} in {name or 'the model'} with tensor parallelism tp={tp}: "
+                "masks would differ across TP ranks; set the config's dropout to 0 "
+                "(GPT-2: resid_pdrop, embd_pdrop, attn_pdrop; Llama: attention_dropout)"
+            )

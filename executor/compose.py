@@ -2,7 +2,7 @@
 
 0. check the plan against the job and the model (no collective yet), convert the model to a
    chain (embedding, blocks, head);
-1. process group (bounded timeout) and the plan's DeviceMesh;
+1. process group (bounded timeout) and the plan's DeviceMesh; check the weights agree;
 2. pipeline split: keep this rank's chunks (first, so each rank parallelizes only the layers it
    runs, as torchtitan splits before parallelizing each part);
 3. tensor parallel, with sequence parallel when planned;
@@ -27,9 +27,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..planner.plan import Plan
 from ..planner.strategy import MeshAxis
-from . import checks, mesh as meshes, pipeline
+from . import checks, pipeline
+from . import mesh as meshes
 from .chain import Chain, TPPlanFn, to_chain
-from .data_parallel import PARAM_DTYPES, apply_ddp, apply_fsdp
+from .data_parallel import PARAM_DTYPES, apply_data_parallel, data_parallel_kind
 from .recompute import apply_recompute, layer_recompute
 from .tensor_parallel import apply_tp
 
@@ -95,7 +96,9 @@ class ParallelModel:
         for part in self.parts:
             yield from part.parameters()
 
-    def forward_backward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
+    def forward_backward(
+        self, input_ids: torch.Tensor, labels: torch.Tensor
+    ) -> torch.Tensor | None:
         """Forward and backward of this replica's batch (B, T) split into the plan's
         micro-batches; gradients are those of the mean loss. Returns the mean loss, or None
         on pipeline ranks without the head."""
@@ -159,12 +162,12 @@ def parallelize(
     timeout_s: float = meshes.DEFAULT_TIMEOUT_S,
 ) -> ParallelModel:
     """Apply `plan` to `model` (a Hugging Face GPT-2 or Llama causal LM, or a `Chain`) in this
-    torchrun process. The model must hold the same weights on every rank (same seed); it is
-    modified in place. `tp_plan` overrides the block TP plan; `mesh`, when given, must have
-    the plan's axes and sizes. Raises ValueError, before any collective, when the plan does
-    not match the job or the model."""
-    # 0. checks without communication, then the chain view of the model
+    torchrun process. The model must hold the same weights on every rank (same seed; checked);
+    it is modified in place. `tp_plan` overrides the block TP plan; `mesh`, when given, must
+    have the plan's axes and sizes; `timeout_s` bounds every collective's wait for a peer.
+    Raises ValueError, before any collective, when the plan does not fit the job or model."""
     par = plan.parallelism
+    # 0. checks without communication, and the chain view of the model
     device_type = meshes.plan_device_type(plan)
     checks.check_plan_supported(plan)
     checks.check_job(plan, world_size=meshes.job_world_size(), device_type=device_type)
@@ -172,61 +175,34 @@ def parallelize(
     checks.check_model(plan, chain, num_blocks=chain.num_blocks)
     if par.pp > 1:
         pipeline.check_layout(plan, chain.num_blocks)
-
-    # 1. process group and mesh
+    # 1. process group (bounded timeout) and the plan's mesh; same weights on every rank
     meshes.init_distributed(device_type, timeout_s=timeout_s)
-    if mesh is None:
-        mesh = meshes.build_mesh(plan, device_type)
-    elif tuple(mesh.mesh_dim_names or ()) != tuple(plan.mesh.axis_order) or tuple(
-        mesh.shape
-    ) != tuple(plan.mesh.shape):
-        raise ValueError(
-            f"mesh {mesh.mesh_dim_names} {tuple(mesh.shape)} is not the plan's "
-            f"{plan.mesh.axis_order} {plan.mesh.shape}; pass mesh=None to build it"
-        )
-    device = (
-        torch.device("cuda", torch.cuda.current_device())
-        if device_type == "cuda"
-        else torch.device("cpu")
-    )
-    chain.to(device)
-
-    # 2. pipeline split: this rank's chunks
-    if par.pp > 1:
-        pipeline.untie(chain)
-        ranges = pipeline.local_chunks(plan, meshes.axis_rank(mesh, MeshAxis.PP))
-        chunks = [(index, chain.chunk(first, last)) for index, first, last in ranges]
-    else:
-        chunks = [(0, chain)]
-    tied = (
-        pipeline.tied_copies(chain, [c for _, c in chunks], mesh)
-        if par.pp > 1
-        else pipeline.TiedCopies(params=(), group=None)
-    )
-
-    decisions = layer_recompute(plan)
+    mesh = meshes.build_mesh(plan, device_type) if mesh is None else meshes.check_mesh(mesh, plan)
+    device = meshes.local_device(device_type)
+    checks.check_same_weights(chain, device)
+    # 2. pipeline split: this rank's chunks on its device, the others' layers freed
+    chunks, tied = pipeline.split(chain, plan, mesh, device)
     parts: list[tuple[int, nn.Module]] = []
-    use_fsdp = par.dp > 1 and par.zero_stage >= 1 or par.offload_optimizer
     for index, part in chunks:
-        # 3. tensor (and sequence) parallel
+        # 3. tensor parallel (sequence parallel when planned)
         if par.tp > 1:
-            apply_tp(part, mesh[str(MeshAxis.TP)], sequence_parallel=par.sequence_parallel,
-                     heads=plan.model.heads, kv_heads=plan.model.kv_heads, tp_plan=tp_plan)  # fmt: skip
+            apply_tp(
+                part,
+                mesh[str(MeshAxis.TP)],
+                sequence_parallel=par.sequence_parallel,
+                heads=plan.model.heads,
+                kv_heads=plan.model.kv_heads,
+                tp_plan=tp_plan,
+            )
         # 4. activation checkpointing, per layer
-        apply_recompute(part, decisions)
-        # 5. data parallel
-        wrapped: nn.Module = part
-        if use_fsdp:
-            apply_fsdp(part, mesh[str(MeshAxis.DP)], zero_stage=par.zero_stage,
-                       precision=plan.train.precision, offload=par.offload_optimizer)  # fmt: skip
-        elif par.dp > 1:
-            wrapped = apply_ddp(part, mesh[str(MeshAxis.DP)])
-        parts.append((index, wrapped))
-
-    # 6. pipeline schedule
+        apply_recompute(part, layer_recompute(plan))
+        # 5. data parallel: FSDP2 / replicate in place, or a DDP wrapper
+        parts.append((index, apply_data_parallel(part, mesh[str(MeshAxis.DP)], plan)))
+    # 6. pipeline stages and the planned schedule
     schedule = None
     if par.pp > 1:
         schedule = pipeline.build_schedule(plan, parts, mesh[str(MeshAxis.PP)], loss_fn, device)
+    kind = data_parallel_kind(plan)
     return ParallelModel(
         plan=plan,
         mesh=mesh,
@@ -235,6 +211,6 @@ def parallelize(
         parts=tuple(m for _, m in parts),
         schedule=schedule,
         tied=tied,
-        autocast_dtype=None if use_fsdp else PARAM_DTYPES[plan.train.precision],
         loss_fn=loss_fn,
+        autocast_dtype=PARAM_DTYPES[plan.train.precision] if kind.autocasts else None,
     )

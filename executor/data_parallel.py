@@ -2,22 +2,30 @@
 optimizer offload.
 
 ZeRO stages map onto torch as follows (Rajbhandari et al. 2020 define the stages):
-- 3: `fully_shard` (parameters, gradients and optimizer states sharded; parameters
-  re-gathered for backward);
+- 3: `fully_shard` (parameters, gradients and optimizer states sharded; each block's
+  parameters re-gathered for backward; the root's, i.e. embedding and head, kept gathered from
+  forward to backward, torch's default since backward starts with them);
 - 2: `fully_shard(reshard_after_forward=False)` (parameters stay gathered between forward
   and backward, gradients and states sharded);
 - 1: run as ZeRO-2. FSDP2 has no mode that shards optimizer states only, so a ZeRO-1 plan
   also shards gradients: less memory than planned, the same communication volume
   (reduce-scatter + all-gather instead of all-reduce);
-- 0: `DistributedDataParallel` (replicated, gradients all-reduced in buckets).
+- 0: `DistributedDataParallel` (replicated, gradients all-reduced in buckets); with tensor
+  or pipeline parallelism, FSDP2's `replicate` instead (the same algorithm), because DDP
+  cannot broadcast DTensor parameters ("got mixed torch.Tensor and DTensor") and its reducer
+  fails when a pipeline schedule runs several backward passes per step ("rebuilt parameter
+  indices size is not same as original model parameters size"; both seen on torch 2.13).
 Optimizer offload is FSDP2's `CPUOffloadPolicy`: sharded parameters, gradients and the
 optimizer step live on the host (pin_memory only with CUDA; on CPU it fails otherwise).
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 import torch
 from torch import nn
+from torch.distributed._composable.replicate_with_fsdp import replicate
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
@@ -27,10 +35,56 @@ from torch.distributed.fsdp import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+from ..planner.plan import Plan
 from .chain import Chain
 
 PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 """Compute dtype of each plan precision (None: fp32 throughout)."""
+
+
+class DataParallelKind(StrEnum):
+    """How the data-parallel axis is run."""
+
+    NONE = "none"
+    DDP = "ddp"
+    REPLICATE = "replicate"
+    FSDP = "fsdp"
+
+    @property
+    def autocasts(self) -> bool:
+        """Whether mixed precision needs `torch.autocast` (no FSDP2 policy casts)."""
+        return self in (DataParallelKind.NONE, DataParallelKind.DDP)
+
+
+def data_parallel_kind(plan: Plan) -> DataParallelKind:
+    """FSDP2 for ZeRO >= 1 or offload; DDP for ZeRO-0 without TP/PP, else `replicate`."""
+    par = plan.parallelism
+    if par.offload_optimizer or (par.dp > 1 and par.zero_stage >= 1):
+        return DataParallelKind.FSDP
+    if par.dp == 1:
+        return DataParallelKind.NONE
+    if par.tp == 1 and par.pp == 1:
+        return DataParallelKind.DDP
+    return DataParallelKind.REPLICATE
+
+
+def apply_data_parallel(chain: Chain, dp_mesh: DeviceMesh, plan: Plan) -> nn.Module:
+    """The plan's data parallelism on `chain` (in place); returns the module to run (a DDP
+    wrapper, or `chain` itself)."""
+    kind, par, precision = data_parallel_kind(plan), plan.parallelism, plan.train.precision
+    if kind == DataParallelKind.FSDP:
+        apply_fsdp(
+            chain,
+            dp_mesh,
+            zero_stage=par.zero_stage,
+            precision=precision,
+            offload=par.offload_optimizer,
+        )
+    elif kind == DataParallelKind.REPLICATE:
+        apply_replicate(chain, dp_mesh, precision=precision)
+    elif kind == DataParallelKind.DDP:
+        return apply_ddp(chain, dp_mesh)
+    return chain
 
 
 def mixed_precision(precision: str) -> MixedPrecisionPolicy:
@@ -52,23 +106,31 @@ def apply_fsdp(
 ) -> None:
     """`fully_shard` each block, then the chain (its embedding and head: a tied matrix stays
     in one unit), in place."""
-    device_type = dp_mesh.device_type
-    kwargs = {
-        "mesh": dp_mesh,
-        "reshard_after_forward": zero_stage >= 3,
-        "mp_policy": mixed_precision(precision),
-        "offload_policy": (
-            CPUOffloadPolicy(pin_memory=device_type == "cuda") if offload else OffloadPolicy()
-        ),
-    }
-    for block in chain.blocks.values():
-        fully_shard(block, **kwargs)
-    fully_shard(chain, **kwargs)
+    policy = mixed_precision(precision)
+    # ZeRO-3: torch's default (None), which reshards every block after forward but not the
+    # root (embedding, head), needed as soon as backward starts; ZeRO-2: nothing reshards.
+    reshard = None if zero_stage >= 3 else False
+    pin = dp_mesh.device_type == "cuda"
+    offload_policy = CPUOffloadPolicy(pin_memory=pin) if offload else OffloadPolicy()
+    for module in (*chain.blocks.values(), chain):
+        fully_shard(
+            module,
+            mesh=dp_mesh,
+            reshard_after_forward=reshard,
+            mp_policy=policy,
+            offload_policy=offload_policy,
+        )
 
 
 def apply_ddp(module: nn.Module, dp_mesh: DeviceMesh) -> DistributedDataParallel:
     """Wrap in DDP over the ``dp`` axis (gradients averaged in buckets during backward)."""
     device_ids = [torch.cuda.current_device()] if dp_mesh.device_type == "cuda" else None
-    return DistributedDataParallel(
-        module, process_group=dp_mesh.get_group(), device_ids=device_ids
-    )
+    return DistributedDataParallel(module, process_group=dp_mesh.get_group(), device_ids=device_ids)
+
+
+def apply_replicate(chain: Chain, dp_mesh: DeviceMesh, *, precision: str) -> None:
+    """ZeRO-0 with TP or PP: FSDP2's `replicate` on each block, then the chain (chunk)."""
+    policy = mixed_precision(precision)
+    for block in chain.blocks.values():
+        replicate(block, mesh=dp_mesh, mp_policy=policy)
+    replicate(chain, mesh=dp_mesh, mp_policy=policy)

@@ -73,3 +73,21 @@ def axis_rank(mesh: DeviceMesh, axis: MeshAxis) -> int:
     """This rank's coordinate along a mesh axis (0 when the mesh lacks it)."""
     names = mesh.mesh_dim_names or ()
     return mesh.get_local_rank(str(axis)) if str(axis) in names else 0
+
+
+def check_mesh(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
+    """A caller's mesh must have the plan's axes, in order, and sizes."""
+    names, shape = tuple(mesh.mesh_dim_names or ()), tuple(mesh.shape)
+    if names != tuple(plan.mesh.axis_order) or shape != tuple(plan.mesh.shape):
+        raise ValueError(
+            f"mesh {names} {shape} is not the plan's {tuple(plan.mesh.axis_order)} "
+            f"{tuple(plan.mesh.shape)}; pass mesh=None to build the plan's"
+        )
+    return mesh
+
+
+def local_device(device_type: str) -> torch.device:
+    """This process's device: its CUDA device (set by `init_distributed`), or the CPU."""
+    if device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,8 +45,9 @@ SCHEDULES = {
 class TiedCopies:
     """The two copies of a matrix the embedding and head share, split over pipeline ranks."""
 
-    params: tuple[nn.Parameter, ...]
-    """The copies this rank holds (one, or none on a middle rank)."""
+    holders: tuple[tuple[nn.Module, str], ...]
+    """(chunk, parameter name) of the copies this rank holds (none on a middle rank);
+    looked up at each use because FSDP replaces parameters when it shards them."""
     group: dist.ProcessGroup | None
     """The ranks holding a copy, with this rank in it (None on a middle rank)."""
 
@@ -53,7 +55,8 @@ class TiedCopies:
         """Sum the copies' gradients over the group, so each holds the tied gradient."""
         if self.group is None:
             return
-        for p in self.params:
+        for part, name in self.holders:
+            p = part.get_parameter(name)
             if p.grad is not None:
                 grad = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
                 dist.all_reduce(grad, group=self.group)
@@ -73,8 +76,9 @@ def local_chunks(plan: Plan, pp_rank: int) -> list[tuple[int, int, int]]:
 def check_layout(plan: Plan, num_blocks: int) -> None:
     """Chunks must cover chain layers 0..L+1 once, in order, and alternate over ranks."""
     pp = plan.parallelism.pp
-    chunks = sorted((c.chunk, c.first_layer, c.last_layer, s.stage)
-                    for s in plan.stages for c in s.chunks)  # fmt: skip
+    chunks = sorted(
+        (c.chunk, c.first_layer, c.last_layer, s.stage) for s in plan.stages for c in s.chunks
+    )
     expected = pp * plan.parallelism.virtual_stages
     nxt = 0
     for i, (index, first, last, stage) in enumerate(chunks):
@@ -107,7 +111,7 @@ def tied_copies(chain: Chain, parts: list[Chain], mesh: DeviceMesh) -> TiedCopie
     """The tied copies on this rank and the group of ranks (first and last pipeline rank at
     the same dp/cp/tp coordinates) that sums their gradients."""
     if chain.tied is None:
-        return TiedCopies(params=(), group=None)
+        return TiedCopies(holders=(), group=None)
     names = mesh.mesh_dim_names or ()
     pp_axis = names.index(str(MeshAxis.PP))
     pp = mesh.size(pp_axis)
@@ -121,13 +125,34 @@ def tied_copies(chain: Chain, parts: list[Chain], mesh: DeviceMesh) -> TiedCopie
             g = dist.new_group(pair)
             if me in pair:
                 group = g
-    params = []
-    for part in parts:
-        if part.embed is not None:
-            params.append(part.get_parameter(chain.tied[0]))
-        if part.head is not None:
-            params.append(part.get_parameter(chain.tied[1]))
-    return TiedCopies(params=tuple(params), group=group)
+    holders = [(part, chain.tied[0]) for part in parts if part.embed is not None]
+    holders += [(part, chain.tied[1]) for part in parts if part.head is not None]
+    return TiedCopies(holders=tuple(holders), group=group)
+
+
+def release(chain: Chain, kept: list[Chain]) -> None:
+    """Free the layers other ranks run: their parameters move to the meta device (the caller's
+    model keeps its structure, without storage for them)."""
+    mine = {id(m) for part in kept for m in part.modules()}
+    for module in (chain.embed, *chain.blocks.values(), chain.head):
+        if module is not None and id(module) not in mine:
+            module.to("meta")
+
+
+def split(
+    chain: Chain, plan: Plan, mesh: DeviceMesh, device: torch.device
+) -> tuple[list[tuple[int, Chain]], TiedCopies]:
+    """This rank's (chunk index, chunk) pairs on `device`, and the tied embedding/head copies
+    (the whole chain and no copies without a pipeline)."""
+    if plan.parallelism.pp == 1:
+        return [(0, chain.to(device))], TiedCopies(holders=(), group=None)
+    untie(chain)
+    ranges = local_chunks(plan, mesh.get_local_rank(str(MeshAxis.PP)))
+    chunks = [(index, chain.chunk(first, last)) for index, first, last in ranges]
+    release(chain, [c for _, c in chunks])
+    for _, part in chunks:
+        part.to(device)
+    return chunks, tied_copies(chain, [c for _, c in chunks], mesh)
 
 
 def build_schedule(
@@ -140,7 +165,7 @@ def build_schedule(
     """Stages for this rank's (chunk index, module) pairs and the plan's schedule."""
     num_chunks = plan.parallelism.pp * plan.parallelism.virtual_stages
     group = pp_mesh.get_group()
-    stages = [
+    stages: list[Any] = [
         PipelineStage(module, index, num_chunks, device, group=group) for index, module in modules
     ]
     kind = SCHEDULES[Schedule(plan.schedule)]

@@ -9,6 +9,8 @@ into sequence shards (B, T/tp, H) for the first block, and the head gathers them
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -47,7 +49,7 @@ def apply_tp(
     for block in chain.blocks.values():
         parallelize_module(block, tp_mesh, block_plan)
         if sequence_parallel and hasattr(block, "seq_shards"):
-            block.seq_shards = tp  # e.g. rotary embeddings need the full sequence length
+            cast(Any, block).seq_shards = tp  # e.g. rotary embeddings need the whole length
     if not sequence_parallel:
         return
     if chain.embed is not None:  # (B, T, H) replicated -> (B, T/tp, H), a local slice
@@ -63,7 +65,8 @@ def apply_tp(
             chain.head,
             tp_mesh,
             PrepareModuleInput(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                input_layouts=(Shard(1),),
+                desired_input_layouts=(Replicate(),),
                 use_local_output=True,
-            ),  # fmt: skip
+            ),
         )

@@ -1,14 +1,23 @@
-"""Training steps under a plan: optimizers per model chunk, one step, the reported loss."""
+"""Training under a plan: one step, the reported loss, and a timed loop on synthetic tokens
+with checkpoints and the run report."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from ..planner.strategy import MeshAxis
 from . import mesh as meshes
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .compose import ParallelModel
+from .data import synthetic_tokens
+from .optim import Optimizers
+from .report import RunReport, make_report, peak_memory_bytes
 
 
 def global_loss(pm: ParallelModel, loss: torch.Tensor | None) -> float:
@@ -22,12 +31,104 @@ def global_loss(pm: ParallelModel, loss: torch.Tensor | None) -> float:
     return total.item() / holders
 
 
-def make_optimizer(name: str, params: list[nn.Parameter], *, lr: float) -> torch.optim.Optimizer:
-    """The plan's optimizer (``adamw``, ``sgd`` or ``adafactor``) over `params`."""
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "adafactor":
-        return torch.optim.Adafactor(params, lr=lr)
-    raise ValueError(f"optimizer {name!r} is not supported; use adamw, sgd or adafactor")
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunOptions:
+    """How long to train and where to keep checkpoints."""
+
+    steps: int
+    """Optimizer steps in total (a resumed run continues to this count)."""
+    warmup_steps: int = 2
+    """Steps left out of the timing (allocations, first collectives, shape inference); fewer
+    when a resumed run has no more steps left, so that at least one step is timed."""
+    lr: float = 1e-3
+    """Learning rate (constant)."""
+    data_seed: int = 0
+    """Seed of the synthetic batches (batch k depends on the seed and k only)."""
+    checkpoint_dir: str | None = None
+    """Folder for DCP checkpoints (None: none)."""
+    save_every: int = 0
+    """Save after every this many steps (0: never)."""
+    resume: bool = False
+    """Continue from the newest checkpoint in `checkpoint_dir`, when there is one."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.warmup_steps < 0 or self.save_every < 0:
+            raise ValueError(
+                f"steps={self.steps}, warmup_steps={self.warmup_steps}, save_every="
+                f"{self.save_every}: steps must be >= 1 and the others >= 0"
+            )
+        if (self.save_every or self.resume) and not self.checkpoint_dir:
+            raise ValueError("save_every/resume need checkpoint_dir: pass a folder")
+
+
+def train_step(
+    pm: ParallelModel, opts: Optimizers, input_ids: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor | None:
+    """One optimizer step on this replica's batch (B, T); the loss as `forward_backward`."""
+    opts.zero_grad()
+    loss = pm.forward_backward(input_ids, labels)
+    opts.step()
+    return loss
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train(
+    pm: ParallelModel, options: RunOptions, on_step: Callable[[int, float], None] | None = None
+) -> RunReport:
+    """Train on synthetic tokens for `options.steps` steps (resuming when asked), time each
+    step, and return the run report (times from this rank's clock, memory of every rank).
+    `on_step(step, loss)` runs after each step."""
+    plan = pm.plan
+    opts = Optimizers(pm, lr=options.lr)
+    first = 0
+    if options.resume and options.checkpoint_dir:
+        latest = latest_checkpoint(options.checkpoint_dir)
+        if latest is not None:
+            first = load_checkpoint(pm, opts, latest)
+    if first >= options.steps:
+        raise ValueError(
+            f"the checkpoint in {options.checkpoint_dir!r} is at step {first} and the run asks "
+            f"for {options.steps} steps: nothing to do; ask for more steps"
+        )
+    if options.checkpoint_dir:
+        Path(options.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    if pm.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(pm.device)
+    times, losses = [], []
+    for step in range(first, options.steps):
+        x, y = synthetic_tokens(
+            plan.train.global_batch,
+            plan.train.seq_len,
+            plan.model.vocab,
+            seed=options.data_seed,
+            step=step,
+        )
+        x, y = pm.local_batch(x), pm.local_batch(y)
+        _sync(pm.device)
+        start = time.perf_counter()
+        loss = train_step(pm, opts, x, y)
+        _sync(pm.device)
+        times.append(time.perf_counter() - start)
+        losses.append(global_loss(pm, loss))
+        if options.save_every and (step + 1) % options.save_every == 0:
+            save_checkpoint(pm, opts, options.checkpoint_dir or "", step=step + 1)
+        if on_step is not None:
+            on_step(step, losses[-1])
+    memory, source = peak_memory_bytes(pm.device)
+    gathered: list[float | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, memory)
+    warm = min(options.warmup_steps, max(len(times) - 1, 0))  # a short resumed run: time some
+    return make_report(
+        plan,
+        step_times_s=times[warm:],
+        warmup_steps=warm,
+        memory_bytes=[float(m or 0.0) for m in gathered],
+        memory_source=source,
+        device=pm.device.type,
+        first_step=first,
+        losses=losses,
+    )

@@ -5,6 +5,7 @@ The Python API (no torch import until a function that needs it is called)::
     import paraplan
     outcome = paraplan.plan("llama3-8b", "8xh100", global_batch=256, seq_len=8192)
     print(outcome.plan.predicted.step_time_s)
+    pm = paraplan.parallelize(model, "plan.json")   # inside torchrun (paraplan run)
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from .api import model_profile, plan
 
-__all__ = ["model_profile", "plan", "profile"]
+__all__ = ["model_profile", "parallelize", "plan", "profile"]
 
 
 def profile(model: Any, example_inputs: Any, **kwargs: Any) -> Any:
@@ -21,6 +22,15 @@ def profile(model: Any, example_inputs: Any, **kwargs: Any) -> Any:
     from .profiler import profile as run
 
     return run(model, example_inputs, **kwargs)
+
+
+def parallelize(model: Any, plan: Any, **kwargs: Any) -> Any:
+    """Apply a plan (a `Plan` or a plan JSON path) to `model` inside a torchrun process (see
+    `paraplan.executor.parallelize`; imports torch)."""
+    from .executor import parallelize as apply
+    from .planner.plan import Plan, load_plan
+
+    return apply(model, plan if isinstance(plan, Plan) else load_plan(plan), **kwargs)
 
 
 __version__ = "0.1.0"

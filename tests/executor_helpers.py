@@ -16,10 +16,10 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-from paraplan.planner.plan import (  # noqa: E402
+from paraplan.planner.plan import (
     SCHEMA_VERSION,
     ChunkRange,
     ClusterInfo,
@@ -138,6 +138,46 @@ def launch(nproc: int, scenario: str, out_dir: Path, *args: str, timeout_s: floa
                           cwd=ROOT)  # fmt: skip
 
 
+def free_port() -> int:
+    """A TCP port free at the time of asking."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def spawn_ranks(nproc: int, scenario: str, out_dir: Path, *args: str,
+                wait_s: float) -> tuple[list[int | None], float, str]:  # fmt: skip
+    """Start the ranks as plain processes (no torchrun, so nothing else kills them), wait up to
+    `wait_s` for rank 0, then end the others. Returns (exit codes, seconds rank 0 took, rank 0's
+    stderr); a code is None for a rank that was still running and had to be killed."""
+    port = str(free_port())
+    procs = []
+    for rank in range(nproc):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
+               "HF_HUB_OFFLINE": "1"}  # fmt: skip
+        procs.append(subprocess.Popen([sys.executable, __file__, scenario, str(out_dir), *args],
+                                      env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, text=True))  # fmt: skip
+    start = time.monotonic()
+    try:
+        _, err = procs[0].communicate(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        procs[0].kill()
+        _, err = procs[0].communicate()
+    elapsed = time.monotonic() - start
+    codes: list[int | None] = [procs[0].returncode]
+    for proc in procs[1:]:
+        code = proc.poll()
+        if code is None:
+            proc.kill()
+        proc.communicate()
+        codes.append(code)
+    return codes, elapsed, err
+
+
 def synthetic_batch(plan: Plan, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The global batch of `step`: token ids and next-token labels, (global_batch, T) each."""
     from paraplan.executor.data import synthetic_tokens
@@ -193,7 +233,34 @@ def _numerics_one(path: str) -> dict[str, object]:
             checked = sorted(grads)
         opt.step()
     return {"ref_losses": ref_losses, "losses": losses, "grad_rel_err": grad_err,
+            "layout": _layout(pm),
             "checked": checked}  # fmt: skip
+
+
+def _layout(pm: object) -> dict[str, object]:
+    """What was applied, read back from the modules: schedule, data-parallel wrapper, the first
+    block's q_proj placements, blocks under activation checkpointing, CPU offload."""
+    from torch.distributed._composable import checkpoint
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    chains, part = pm.chains, pm.parts[0]  # type: ignore[attr-defined]
+    block = next(iter(chains[0].blocks.values()))
+    q = next(p for n, p in block.named_parameters() if n.endswith("q_proj.weight"))
+    offload = False
+    if isinstance(part, FSDPModule):
+        state = part._get_fsdp_state()  # FSDP or replicate; a root without own parameters
+        groups = [s._fsdp_param_group for s in state._state_ctx.all_states]  # has no group
+        offload = any(isinstance(g.offload_policy, CPUOffloadPolicy) for g in groups if g)
+    return {
+        "schedule": type(pm.schedule).__name__ if pm.schedule else None,  # type: ignore[attr-defined]
+        "wrapper": type(part).__name__,
+        "placements": [str(p) for p in q.placements] if isinstance(q, DTensor) else [],
+        "recompute": sum(
+            checkpoint.state(b) is not None for c in chains for b in c.blocks.values()
+        ),
+        "offload": offload,
+    }
 
 
 def _global_loss(pm: object, loss: torch.Tensor | None) -> float:
@@ -202,9 +269,92 @@ def _global_loss(pm: object, loss: torch.Tensor | None) -> float:
     return global_loss(pm, loss)  # type: ignore[arg-type]
 
 
+def _write(out: Path, payload: object) -> None:
+    path = out / f"rank{os.environ.get('RANK', '0')}.json"
+    path.write_text(json.dumps(payload, indent=1))
+
+
 def scenario_numerics(out: Path, paths: list[str]) -> None:
-    results = {Path(p).stem: _numerics_one(p) for p in paths}
-    (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(results, indent=1))
+    """Each plan against the reference; results by plan name."""
+    _write(out, {Path(p).stem: _numerics_one(p) for p in paths})
+    _finish()
+
+
+def scenario_mismatch(out: Path, args: list[str]) -> None:
+    """parallelize must refuse the plan: a wrong world size before the process group exists;
+    ranks seeded differently (``seed_by_rank``) right after it."""
+    from paraplan.executor import parallelize
+
+    seed = int(os.environ["RANK"]) if args[1:] == ["seed_by_rank"] else 0
+    try:
+        parallelize(tiny_model(seed=seed), load_plan(args[0]), timeout_s=60)
+    except ValueError as exc:
+        _write(out, {"error": str(exc), "initialized": dist.is_initialized()})
+        sys.exit(3)
+    _write(out, {"error": None, "initialized": dist.is_initialized()})
+
+
+def scenario_dead_rank(out: Path, args: list[str]) -> None:
+    """Rank 1 crashes (``crash``) or hangs (``hang``) at step 3; the others must raise."""
+    from paraplan.executor import parallelize
+    from paraplan.executor.optim import Optimizers
+    from paraplan.executor.training import global_loss, train_step
+
+    mode, plan, timeout_s = args[0], load_plan(args[1]), float(args[2])
+    pm = parallelize(tiny_model(), plan, timeout_s=timeout_s)
+    opts = Optimizers(pm, lr=1e-3)
+    last = time.monotonic()
+    try:
+        for step in range(100):
+            if step == 3 and dist.get_rank() == 1:
+                if mode == "crash":
+                    os._exit(7)
+                time.sleep(3600)
+            x, y = synthetic_batch(plan, step)
+            global_loss(pm, train_step(pm, opts, pm.local_batch(x), pm.local_batch(y)))
+            last = time.monotonic()
+    except Exception as exc:
+        _write(out, {"error": repr(exc)[:2000], "elapsed_s": time.monotonic() - last})
+        print(f"rank {dist.get_rank()} failed as it should: {exc!r}"[:500], file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)
+    _write(out, {"error": None, "elapsed_s": 0.0})
+
+
+def scenario_resume(out: Path, args: list[str]) -> None:
+    """``crash``: train each plan 6 steps saving every 2, die after step 5 (index 4).
+    ``resume``: resume each to step 6, then train uninterrupted; losses by plan name."""
+    from paraplan.executor import parallelize
+    from paraplan.executor.training import RunOptions, train
+
+    phase, ckpt, paths = args[0], Path(args[1]), args[2:]
+    results = {}
+    for path in paths:
+        plan, name = load_plan(path), Path(path).stem
+        folder = str(ckpt / name)
+        if phase == "crash":
+            options = RunOptions(steps=6, warmup_steps=0, checkpoint_dir=folder, save_every=2)
+            pm = parallelize(tiny_model(), plan, timeout_s=60)
+            if name == Path(paths[-1]).stem:
+
+                def die(step: int, loss: float) -> None:
+                    if step == 4:
+                        os._exit(9)  # killed mid-way: steps 0-4 ran, step-4 is the last save
+
+                train(pm, options, on_step=die)
+            else:
+                train(pm, replace(options, steps=5))
+            continue
+        resumed = train(
+            parallelize(tiny_model(), plan, timeout_s=60),
+            RunOptions(steps=6, warmup_steps=0, checkpoint_dir=folder, resume=True),
+        )
+        whole = train(parallelize(tiny_model(), plan, timeout_s=60),
+                      RunOptions(steps=6, warmup_steps=0))  # fmt: skip
+        results[name] = {"resumed_first": resumed.first_step, "resumed": resumed.losses,
+                         "whole": whole.losses}  # fmt: skip
+    _write(out, results)
+    _finish()
 
 
 def _finish() -> None:
@@ -213,13 +363,20 @@ def _finish() -> None:
     dist.destroy_process_group()
 
 
+SCENARIOS = {
+    "numerics": scenario_numerics,
+    "mismatch": scenario_mismatch,
+    "dead_rank": scenario_dead_rank,
+    "resume": scenario_resume,
+}
+
+
 def main(argv: list[str]) -> None:
     scenario, out, args = argv[0], Path(argv[1]), argv[2:]
     t0 = time.perf_counter()
-    {"numerics": scenario_numerics}[scenario](out, args)
-    if dist.get_rank() == 0:
+    SCENARIOS[scenario](out, args)
+    if os.environ.get("RANK", "0") == "0":
         print(f"{scenario}: {time.perf_counter() - t0:.1f} s")
-    _finish()
 
 
 if __name__ == "__main__":

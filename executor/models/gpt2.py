@@ -11,6 +11,7 @@ Shoeybi et al. 2019 §3). `hf_names` maps tensors back to the original names and
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,7 @@ from ..chain import Chain
 _QKV = ("q_proj", "k_proj", "v_proj")
 
 
-def linear_from_conv1d(conv: nn.Module) -> nn.Linear:
+def linear_from_conv1d(conv: Any) -> nn.Linear:
     """An `nn.Linear` computing the same map as a transformers `Conv1D` (weight transposed)."""
     fan_in, fan_out = conv.weight.shape  # Conv1D weight: (in, out)
     lin = nn.Linear(fan_in, fan_out, bias=conv.bias is not None, device=conv.weight.device)
@@ -43,14 +44,20 @@ def linear_from_conv1d(conv: nn.Module) -> nn.Linear:
 class SplitQKVAttention(nn.Module):
     """GPT-2 causal self-attention with separate q/k/v projections (same numerics)."""
 
-    def __init__(self, attn: nn.Module) -> None:
+    q_proj: nn.Linear
+    k_proj: nn.Linear
+    v_proj: nn.Linear
+
+    def __init__(self, attn: Any) -> None:
         super().__init__()
         if getattr(attn, "is_cross_attention", False):
-            raise ValueError("GPT-2 cross-attention is not supported; use add_cross_attention=False")
+            raise ValueError(
+                "GPT-2 cross-attention is not supported; use add_cross_attention=False"
+            )
         hidden = attn.embed_dim
-        self.head_dim = attn.head_dim
-        self.scaling = attn.scaling  # head_dim**-0.5, divided by (layer+1) when configured
-        self.dropout_p = attn.attn_dropout.p
+        self.head_dim = int(attn.head_dim)
+        self.scaling = float(attn.scaling)  # head_dim**-0.5, divided by (layer+1) when set
+        self.dropout_p = float(attn.attn_dropout.p)
         fused = attn.c_attn.weight.detach()  # (H, 3H): columns are q | k | v
         fused_bias = attn.c_attn.bias.detach()  # (3H,)
         for i, name in enumerate(_QKV):
@@ -69,9 +76,13 @@ class SplitQKVAttention(nn.Module):
         k = self.k_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # (B, a, T, d)
         v = self.v_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # (B, a, T, d)
         y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.dropout_p if self.training else 0.0, is_causal=True,
+            q,
+            k,
+            v,
+            dropout_p=self.dropout_p if self.training else 0.0,
+            is_causal=True,
             scale=self.scaling,
-        )  # (B, a, T, d)  # fmt: skip
+        )  # (B, a, T, d)
         y = y.transpose(1, 2).reshape(b, t, -1)  # (B, T, a*d)
         return self.resid_dropout(self.c_proj(y)), None  # (B, T, H)
 
@@ -158,7 +169,7 @@ def gpt2_hf_names(
     return out
 
 
-def gpt2_chain(model: nn.Module) -> Chain:
+def gpt2_chain(model: Any) -> Chain:
     """Convert a `GPT2LMHeadModel` in place and return its chain."""
     cfg = model.config
     if getattr(cfg, "add_cross_attention", False):

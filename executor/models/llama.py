@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import functools
+from typing import Any
 
 import torch
 from torch import nn
@@ -71,8 +72,13 @@ class LlamaHead(nn.Module):
 
 def llama_tp_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
     """torchtitan's Llama plan (parallelize_llama.apply_tp), for a `LlamaBlock`."""
-    cols = ("layer.self_attn.q_proj", "layer.self_attn.k_proj", "layer.self_attn.v_proj",
-            "layer.mlp.gate_proj", "layer.mlp.up_proj")  # fmt: skip
+    cols = (
+        "layer.self_attn.q_proj",
+        "layer.self_attn.k_proj",
+        "layer.self_attn.v_proj",
+        "layer.mlp.gate_proj",
+        "layer.mlp.up_proj",
+    )
     if not sequence_parallel:
         return {
             **{c: ColwiseParallel() for c in cols},
@@ -117,7 +123,7 @@ def llama_hf_names(
     return out
 
 
-def llama_chain(model: nn.Module) -> Chain:
+def llama_chain(model: Any) -> Chain:
     """Wrap a `LlamaForCausalLM`'s parts (no copy of parameters) as a chain."""
     impl = model.config._attn_implementation
     if impl != "sdpa":

@@ -1,0 +1,86 @@
+"""Save and resume training state with `torch.distributed.checkpoint` (DCP).
+
+A checkpoint is a folder ``<dir>/step-<n>`` (n = optimizer steps done) written by every rank
+in parallel: the model and optimizer state dicts of this rank's chunks under plan-independent
+names (DCP's `get_model_state_dict` strips FSDP/DDP wrappers; optimizer states are flattened
+per parameter name, as torchtitan does), plus the step. Rank 0 then writes ``<dir>/latest``
+(atomically), so a run killed while saving resumes from the previous complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from .compose import ParallelModel
+from .optim import Optimizers
+
+LATEST = "latest"
+"""File naming the newest complete checkpoint folder."""
+_FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def _model_state(pm: ParallelModel) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    for part in pm.parts:
+        state.update(get_model_state_dict(part))
+    return state
+
+
+def _optim_state(pm: ParallelModel, opts: Optimizers) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    for part, opt in zip(pm.parts, opts.optimizers, strict=True):
+        state.update(get_optimizer_state_dict(part, opt, options=_FLAT))
+    return state
+
+
+def save_checkpoint(
+    pm: ParallelModel, opts: Optimizers, folder: str | os.PathLike[str], *, step: int
+) -> Path:
+    """Write the training state after `step` optimizer steps (collective); returns the path."""
+    root = Path(folder)
+    target = root / f"step-{step}"
+    state = {"model": _model_state(pm), "optim": _optim_state(pm, opts), "train": {"step": step}}
+    dcp.save(state, checkpoint_id=str(target))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        fd, tmp = tempfile.mkstemp(dir=root, prefix=".latest.")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(target.name + "\n")
+        os.replace(tmp, root / LATEST)
+    dist.barrier()
+    return target
+
+
+def latest_checkpoint(folder: str | os.PathLike[str]) -> Path | None:
+    """The newest complete checkpoint in `folder`, or None."""
+    marker = Path(folder) / LATEST
+    if not marker.is_file():
+        return None
+    return Path(folder) / marker.read_text().strip()
+
+
+def load_checkpoint(pm: ParallelModel, opts: Optimizers, path: str | os.PathLike[str]) -> int:
+    """Load a checkpoint into the parallelized model and its optimizers (collective; the
+    plan must have the same chunks as the one that saved); returns the steps done."""
+    if not Path(path).is_dir():
+        raise ValueError(f"checkpoint {str(path)!r} does not exist; pass a step-<n> folder")
+    state = {"model": _model_state(pm), "optim": _optim_state(pm, opts), "train": {"step": -1}}
+    dcp.load(state, checkpoint_id=str(path))
+    for part in pm.parts:
+        set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
+    for part, opt in zip(pm.parts, opts.optimizers, strict=True):
+        set_optimizer_state_dict(part, opt, optim_state_dict=state["optim"], options=_FLAT)
+    return int(state["train"]["step"])

@@ -1,0 +1,208 @@
+"""The run report: measured step time, throughput and peak memory next to the plan's
+predictions, as JSON and as a table."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..planner.plan import Plan
+
+RSS_SOURCE = "peak RSS of the process (getrusage ru_maxrss: tensors plus Python/torch runtime)"
+CUDA_SOURCE = "torch.cuda.max_memory_allocated (tensors only, not the CUDA context)"
+_KIB = 1024
+"""Linux reports ru_maxrss in KiB (macOS in bytes)."""
+
+
+def peak_memory_bytes(device: torch.device) -> tuple[float, str]:
+    """(peak bytes of this rank, what was measured)."""
+    if device.type == "cuda":
+        return float(torch.cuda.max_memory_allocated(device)), CUDA_SOURCE
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return float(rss if sys.platform == "darwin" else rss * _KIB), RSS_SOURCE
+
+
+def strategy_text(plan: Plan) -> str:
+    """A one-line summary of the plan's strategy."""
+    p = plan.parallelism
+    parts = [f"dp={p.dp}", f"tp={p.tp}", f"pp={p.pp}", f"zero={p.zero_stage}"]
+    if p.sequence_parallel:
+        parts.append("sp")
+    if p.offload_optimizer:
+        parts.append("offload")
+    if p.pp > 1:
+        parts.append(plan.schedule + (f"(v={p.virtual_stages})" if p.virtual_stages > 1 else ""))
+    recompute = sorted({d.recompute for d in plan.layers} - {"none"})
+    parts += [
+        f"mbs={plan.micro_batch_size}",
+        f"nmb={plan.num_microbatches}",
+        f"rc={'+'.join(recompute) or 'none'}",
+        plan.train.precision,
+    ]
+    return " ".join(parts)
+
+
+def rel_err(measured: float, predicted: float) -> float | None:
+    """(measured - predicted) / predicted, None without a prediction."""
+    return (measured - predicted) / predicted if predicted > 0 else None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunReport:
+    """Measured against predicted, for one run."""
+
+    model: str
+    """The plan's model name."""
+    cluster: str
+    """The plan's cluster name."""
+    strategy: str
+    """The plan's strategy in one line."""
+    world_size: int
+    """Ranks that ran."""
+    device: str
+    """Device kind (cpu or cuda)."""
+    tokens_per_step: int
+    """Global batch times sequence length."""
+    steps_timed: int
+    """Steps in the median (after warm-up)."""
+    warmup_steps: int
+    """Steps run but not timed."""
+    step_time_s: float
+    """Median step time over the timed steps (this rank's clock; steps end in collectives)."""
+    step_time_min_s: float
+    """Fastest timed step."""
+    step_time_max_s: float
+    """Slowest timed step."""
+    tokens_per_s: float
+    """tokens_per_step / step_time_s."""
+    memory_source: str
+    """What the peak memory figures measure."""
+    peak_memory_bytes: tuple[float, ...]
+    """Peak memory of each rank, by rank."""
+    predicted_step_time_s: float
+    """The plan's step time."""
+    predicted_tokens_per_s: float
+    """The plan's throughput."""
+    predicted_memory_per_gpu_bytes: float
+    """The plan's peak memory on the fullest device."""
+    step_time_rel_err: float | None
+    """(measured - predicted) / predicted step time."""
+    tokens_per_s_rel_err: float | None
+    """(measured - predicted) / predicted throughput."""
+    memory_rel_err: float | None
+    """(max measured over ranks - predicted) / predicted peak memory."""
+    first_step: int
+    """Index of the first step run (after a resume, > 0)."""
+    losses: tuple[float, ...]
+    """Global-batch loss of each step run."""
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON form."""
+        return asdict(self)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write as JSON (atomically)."""
+        target = Path(path)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        os.replace(tmp, target)
+
+
+def make_report(
+    plan: Plan,
+    *,
+    step_times_s: list[float],
+    warmup_steps: int,
+    memory_bytes: list[float],
+    memory_source: str,
+    device: str,
+    first_step: int,
+    losses: list[float],
+) -> RunReport:
+    """Build the report from the timed steps (warm-up already removed) and per-rank memory."""
+    if not step_times_s:
+        raise ValueError(
+            f"no timed steps: run more than the {warmup_steps} warm-up steps (e.g. --steps "
+            f"{warmup_steps + 3})"
+        )
+    median = statistics.median(step_times_s)
+    tokens = plan.train.global_batch * plan.train.seq_len
+    pred = plan.predicted
+    return RunReport(
+        model=plan.model.name,
+        cluster=plan.cluster.name,
+        strategy=strategy_text(plan),
+        world_size=len(memory_bytes),
+        device=device,
+        tokens_per_step=tokens,
+        steps_timed=len(step_times_s),
+        warmup_steps=warmup_steps,
+        step_time_s=median,
+        step_time_min_s=min(step_times_s),
+        step_time_max_s=max(step_times_s),
+        tokens_per_s=tokens / median,
+        memory_source=memory_source,
+        peak_memory_bytes=tuple(memory_bytes),
+        predicted_step_time_s=pred.step_time_s,
+        predicted_tokens_per_s=pred.tokens_per_s,
+        predicted_memory_per_gpu_bytes=pred.memory_per_gpu_bytes,
+        step_time_rel_err=rel_err(median, pred.step_time_s),
+        tokens_per_s_rel_err=rel_err(tokens / median, pred.tokens_per_s),
+        memory_rel_err=rel_err(max(memory_bytes), pred.memory_per_gpu_bytes),
+        first_step=first_step,
+        losses=tuple(losses),
+    )
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.1%}"
+
+
+def format_report(r: RunReport) -> str:
+    """The report as a table."""
+    mb = 1e6
+    rows = [
+        (
+            "step time (median)",
+            f"{r.step_time_s:.4f} s",
+            f"{r.predicted_step_time_s:.4f} s",
+            _pct(r.step_time_rel_err),
+        ),
+        (
+            "tokens/s",
+            f"{r.tokens_per_s:,.0f}",
+            f"{r.predicted_tokens_per_s:,.0f}",
+            _pct(r.tokens_per_s_rel_err),
+        ),
+        (
+            "peak memory (max rank)",
+            f"{max(r.peak_memory_bytes) / mb:,.1f} MB",
+            f"{r.predicted_memory_per_gpu_bytes / mb:,.1f} MB",
+            _pct(r.memory_rel_err),
+        ),
+    ]
+    width = max(len(row[0]) for row in rows)
+    lines = [
+        f"paraplan run report: {r.model} on {r.cluster} ({r.world_size} {r.device} ranks)",
+        f"strategy: {r.strategy}",
+        f"timed {r.steps_timed} steps after {r.warmup_steps} warm-up; "
+        f"{r.tokens_per_step:,} tokens/step",
+        "",
+        f"{'metric':<{width}}  {'measured':>14}  {'predicted':>14}  {'rel. error':>10}",
+    ]
+    lines += [f"{a:<{width}}  {b:>14}  {c:>14}  {d:>10}" for a, b, c, d in rows]
+    per_rank = ", ".join(f"r{i} {b / mb:,.1f}" for i, b in enumerate(r.peak_memory_bytes))
+    lines += ["", f"peak memory per rank (MB): {per_rank}", f"memory measured as {r.memory_source}"]
+    if r.losses:
+        lines.append(
+            f"loss: step {r.first_step} {r.losses[0]:.4f} -> step "
+            f"{r.first_step + len(r.losses) - 1} {r.losses[-1]:.4f}"
+        )
+    return "\n".join(lines)
