@@ -6,15 +6,16 @@ The Python API (no torch import until a function that needs it is called)::
     outcome = paraplan.plan("llama3-8b", "8xh100", global_batch=256, seq_len=8192)
     print(outcome.plan.predicted.step_time_s)
     pm = paraplan.parallelize(model, "plan.json")   # inside torchrun (paraplan run)
+    pm = paraplan.auto_parallelize(model, batch, global_batch=64)  # profile, plan, apply
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .api import model_profile, plan
+from .api import auto_parallelize, detect_cluster, model_profile, plan
 
-__all__ = ["model_profile", "parallelize", "plan", "profile"]
+__all__ = ["auto_parallelize", "detect_cluster", "model_profile", "parallelize", "plan", "profile"]
 
 
 def profile(model: Any, example_inputs: Any, **kwargs: Any) -> Any:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .planner.api import PlanOutcome
@@ -102,3 +102,73 @@ def plan(
     )  # fmt: skip
     fixed = parse_fix(fix) if isinstance(fix, str) else dict(fix or {})
     return make_plan(profile, cl, train, fixed=fixed, top_k=top_k, progress=progress)
+
+
+# Accelerator catalog names by the words CUDA reports in device names (most specific first).
+_DEVICE_NAMES = (("H100 PCIe", "h100-pcie"), ("H100", "h100"), ("H200", "h200"), ("B200", "b200"),
+                 ("L4", "l4"), ("V100", "v100"), ("MI300X", "mi300x"))  # fmt: skip
+A100_80GB_BYTES = 60 * 2**30
+"""An A100 reporting more memory than this is the 80 GB part."""
+
+
+def detect_cluster() -> Cluster:
+    """The running job as a cluster: world size and GPUs per node from torchrun's environment
+    (WORLD_SIZE, LOCAL_WORLD_SIZE), the accelerator from the CUDA device name, else `cpu`."""
+    import os
+
+    import torch
+
+    from .planner.cluster import make_cluster
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+        memory = torch.cuda.get_device_properties(0).total_memory
+        if "A100" in name:
+            acc = "a100-80gb" if memory > A100_80GB_BYTES else "a100-40gb"
+        else:
+            acc = next((key for word, key in _DEVICE_NAMES if word in name), "")
+        if not acc:
+            raise ValueError(
+                f"GPU {name!r} is not in the accelerator catalog; pass cluster='<N>x<name>' or a "
+                "Cluster with calibrated figures"
+            )
+    else:
+        acc = "cpu"
+    return make_cluster(acc, world, gpus_per_node=local)
+
+
+def auto_parallelize(
+    model: Any,
+    example_inputs: Any,
+    *,
+    global_batch: int,
+    cluster: str | Cluster | None = None,
+    fix: str | dict[str, object] | None = None,
+    loss_fn: Callable[..., Any] | None = None,
+    **parallelize_kwargs: Any,
+) -> Any:
+    """Profile -> plan -> parallelize in one call, inside a torchrun process: returns the
+    executor's `ParallelModel` (its `.plan` is the plan chosen).
+
+    `example_inputs` is one batch for the profiler (batch first, e.g. a Hugging Face kwargs
+    dict with labels); `cluster` defaults to the running job (`detect_cluster`). The profile
+    uses counted FLOPs and bytes, not timings, so every rank plans the same thing. Context and
+    expert parallelism are pinned to 1 (the executor does not run them yet)."""
+    import torch
+
+    from .executor import parallelize
+    from .planner.search import parse_fix
+    from .profiler import profile as run_profile
+
+    prof = run_profile(model, example_inputs, loss_fn=loss_fn, measured_on="", repeats=0,
+                       warmup=0)  # fmt: skip
+    model.zero_grad(set_to_none=True)
+    dtype = next(model.parameters()).dtype
+    precision = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype, "fp32")
+    pins = parse_fix(fix) if isinstance(fix, str) else dict(fix or {})
+    pins = {"cp": 1, "ep": 1} | pins
+    where = cluster if cluster is not None else detect_cluster()
+    chosen = plan(prof, where, global_batch=global_batch, precision=precision, fix=pins, top_k=0)
+    return parallelize(model, chosen.plan, **parallelize_kwargs)

@@ -129,8 +129,9 @@ def profile(
     automatically or named by `blocks`), head (the loss included).
 
     mode="measure" also times each layer's forward and backward (median of `repeats` steps
-    after `warmup`) on the model's device; mode="meta" expects a model and inputs on the meta
-    device, traces only two of a run of identical blocks, and leaves times to the roofline."""
+    after `warmup`; repeats=0 skips timing) on the model's device; mode="meta" expects a model
+    and inputs on the meta device, traces only two of a run of identical blocks, and leaves
+    times to the roofline."""
     if mode not in ("measure", "meta"):
         raise ValueError(f"mode={mode!r} must be 'measure' or 'meta'")
     dev = torch.device(device) if device is not None else _device_of(model)
@@ -172,7 +173,7 @@ def profile(
         tracer.param_leftovers()
         model.zero_grad(set_to_none=True)
         times = None
-        if mode == "measure":
+        if mode == "measure" and repeats > 0:
 
             def step(mark: Callable[[int, int], None]) -> None:
                 mark(FWD, 0)
