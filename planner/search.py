@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from .cost.comm import AxisLink, Collectives
-from .cost.evaluate import HOST_OPTIMIZER_BYTES_PER_S, Estimate, Evaluator
+from .cost.data_parallel import HOST_OPTIMIZER_BYTES_PER_S
+from .cost.evaluate import Estimate, Evaluator
 from .cost.memory import MemoryBreakdown
 from .strategy import DEFAULT_MESH_ORDER, MeshAxis, Recompute, Schedule, Strategy
 

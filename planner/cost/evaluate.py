@@ -5,15 +5,17 @@ Each term names its source; docs/cost-model.md lists them all with their units.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import cache
 
 from ..cluster import Cluster
 from ..config import TrainConfig
 from ..model import LayerKind, ModelProfile
-from ..strategy import MeshAxis, Recompute, Schedule, Strategy
+from ..strategy import MeshAxis, Recompute, Strategy
 from .comm import AxisLink, Collectives, link_of, merge_links, place_axes
-from .layout import Chunk, pipeline_chunks
+from .data_parallel import dp_comm, optimizer_s
+from .estimate import Estimate, TimeBreakdown
+from .layout import Stage, pipeline_chunks
 from .memory import (
     BUCKETS_IN_FLIGHT,
     DDP_BUCKET_BYTES,
@@ -22,96 +24,10 @@ from .memory import (
     layer_act_bytes,
     model_state_bytes,
 )
+from .rules import violation
 
-_ALL_AXES = frozenset(MeshAxis)
-HOST_OPTIMIZER_BYTES_PER_S = 20e9
-"""Effective host memory bandwidth one GPU's share of a CPU optimizer step streams at. An
-assumption in line with ZeRO-Offload's CPU-Adam (Ren et al. 2021 §4.2, ~1.5 s per step for
-10B parameters on a DGX-2 host); calibrate for your hosts."""
 ACT_IO_FACTOR = 2
 """A layer writes its saved activations in forward and reads them in backward (roofline)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TimeBreakdown:
-    """Where a step's time goes, on the pipeline stage that bounds it (seconds)."""
-
-    compute_s: float
-    """Forward and backward compute of every micro-batch."""
-    recompute_s: float
-    """Forward recomputation in backward."""
-    comm_s: float
-    """Exposed (not overlapped) communication: TP, CP, EP, PP, ZeRO and gradient sync."""
-    bubble_s: float
-    """Pipeline fill and drain."""
-    optimizer_s: float
-    """Optimizer step (on the host when offloaded, with its PCIe transfers)."""
-
-    @property
-    def step_time_s(self) -> float:
-        """Sum of the parts."""
-        return self.compute_s + self.recompute_s + self.comm_s + self.bubble_s + self.optimizer_s
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Estimate:
-    """The cost model's predictions for one strategy."""
-
-    strategy: Strategy
-    """What was evaluated."""
-    num_microbatches: int
-    """Micro-batches per step per data-parallel replica."""
-    step_time_s: float
-    """Seconds per optimizer step."""
-    tokens_per_s: float
-    """Training throughput over the whole cluster."""
-    mfu: float
-    """Model FLOPs utilization: model FLOPs (no recompute) / (time * GPUs * peak); PaLM App. B."""
-    memory: MemoryBreakdown
-    """Memory of the GPU that holds the most (its pipeline stage: `peak_stage`)."""
-    peak_stage: int
-    """Pipeline stage with the largest memory."""
-    capacity_bytes: float
-    """Usable memory per GPU (capacity less headroom)."""
-    bubble_fraction: float
-    """Share of the pipeline's time that is fill and drain."""
-    exposed_comm_s: float
-    """Seconds of communication not hidden behind compute."""
-    time: TimeBreakdown
-    """Time breakdown on the bounding stage."""
-
-    @property
-    def feasible(self) -> bool:
-        """Whether the peak memory fits in the usable memory."""
-        return self.memory.total_bytes <= self.capacity_bytes
-
-    @property
-    def reason(self) -> str:
-        """Why the strategy is infeasible ('' when it fits)."""
-        if self.feasible:
-            return ""
-        return (
-            f"needs {self.memory.total_bytes / 1e9:.2f} GB per GPU on stage {self.peak_stage}, "
-            f"more than the {self.capacity_bytes / 1e9:.2f} GB usable"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class _Stage:
-    """One pipeline stage: its layers and per-sequence sums over them."""
-
-    index: int
-    """Stage index (the first of the stages that look exactly like this one)."""
-    layers: tuple[int, ...]
-    dense_params: float
-    expert_params: float
-    max_block_params: float
-    max_block_expert_params: float
-    n_blocks: int
-    n_moe_blocks: int
-    has_embedding: bool
-    has_head: bool
-    chunks: tuple[Chunk, ...]
 
 
 class Evaluator:
@@ -161,55 +77,15 @@ class Evaluator:
 
     def violation(self, s: Strategy) -> str:
         """The first structural rule the strategy breaks ('' when none)."""
-        p, t, n = self.profile, self.train, self.cluster.num_gpus
-        if s.world_size != n:
-            return (
-                f"dp*tp*pp*cp = {s.dp}*{s.tp}*{s.pp}*{s.cp} = {s.world_size} GPUs, "
-                f"but the cluster has {n}"
-            )
-        if p.heads % s.tp or p.ffn % s.tp:
-            return f"tp={s.tp} must divide heads={p.heads} and ffn={p.ffn}"
-        if p.kv_heads % s.tp and s.tp % p.kv_heads:
-            return f"tp={s.tp} must divide kv_heads={p.kv_heads} or be a multiple of it"
-        if s.sequence_parallel and s.tp == 1:
-            return "sequence_parallel needs tp > 1"
-        if s.cp > 1 and t.seq_len % (2 * s.cp):
-            return f"cp={s.cp} needs seq_len={t.seq_len} divisible by 2*cp (causal load balance)"
-        if s.ep > 1 and not p.is_moe:
-            return f"ep={s.ep} needs a mixture-of-experts model"
-        if s.ep > 1 and (p.experts % s.ep or s.dp % s.ep):
-            return f"ep={s.ep} must divide experts={p.experts} and dp={s.dp}"
-        if s.zero_stage not in (0, 1, 2, 3):
-            return f"zero_stage={s.zero_stage} must be 0, 1, 2 or 3"
-        if s.offload_optimizer and s.zero_stage == 0:
-            return "offload_optimizer needs zero_stage >= 1 (ZeRO-Offload partitions the states)"
-        if s.micro_batch_size < 1 or t.global_batch % (s.dp * s.micro_batch_size):
-            return (
-                f"global_batch={t.global_batch} must be divisible by dp*micro_batch_size = "
-                f"{s.dp}*{s.micro_batch_size}"
-            )
-        if (s.pp == 1) != (s.schedule == Schedule.NONE):
-            return f"schedule={s.schedule} with pp={s.pp}: use 'none' exactly when pp=1"
-        if (s.schedule == Schedule.INTERLEAVED_1F1B) != (s.virtual_stages > 1):
-            return f"virtual_stages={s.virtual_stages} > 1 exactly with interleaved_1f1b"
-        if s.pp * s.virtual_stages > self.num_blocks:
-            return f"pp*virtual_stages = {s.pp * s.virtual_stages} exceeds {self.num_blocks} blocks"
-        if s.schedule == Schedule.INTERLEAVED_1F1B and self.num_microbatches(s) % s.pp:
-            return (
-                f"interleaved_1f1b needs the {self.num_microbatches(s)} micro-batches to be a "
-                f"multiple of pp={s.pp}"
-            )
-        if len(s.mesh_order) != len(MeshAxis) or set(s.mesh_order) != _ALL_AXES:
-            return f"mesh_order {list(s.mesh_order)} must order each of pp, dp, cp, tp once"
-        return ""
+        return violation(s, self)
 
-    def _stages_uncached(self, pp: int, v: int) -> tuple[_Stage, ...]:
+    def _stages_uncached(self, pp: int, v: int) -> tuple[Stage, ...]:
         """The distinct stages of a pp x v layout. Stages with identical layers and position
         (first/middle/last) cost the same, and in-flight micro-batches never grow with the
         stage index, so the first of each kind bounds the others: only it is kept."""
         p = self.profile
         chunks = pipeline_chunks(p, pp, v)
-        stages: list[_Stage] = []
+        stages: list[Stage] = []
         seen: set[tuple] = set()
         for st in range(pp):
             mine = tuple(c for c in chunks if c.stage == st)
@@ -226,7 +102,7 @@ class Evaluator:
             if has_head and p.tied_embeddings and not has_emb:
                 dense += p.vocab * p.hidden  # the tied embedding's copy on the last stage
             stages.append(
-                _Stage(
+                Stage(
                     index=st,
                     layers=idx,
                     dense_params=dense,
@@ -321,7 +197,7 @@ class Evaluator:
         return prefix, back, tmp
 
     def _stage_memory(
-        self, s: Strategy, stage: _Stage, per_seq: float, worst_block: float
+        self, s: Strategy, stage: Stage, per_seq: float, worst_block: float
     ) -> MemoryBreakdown:
         params, grads, optimizer, other = self._static_memory(
             stage, s.tp, s.ep, s.dp * s.cp, s.zero_stage, s.offload_optimizer
@@ -385,7 +261,7 @@ class Evaluator:
         return out
 
     def _static_memory_uncached(
-        self, stage: _Stage, tp: int, ep: int, dpcp: int, zero: int, offload: bool
+        self, stage: Stage, tp: int, ep: int, dpcp: int, zero: int, offload: bool
     ) -> tuple[float, float, float, float]:
         """(params, grads, optimizer, other) bytes of a stage: what does not scale with the
         micro-batch. Experts shard over the expert-data-parallel group (dp*cp/ep)."""
@@ -540,9 +416,9 @@ class Evaluator:
                 sends = 2 * len(stage.chunks) - int(stage.index == 0)
                 sends -= int(stage.index == s.pp - 1)
                 comm += sends * p2p
-            zero_mb, tail = self._dp_comm(s, stage, links, coll, fwd, bwd)
+            zero_mb, tail = dp_comm(s, stage, links, coll, self.train, fwd, bwd)
             per_mb.append((fwd + bwd, rc, comm + zero_mb, fwd + bwd + rc + comm + zero_mb))
-            tails.append((tail, self._optimizer_s(s, stage)))
+            tails.append((tail, optimizer_s(s, stage, self.train, self.acc)))
         slow = max(range(len(stages)), key=lambda k: per_mb[k][3])
         t_mb = per_mb[slow][3]
         bubble = (s.pp - 1) / v * t_mb  # (p-1)/v slots of fill and drain (Narayanan §2.2)
@@ -554,53 +430,6 @@ class Evaluator:
             bubble_s=bubble,
             optimizer_s=tails[tail_i][1],
         )
-
-    def _dp_comm(
-        self,
-        s: Strategy,
-        stage: _Stage,
-        links: dict[str, AxisLink],
-        coll: Collectives,
-        fwd: float,
-        bwd: float,
-    ) -> tuple[float, float]:
-        """(exposed seconds per micro-batch, exposed seconds once per step) of ZeRO/DDP
-        traffic for one stage. Overlap: gradient reduction with the backward pass, parameter
-        gathers with the forward pass (DDP buckets, Li et al. 2020; FSDP prefetch, Zhao 2023)."""
-        t = self.train
-        per_mb = tail = 0.0
-        groups = (
-            (stage.dense_params / s.tp, links["dpcp"]),
-            (stage.expert_params / (s.tp * s.ep), links["edp"]),
-        )
-        for count, link in groups:
-            if not count or link.size <= 1:
-                continue
-            ag = coll.all_gather(count * t.param_bytes, link)
-            rs = coll.reduce_scatter(count * t.grad_bytes, link)
-            if s.zero_stage == 3:  # gather for forward, again for backward, reduce-scatter
-                per_mb += max(0.0, ag - fwd) + max(0.0, ag + rs - bwd)
-            elif s.zero_stage == 2:  # reduce-scatter every micro-batch, gather after the step
-                per_mb += max(0.0, rs - bwd)
-                tail += max(0.0, ag - fwd)
-            elif s.zero_stage == 1:  # reduce-scatter once per step, gather after the step
-                tail += max(0.0, rs - bwd) + max(0.0, ag - fwd)
-            else:  # all-reduce once per step, overlapped with the last backward
-                tail += max(0.0, coll.all_reduce(count * t.grad_bytes, link) - bwd)
-        return per_mb, tail
-
-    def _optimizer_s(self, s: Strategy, stage: _Stage) -> float:
-        """Optimizer step: memory-bound over the rank's shard of states (read and write), or on
-        the host with the gradient/parameter PCIe transfers (Ren et al. 2021 §4)."""
-        t, acc = self.train, self.acc
-        dpcp = s.dp * s.cp if s.zero_stage >= 1 else 1
-        edp = dpcp // s.ep if s.zero_stage >= 1 else 1  # experts shard over dp*cp/ep
-        shard = stage.dense_params / s.tp / dpcp + stage.expert_params / (s.tp * s.ep) / edp
-        state_bytes = shard * (t.param_bytes + t.grad_bytes + t.optimizer_bytes)
-        if not s.offload_optimizer:
-            return 2 * state_bytes / acc.memory_bw_bytes_per_s
-        pcie = shard * (t.grad_bytes + t.param_bytes) / acc.pcie_bw_bytes_per_s
-        return pcie + 2 * state_bytes / HOST_OPTIMIZER_BYTES_PER_S
 
     # ---- all together ----------------------------------------------------------------------
     def evaluate(self, s: Strategy) -> Estimate:

@@ -51,3 +51,21 @@ def pipeline_chunks(profile: ModelProfile, pp: int, virtual_stages: int) -> tupl
         chunks.append(Chunk(stage=c % pp, index=c, first_layer=first, last_layer=last))
         start = end + 1
     return tuple(chunks)
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """One pipeline stage: its layers and per-sequence sums over them."""
+
+    index: int
+    """Stage index (the first of the stages that look exactly like this one)."""
+    layers: tuple[int, ...]
+    dense_params: float
+    expert_params: float
+    max_block_params: float
+    max_block_expert_params: float
+    n_blocks: int
+    n_moe_blocks: int
+    has_embedding: bool
+    has_head: bool
+    chunks: tuple[Chunk, ...]

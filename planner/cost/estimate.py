@@ -1,0 +1,72 @@
+"""What the cost model predicts for a strategy: the step-time breakdown and the estimate."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..strategy import Strategy
+from .memory import MemoryBreakdown
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimeBreakdown:
+    """Where a step's time goes, on the pipeline stage that bounds it (seconds)."""
+
+    compute_s: float
+    """Forward and backward compute of every micro-batch."""
+    recompute_s: float
+    """Forward recomputation in backward."""
+    comm_s: float
+    """Exposed (not overlapped) communication: TP, CP, EP, PP, ZeRO and gradient sync."""
+    bubble_s: float
+    """Pipeline fill and drain."""
+    optimizer_s: float
+    """Optimizer step (on the host when offloaded, with its PCIe transfers)."""
+
+    @property
+    def step_time_s(self) -> float:
+        """Sum of the parts."""
+        return self.compute_s + self.recompute_s + self.comm_s + self.bubble_s + self.optimizer_s
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Estimate:
+    """The cost model's predictions for one strategy."""
+
+    strategy: Strategy
+    """What was evaluated."""
+    num_microbatches: int
+    """Micro-batches per step per data-parallel replica."""
+    step_time_s: float
+    """Seconds per optimizer step."""
+    tokens_per_s: float
+    """Training throughput over the whole cluster."""
+    mfu: float
+    """Model FLOPs utilization: model FLOPs (no recompute) / (time * GPUs * peak); PaLM App. B."""
+    memory: MemoryBreakdown
+    """Memory of the GPU that holds the most (its pipeline stage: `peak_stage`)."""
+    peak_stage: int
+    """Pipeline stage with the largest memory."""
+    capacity_bytes: float
+    """Usable memory per GPU (capacity less headroom)."""
+    bubble_fraction: float
+    """Share of the pipeline's time that is fill and drain."""
+    exposed_comm_s: float
+    """Seconds of communication not hidden behind compute."""
+    time: TimeBreakdown
+    """Time breakdown on the bounding stage."""
+
+    @property
+    def feasible(self) -> bool:
+        """Whether the peak memory fits in the usable memory."""
+        return self.memory.total_bytes <= self.capacity_bytes
+
+    @property
+    def reason(self) -> str:
+        """Why the strategy is infeasible ('' when it fits)."""
+        if self.feasible:
+            return ""
+        return (
+            f"needs {self.memory.total_bytes / 1e9:.2f} GB per GPU on stage {self.peak_stage}, "
+            f"more than the {self.capacity_bytes / 1e9:.2f} GB usable"
+        )

@@ -1,0 +1,25 @@
+"""Memory solvers: optimal checkpointing on chains (DP), rematerialization and offload on op
+graphs (ILP), pipeline partition (DP), and the simulator that checks them all.
+
+Pure Python; numpy and PuLP are imported inside the functions that need them, so importing
+this package stays cheap. The models and their sources are in docs/cost-model.md.
+"""
+
+from .chain import Chain, ChainLayer, chain_from_profile
+from .checkpoint_dp import ChainSolution, solve_checkpoint_dp, sqrt_segment_starts
+from .examples import gpt2_block_graph, gpt2_chain, vgg16_chain
+from .graph import OpGraph, OpNode, TensorPart, chain_to_graph
+from .partition import PartitionSolution, in_flight_per_stage, partition_layers
+from .policies import Policy, uniform_schedule
+from .remat_ilp import RematSolution, solve_remat_ilp
+from .schedule import Backward, Forward, Offload, Op, Prefetch, SolveStatus, Wait, format_schedule
+from .simulator import SimResult, simulate
+
+__all__ = [
+    "Backward", "Chain", "ChainLayer", "ChainSolution", "Forward", "Offload", "Op", "OpGraph",
+    "OpNode", "PartitionSolution", "Policy", "Prefetch", "RematSolution", "SimResult",
+    "SolveStatus", "TensorPart", "Wait", "chain_from_profile", "chain_to_graph",
+    "format_schedule", "gpt2_block_graph", "gpt2_chain", "in_flight_per_stage",
+    "partition_layers", "simulate", "solve_checkpoint_dp", "solve_remat_ilp",
+    "sqrt_segment_starts", "uniform_schedule", "vgg16_chain",
+]  # fmt: skip
