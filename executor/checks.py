@@ -116,6 +116,22 @@ def check_job(plan: Plan, *, world_size: int, device_type: str) -> None:
         )
 
 
+def check_module_digest(plan: Plan, model: nn.Module) -> None:
+    """A plan made from a traced module names its parameters' digest: the module given must
+    match it (checked before any conversion of the module)."""
+    if not plan.model.module_digest:
+        return
+    from paraplan.profiler.chain import module_digest
+
+    found = module_digest(model)
+    if found != plan.model.module_digest:
+        raise ValueError(
+            f"model fingerprint mismatch: this module's parameter names and shapes digest to "
+            f"{found}, but the plan was made for {plan.model.name!r} ({plan.model.module_digest});"
+            " build the model from the config the plan was made from, or re-plan for this model"
+        )
+
+
 def check_model(plan: Plan, model: nn.Module, *, num_blocks: int) -> None:
     """The model must be the one planned (same parameter count and depth) and runnable under
     it (no dropout with tensor parallelism)."""

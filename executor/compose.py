@@ -171,6 +171,7 @@ def parallelize(
     device_type = meshes.plan_device_type(plan)
     checks.check_plan_supported(plan)
     checks.check_job(plan, world_size=meshes.job_world_size(), device_type=device_type)
+    checks.check_module_digest(plan, model)
     chain = to_chain(model)
     checks.check_model(plan, chain, num_blocks=chain.num_blocks)
     if par.pp > 1:

@@ -119,6 +119,7 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
             kv_heads=p.kv_heads,
             vocab=p.vocab,
             experts=p.experts,
+            module_digest=p.module_digest,
         ),
         cluster=ClusterInfo(
             name=c.name,

@@ -116,6 +116,9 @@ class ModelProfile:
     """Experts each token is routed to."""
     tied_embeddings: bool = False
     """Whether the head reuses the embedding matrix (a PP>1 plan keeps a copy on both ends)."""
+    module_digest: str = ""
+    """Digest of the traced module's parameter names and shapes ('' for an analytic spec): the
+    executor checks the module it is given against it."""
     measured_on: str = ""
     """Accelerator catalog name the layer times were measured on ('' when not measured)."""
     op_graphs: tuple[LayerGraph, ...] = ()

@@ -45,6 +45,9 @@ class ModelInfo:
     """Vocabulary size."""
     experts: int
     """MoE experts per block (0 for dense)."""
+    module_digest: str
+    """Digest of the traced module's parameter names and shapes ('' when planned from an
+    analytic spec); the executor refuses a module whose digest differs."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -12,7 +12,7 @@ from torch import nn
 from paraplan.planner.model import LayerCost, LayerGraph, LayerKind, ModelProfile, OpNode
 
 from .attention import FusedAttention
-from .chain import BlockList, find_blocks, same_structure
+from .chain import BlockList, find_blocks, module_digest, same_structure
 from .hf import Shape, shape_of
 from .timing import measure_times
 from .tracer import BWD, FWD, SegmentStats, Tracer
@@ -144,6 +144,7 @@ def profile(
     shape = shape_of(config) if config is not None and hasattr(config, "vocab_size") else None
     batch, seq = _batch_and_seq(example_inputs, shape)
     found = find_blocks(model, blocks)
+    digest = module_digest(model)
     loss_of = loss_fn or _default_loss
     identical = len(found.modules) > 2 and all(
         same_structure(found.modules[1], b) for b in found.modules[2:]
@@ -192,7 +193,7 @@ def profile(
     return _assemble(
         name or type(model).__name__, tracer.stats, times, len(found.modules), batch, seq,
         shape, _act_bytes(model), measured_on if measured_on is not None else (
-            "" if times is None else dev.type),
+            "" if times is None else dev.type), digest,
     )  # fmt: skip
 
 
@@ -250,7 +251,7 @@ def _graph(layer: int, st: SegmentStats, batch: int) -> LayerGraph:
 
 def _assemble(name: str, stats: list[SegmentStats], times: list[list[float]] | None,
               num_blocks: int, batch: int, seq: int, shape: Shape | None, act_bytes: int,
-              measured_on: str) -> ModelProfile:  # fmt: skip
+              measured_on: str, digest: str) -> ModelProfile:  # fmt: skip
     traced = len(stats) - 2
     layers = [_layer(LayerKind.EMBEDDING, "embedding", stats[0], times, 0, batch)]
     graphs = [_graph(0, stats[0], batch)]
@@ -277,5 +278,6 @@ def _assemble(name: str, stats: list[SegmentStats], times: list[list[float]] | N
         top_k=shape.top_k if shape else 0,
         tied_embeddings=shape.tied if shape else False,
         measured_on=measured_on,
+        module_digest=digest,
         op_graphs=tuple(graphs),
     )

@@ -3,6 +3,7 @@ embedding and everything after them (loss included) as the head."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from torch import nn
@@ -72,6 +73,13 @@ def _suggest(model: nn.Module) -> str:
     names = [n or "(root)" for n, m in model.named_modules()
              if isinstance(m, nn.ModuleList | nn.Sequential)]  # fmt: skip
     return ", ".join(names[:5]) or "none found"
+
+
+def module_digest(model: nn.Module) -> str:
+    """Digest of the parameter names and shapes (not dtypes: a model profiled in bf16 on the
+    meta device and trained in fp32 is the same model); shared parameters count once."""
+    rows = sorted(f"{name}:{tuple(p.shape)}" for name, p in model.named_parameters())
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
 
 
 def same_structure(a: nn.Module, b: nn.Module) -> bool:

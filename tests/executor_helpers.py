@@ -96,7 +96,7 @@ def make_plan(*, family: str = "gpt2", dp: int = 1, tp: int = 1, pp: int = 1, ze
         model=ModelInfo(name=f"{family}-tiny", fingerprint="tests", num_params=num_params,
                         num_blocks=LAYERS, hidden=HIDDEN, heads=HEADS,
                         kv_heads=HEADS if family == "gpt2" else KV_HEADS, vocab=VOCAB,
-                        experts=0),
+                        experts=0, module_digest=""),
         cluster=ClusterInfo(name=f"{world}xcpu", fingerprint="tests", accelerator="cpu",
                             num_nodes=1, gpus_per_node=world, num_gpus=world),
         train=TrainInfo(global_batch=dp * mbs * nmb, seq_len=SEQ_LEN, precision=precision,
