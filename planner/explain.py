@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .model import LayerKind, ModelProfile
-from .plan import Plan
+from .plan import Parallelism, Plan
+from .strategy import Recompute, Schedule, Strategy
 
 GB = 1e9
 MEMORY_BOUND_SHARE = 0.9
@@ -74,21 +75,14 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def _strategy(p, schedule: str, mbs: int, recompute: str) -> str:  # type: ignore[no-untyped-def]
-    parts = [f"dp={p.dp} tp={p.tp} pp={p.pp}"]
-    if p.cp > 1:
-        parts.append(f"cp={p.cp}")
-    if p.ep > 1:
-        parts.append(f"ep={p.ep}")
-    parts.append(f"zero={p.zero_stage}")
-    if p.sequence_parallel:
-        parts.append("sp")
-    if p.offload_optimizer:
-        parts.append("offload")
-    if schedule != "none":
-        parts.append(schedule + (f"(v={p.virtual_stages})" if p.virtual_stages > 1 else ""))
-    parts.append(f"mbs={mbs} rc={recompute}")
-    return " ".join(parts)
+def _strategy(p: Parallelism, schedule: str, mbs: int, recompute: str) -> str:
+    """The compact description `Strategy.short` gives, for a plan's records."""
+    return Strategy(
+        dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, zero_stage=p.zero_stage,
+        offload_optimizer=p.offload_optimizer, sequence_parallel=p.sequence_parallel,
+        schedule=Schedule(schedule), virtual_stages=p.virtual_stages, micro_batch_size=mbs,
+        recompute=Recompute(recompute),
+    ).short()  # fmt: skip
 
 
 def _recompute_summary(plan: Plan) -> str:
