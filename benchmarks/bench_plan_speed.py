@@ -4,7 +4,8 @@ Targets (issue 2): gpt3-175b on 1024xa100-80gb (global batch 1536, seq 2048) < 2
 llama3-405b on 16384xh100 (16M tokens per batch, seq 8192) < 10 s — traced from its Hugging
 Face config on the meta device, as `--model llama3-405b` does by default, and from the
 analytic spec; `paraplan plan --help` < 0.5 s. Prints a table, writes
-benchmarks/results/plan_speed.json, exits 1 if a target is missed. Usage: python benchmarks/bench_plan_speed.py [--repeats N]
+benchmarks/results/plan_speed.json, exits 1 if a target is missed.
+Usage: python benchmarks/bench_plan_speed.py [--repeats N]
 """
 
 from __future__ import annotations
