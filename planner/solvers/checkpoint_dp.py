@@ -34,6 +34,10 @@ Tree = tuple[Any, ...]
 _FLOAT32_CELLS = 4_000_000
 """Above this many table cells the DP keeps its tables in float32 (half the memory traffic);
 the chosen schedule's time is recomputed exactly, so only near-ties can be resolved ~1e-7 off."""
+_REFINE = 8
+"""Factor by which the units shrink when the budget is too tight for the first ones."""
+_REFINE_CELLS = 20_000_000
+"""Largest table (cells) such a retry may build."""
 _BLOCK = 8
 """Segment starts per block (keeps the rows a block reads in the 2 MiB L2 cache)."""
 _EPS = 1e-9
@@ -370,10 +374,16 @@ def solve_checkpoint_dp(
             f"unit_bytes={unit_bytes!r} makes {M} memory units; use a unit of at least "
             f"{budget_bytes / 1_000_000:.6g} bytes (or num_units)"
         )
-    units = _Sizes(chain, unit)
-    g = _run_maxima(units)
-    tab = _time_tables(units, g, M)
-    found = bool(tab[1][L - 1][M] < math.inf)
+    while True:
+        units = _Sizes(chain, unit)
+        g = _run_maxima(units)
+        tab = _time_tables(units, g, M)
+        found = bool(tab[1][L - 1][M] < math.inf)
+        # Near the smallest budget, rounding sizes up can leave nothing: retry with finer
+        # units while the tables stay small.
+        if found or unit_bytes is not None or L * L * (M * _REFINE + 1) / 2 > _REFINE_CELLS:
+            break
+        unit, M = unit / _REFINE, M * _REFINE
     candidates = [_read_back(tab, units, g, 1, L, M)] if found else []
     candidates += [min_tree, segments_tree(list(range(1, L + 1)), L),
                    segments_tree(sqrt_segment_starts(L), L)]  # fmt: skip

@@ -148,14 +148,13 @@ class Model:
         self.Dn: dict[tuple[int, Key], Any] = {}
         self.Pi: dict[tuple[int, Key], Any] = {}
         self.wi: dict[tuple[int, Key], Any] = {}
-        self.Bf: dict[tuple[int, Key], Any] = {}
         self.Ar: dict[tuple[int, Key], Any] = {}
         if bw is not None:
             self._offload_vars()
         self._flow()
         self.U = self._memory()
         if budget is None:
-            self.peak = pulp.LpVariable("peak", lowBound=0)
+            self.peak = self.prob.add_variable("peak", lowBound=0)
             for expr in self.U:
                 self._add(expr <= self.peak)
             self.prob += self.peak
@@ -167,7 +166,7 @@ class Model:
     # ---- helpers --------------------------------------------------------------------------
     def _bin(self, name: str) -> Any:
         self.count += 1
-        return self.pulp.LpVariable(name, cat="Binary")
+        return self.prob.add_variable(name, cat="Binary")
 
     def _add(self, constraint: Any) -> None:
         if not isinstance(constraint, bool):  # constant-only comparisons are checked by hand
@@ -210,13 +209,20 @@ class Model:
 
     def _offload_vars(self) -> None:
         """Per candidate tensor and stage: Rd (an offload slice is issued; share wo), Dn (the
-        device copy is released at the stage's end), Pi (a prefetch slice is issued; share wi),
-        Bf (the prefetch buffer is on the device), Ar (the prefetch completes at the stage's end).
-        Every stage with a transfer ends with a wait, so its transfers finish within it."""
-        st, lpSum, Var = self.st, self.pulp.lpSum, self.pulp.LpVariable
+        device copy is released at the stage's end), Pi (a prefetch slice is issued, share wi;
+        the device buffer exists), Ar (the prefetch completes at the stage's end). Every stage
+        with a transfer ends with a wait, so its transfers finish within it. Slices of one
+        transfer run in consecutive stages (any split can be, with empty slices), which removes
+        symmetric solutions: the offload from the tensor's first stored stage to its release,
+        the prefetch from its start to its arrival. As in vDNN (Rhu et al. 2016 §3), offloads
+        happen during the forward pass and prefetches during the backward pass (a pruning
+        assumption of this model)."""
+        st, lpSum, Var = self.st, self.pulp.lpSum, self.prob.add_variable
+        n = len(st.fwd)
         for key in filter(self.offloadable, st.keys):
             lo, hi = max(st.first[key] + 1, 0), st.last[key]
-            for t in range(lo, hi):
+            outs = range(lo, min(hi, n))
+            for t in outs:
                 self.Rd[t, key] = self._bin(_name("Rd", t, key))
                 self.wo[t, key] = Var(_name("wo", t, key), 0, 1)
                 self.Dn[t, key] = self._bin(_name("Dn", t, key))
@@ -224,29 +230,26 @@ class Model:
                 self._add(self.Rd[t, key] <= self.S[t, key])
                 self._add(self.Dn[t, key] <= self.Rd[t, key])
                 self._add(self.Dn[t, key] <= lpSum(self.wo[u, key] for u in range(lo, t + 1)))
-                # one offload per tensor: nothing more to send once released
-                self._add(self.Rd[t, key] + lpSum(self.Dn[u, key] for u in range(lo, t)) <= 1)
-            self._add(lpSum(self.wo[t, key] for t in range(lo, hi)) <= 1)
-            for t in range(lo + 1, hi):
+                if t > lo:  # consecutive slices, none after the release
+                    self._add(self.Rd[t, key] <= self.Rd[t - 1, key] - self.Dn[t - 1, key])
+            self._add(lpSum(self.wo[t, key] for t in outs) <= 1)
+            ins = range(max(lo + 1, n), hi)
+            for t in ins:
                 self.Pi[t, key] = self._bin(_name("Pi", t, key))
                 self.wi[t, key] = Var(_name("wi", t, key), 0, 1)
-                self.Bf[t, key] = self._bin(_name("Bf", t, key))
                 self.Ar[t, key] = self._bin(_name("Ar", t, key))
-                on_host = lpSum(self.Dn[u, key] for u in range(lo, t))
+                on_host = lpSum(self.Dn.get((u, key), 0) for u in range(lo, t))
                 self._add(self.wi[t, key] <= self.Pi[t, key])
                 self._add(self.Pi[t, key] <= on_host)
-                self._add(self.Bf[t, key] >= self.Pi[t, key])
-                self._add(self.Bf[t, key] <= self.Bf.get((t - 1, key), 0) + self.Pi[t, key])
-                self._add(self.Ar[t, key] <= self.Bf[t, key])
-                self._add(self.Ar[t, key] <= lpSum(self.wi[u, key] for u in range(lo + 1, t + 1)))
-                # one prefetch per tensor: nothing more to fetch once it arrived
-                self._add(self.Pi[t, key] + lpSum(self.Ar[u, key] for u in range(lo + 1, t)) <= 1)
-            for t in range(lo + 1, hi - 1):
-                self._add(self.Bf[t + 1, key] >= self.Bf[t, key] - self.Ar[t, key])
-                self._add(self.Bf[t + 1, key] <= 1 - self.Ar[t, key])
-            if hi - 1 >= lo + 1:
-                self._add(self.Bf[hi - 1, key] <= self.Ar[hi - 1, key])
-            self._add(lpSum(self.wi[t, key] for t in range(lo + 1, hi)) <= 1)
+                self._add(self.Ar[t, key] <= self.Pi[t, key])
+                self._add(self.Ar[t, key] <= lpSum(self.wi[u, key] for u in ins if u <= t))
+                if t > ins.start:  # from the first slice to the arrival, then nothing
+                    prev, arrived = self.Pi[t - 1, key], self.Ar[t - 1, key]
+                    self._add(self.Pi[t, key] >= prev - arrived)
+                    self._add(self.Pi[t, key] <= 1 - lpSum(self.Ar[u, key] for u in ins if u < t))
+            if ins:
+                self._add(self.Pi[hi - 1, key] <= self.Ar[hi - 1, key])
+            self._add(lpSum(self.wi[t, key] for t in ins) <= 1)
 
     def _flow(self) -> None:
         st, g, lpSum = self.st, self.st.graph, self.pulp.lpSum
@@ -261,7 +264,7 @@ class Model:
         for key in st.keys:
             lo, hi = max(st.first[key], 0), st.last[key]
             for t in range(lo, hi + 1):
-                here = [self.S.get((t, key), 0), self.Bf.get((t, key), 0)]
+                here = [self.S.get((t, key), 0), self.Pi.get((t, key), 0)]
                 self._add(lpSum([self.prod(t, key), *here]) <= 1)
                 nxt = self.S.get((t + 1, key), 0)
                 if t < hi:
@@ -278,7 +281,7 @@ class Model:
                     continue
                 sav = (holder, SAV)
                 for t in range(st.stages):
-                    on = [d[t, sav] for d in (self.S, self.Bf) if (t, sav) in d]
+                    on = [d[t, sav] for d in (self.S, self.Pi) if (t, sav) in d]
                     if on and (t, i) in self.R:
                         self._add(lpSum([self.R[t, i], *on]) <= 1)
 
@@ -306,7 +309,7 @@ class Model:
             b = st.bwd_node(t)
             c = 1 / self.mem_scale
             held = [c * st.size[key] * v for (u, key), v in self.S.items() if u == t]
-            held += [c * st.size[key] * v for (u, key), v in self.Bf.items() if u == t]
+            held += [c * st.size[key] * v for (u, key), v in self.Pi.items() if u == t]
             ops = self.ops(t)
             running: list[Any] = [lpSum(held), c * st.gpre.get(t, 0.0)]
             for k in ops:
@@ -340,7 +343,7 @@ class Model:
             return lpSum(comp)
         # Each stage lasts as long as its compute or its transfers, whichever is longer.
         per_byte = c / self.bw
-        self.d = [self.pulp.LpVariable(f"d_{t}", lowBound=0) for t in range(st.stages)]
+        self.d = [self.prob.add_variable(f"d_{t}", lowBound=0) for t in range(st.stages)]
         for t in range(st.stages):
             moved = [st.size[key] * per_byte * w[t, key]
                      for w in (self.wo, self.wi) for key in st.keys if (t, key) in w]  # fmt: skip

@@ -38,6 +38,8 @@ class SolveStatus(StrEnum):
     """A valid schedule within the budget whose optimality is not proven (see the gap)."""
     INFEASIBLE = "infeasible"
     """No schedule fits the budget; the result says the smallest budget that works."""
+    TIME_LIMIT = "time_limit"
+    """The ILP's time limit ran out before it found a schedule or proved there is none."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

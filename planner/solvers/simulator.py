@@ -23,8 +23,10 @@ The ground truth every solver is checked against. Semantics:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .chain import Chain
 from .graph import OpGraph, TensorPart, chain_to_graph
@@ -68,6 +70,17 @@ def simulate(
     return _Replay(graph, ops, pcie_bytes_per_s).run()
 
 
+@functools.lru_cache(maxsize=32)
+def _structure(graph: OpGraph) -> tuple[Any, ...]:
+    """Per-node facts a replay reads, computed once per graph (brute force replays thousands
+    of schedules of one graph)."""
+    n = range(len(graph))
+    users = graph.consumers()
+    sinks = [i for i in graph.compute_nodes if not users[i]]
+    return (users, [graph.bwd_reads(i) for i in n], [graph.holds(i) for i in n],
+            [graph.has_saved(i) for i in n], sinks)  # fmt: skip
+
+
 class _Replay:
     """State of one replay (see the module docstring for the semantics)."""
 
@@ -75,8 +88,7 @@ class _Replay:
         if bw is not None and not bw > 0:
             raise ValueError(f"pcie_bytes_per_s={bw!r} must be > 0; pass e.g. 25e9 or None")
         self.graph, self.ops, self.bw = graph, list(ops), bw
-        self.users = graph.consumers()
-        self.reads = [graph.bwd_reads(i) for i in range(len(graph))]
+        self.users, self.reads, self.holds, self.has_saved, self.sinks = _structure(graph)
         self.device: dict[Key, float] = {}
         self.inflight: dict[Key, float] = {}  # prefetches in progress: share arrived so far
         self.sent: dict[Key, float] = {}  # share of each device tensor copied to the host
@@ -85,7 +97,6 @@ class _Replay:
         self.dead: set[Key] = set()
         self.host: set[Key] = set()
         self.grads: dict[int, float] = {}
-        self.holds = [graph.holds(i) for i in range(len(graph))]
         self.pins: dict[int, set[int]] = {}
         self.mem = self.peak = 0.0
         self.peak_op: int | None = None
@@ -111,7 +122,7 @@ class _Replay:
                 self._forward(op, runs)
             elif isinstance(op, Backward):
                 if not seeded:
-                    for sink in graph.sinks():
+                    for sink in self.sinks:
                         self.grads[sink] = graph.nodes[sink].output_bytes
                         self.mem += graph.nodes[sink].output_bytes
                     self._note(self.mem)
@@ -186,13 +197,13 @@ class _Replay:
     def _alloc(self, key: Key, size: float) -> None:
         self.device[key] = size
         self.mem += size
-        if key[1] == TensorPart.SAVED:
+        if key[1] == TensorPart.SAVED and self.holds[key[0]]:
             for i in self.holds[key[0]]:
                 self.pins.setdefault(i, set()).add(key[0])
 
     def _drop(self, key: Key) -> None:
         self.mem -= self.device.pop(key)
-        if key[1] == TensorPart.SAVED:
+        if key[1] == TensorPart.SAVED and self.holds[key[0]]:
             for i in self.holds[key[0]]:
                 self.pins[i].discard(key[0])
 
@@ -207,41 +218,49 @@ class _Replay:
         self._drop(key)
 
     def _usable(self, key: Key, what: str) -> None:
+        """Check the tensor is on the device (waiting for the channel if it is arriving);
+        `what` names the kind of operation needing it, e.g. "Forward"."""
+        if key in self.device and key not in self.inflight:
+            return
         if key in self.inflight:
             self._sync()
         if key not in self.device or key in self.inflight:
             name = self.graph.nodes[key[0]].name
+            node = self.graph.nodes[getattr(self.ops[self.index], "node", key[0])].name
             raise ValueError(
-                f"op {self.index} ({what}): tensor {name}.{key[1]} is not on the device; "
-                "recompute it (Forward) or prefetch it before this operation"
+                f"op {self.index} ({what} {node}): tensor {name}.{key[1]} is not on the device;"
+                " recompute it (Forward) or prefetch it before this operation"
             )
 
     # ---- operations -----------------------------------------------------------------------
     def _forward(self, op: Forward, runs: list[int]) -> None:
         node = self.graph.nodes[op.node]
-        what = f"Forward {node.name}"
+        what = "Forward"
         if node.is_input:
             raise ValueError(f"op {self.index}: {node.name} is a graph input; it has no forward")
         for i in node.inputs:
             self._usable((i, TensorPart.OUTPUT), what)
         keys = [(op.node, TensorPart.OUTPUT)]
-        if op.keep_saved and self.graph.has_saved(op.node):
+        sizes = [node.output_bytes]
+        if op.keep_saved and self.has_saved[op.node]:
             keys.append((op.node, TensorPart.SAVED))
-        holders = [self.graph.nodes[h].name for h in self.pins.get(op.node, ())]
-        if holders:
+            sizes.append(node.saved_extra_bytes)
+        if self.pins.get(op.node):
+            holders = [self.graph.nodes[h].name for h in self.pins[op.node]]
             raise ValueError(
-                f"op {self.index} ({what}): the output of {node.name} is held by the saved "
+                f"op {self.index} (Forward {node.name}): the output of {node.name} is held by "
+                "the saved "
                 f"tensors of {holders} (autograd_state); keep it instead of recomputing it"
             )
         for key in keys:
             if key in self.device:
                 raise ValueError(
-                    f"op {self.index} ({what}): {node.name}.{key[1]} is still on the device; "
-                    "a recomputation must come after the previous copy is dead"
+                    f"op {self.index} (Forward {node.name}): {node.name}.{key[1]} is still on "
+                    "the device; a recomputation must come after the previous copy is dead"
                 )
-        self._note(self.mem + sum(self.graph.tensor_bytes(*k) for k in keys) + node.fwd_tmp_bytes)
-        for key in keys:
-            self._alloc(key, self.graph.tensor_bytes(*key))
+        self._note(self.mem + sum(sizes) + node.fwd_tmp_bytes)
+        for key, size in zip(keys, sizes, strict=True):
+            self._alloc(key, size)
         self.now += node.fwd_s
         self.compute += node.fwd_s
         if runs[op.node]:
@@ -251,16 +270,18 @@ class _Replay:
     def _backward(self, op: Backward, runs: list[int], done: list[bool]) -> None:
         graph, j = self.graph, op.node
         node = graph.nodes[j]
-        what = f"Backward {node.name}"
+        what = "Backward"
         if node.is_input or done[j] or not runs[j]:
             reason = ("is a graph input" if node.is_input else "ran already" if done[j]
                       else "has not run its forward")  # fmt: skip
-            raise ValueError(f"op {self.index} ({what}): the node {reason}; fix the schedule")
+            raise ValueError(
+                f"op {self.index} (Backward {node.name}): the node {reason}; fix the schedule"
+            )
         waiting = [graph.nodes[u].name for u in self.users[j] if not done[u]]
         if waiting:
             raise ValueError(
-                f"op {self.index} ({what}): the backward of its consumers {waiting} must run "
-                "first (reverse topological order)"
+                f"op {self.index} (Backward {node.name}): the backward of its consumers "
+                f"{waiting} must run first (reverse topological order)"
             )
         for key in self.reads[j]:
             self._usable(key, what)
@@ -287,7 +308,7 @@ class _Replay:
             )
         size = self.graph.tensor_bytes(*key)
         if isinstance(op, Offload):
-            self._usable(key, f"Offload {name}")
+            self._usable(key, "Offload")
             done = self.sent.get(key, 0.0) + op.fraction
             if done > 1 + _TOL or (op.release and done < 1 - _TOL):
                 raise ValueError(
