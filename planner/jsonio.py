@@ -158,6 +158,9 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
         raise ValueError(f"cannot write {str(target)!r}: folder {str(folder)!r} is missing")
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.replace(tmp, target)
