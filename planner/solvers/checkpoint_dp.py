@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .chain import Chain
-from .schedule import Backward, Forward, Op, SolveStatus
+from .schedule import Backward, Forward, Op, SolveStatus, overhead
 
 Tree = tuple[Any, ...]
 """(0, s) leaf | (1, s, t, child) store all | (2, s, t, s', child_right, child_left)."""
@@ -72,9 +72,7 @@ class ChainSolution:
     @property
     def overhead(self) -> float | None:
         """Makespan over the no-recomputation time, minus 1."""
-        if self.makespan_s is None:
-            return None
-        return self.makespan_s / self.store_all_makespan_s - 1.0
+        return overhead(self.makespan_s, self.store_all_makespan_s)
 
 
 class _Sizes:

@@ -20,7 +20,16 @@ from typing import Any
 from .chain import Chain
 from .graph import OpGraph, TensorPart, chain_to_graph
 from .ilp_model import Key, Model, structure
-from .schedule import Backward, Forward, Offload, Op, Prefetch, SolveStatus, Wait
+from .schedule import (
+    Backward,
+    Forward,
+    Offload,
+    Op,
+    Prefetch,
+    SolveStatus,
+    Wait,
+    overhead,
+)
 
 BACKENDS = ("cbc", "highs")
 DEFAULT_BACKEND = "cbc"
@@ -67,9 +76,7 @@ class RematSolution:
     @property
     def overhead(self) -> float | None:
         """Makespan over the no-recomputation time, minus 1."""
-        if self.makespan_s is None:
-            return None
-        return self.makespan_s / self.store_all_makespan_s - 1.0
+        return overhead(self.makespan_s, self.store_all_makespan_s)
 
 
 SOLVER_THREADS = 2

@@ -95,6 +95,13 @@ Op = Forward | Backward | Offload | Prefetch | Wait
 """One schedule operation."""
 
 
+def overhead(makespan_s: float | None, store_all_makespan_s: float) -> float | None:
+    """A schedule's makespan over the no-recomputation time, minus 1 (None: no schedule)."""
+    if makespan_s is None:
+        return None
+    return makespan_s / store_all_makespan_s - 1.0
+
+
 def format_schedule(graph: OpGraph, ops: tuple[Op, ...] | list[Op]) -> str:
     """A one-line human rendering: ``F*name`` keeps saved tensors, ``F name`` does not,
     ``B name`` backward, ``>name``/``<name`` offload/prefetch, ``|`` wait."""
