@@ -5,21 +5,28 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: plan test lint bench schema clean
+.PHONY: plan test lint bench schema clean browser
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch is pinned to the CPU build first, so nothing later pulls a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[torch,dev]'
+	$(BIN)/pip install --quiet -e '.[torch,report,dev]'
 	touch $(STAMP)
 
 # The main job: plan Llama 3 8B on one 8xH100 node, write plan.json.
 plan: $(STAMP)
 	$(BIN)/paraplan plan --model llama3-8b --cluster 8xh100 --global-batch 256 --seq-len 8192 -o plan.json
 
-test: $(STAMP)
+# Headless Chromium for the HTML report test (Debian's package; installed when we are root and
+# apt-get exists; otherwise that one test skips and says why).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && (apt-get install -y -qq chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)) ; } \
+	  || echo "chromium not installed: the HTML report test will be skipped"
+
+test: $(STAMP) browser
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

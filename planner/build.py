@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from .cluster import Cluster
 from .config import TrainConfig
-from .cost.evaluate import Estimate
+from .cost.evaluate import Estimate, Evaluator
 from .cost.layout import pipeline_chunks
-from .model import LayerKind, ModelProfile
+from .model import ModelProfile
 from .plan import (
     SCHEMA_VERSION,
     ChunkRange,
@@ -25,7 +25,7 @@ from .plan import (
     TimeBreakdownJSON,
     TrainInfo,
 )
-from .strategy import Recompute, Strategy
+from .strategy import Strategy
 
 GENERATOR = "paraplan 0.1.0"
 
@@ -97,14 +97,13 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
         )
         for st in range(s.pp)
     )
+    ev = Evaluator(p, c, t)
     layers = tuple(
-        LayerDecision(
-            index=i,
-            name=x.name,
-            recompute=str(s.recompute if x.kind == LayerKind.BLOCK else Recompute.NONE),
-        )
-        for i, x in enumerate(p.layers)
-    )
+        LayerDecision(index=i, name=x.name, recompute=str(policy), kept_bytes=kept,
+                      recompute_s=seconds)
+        for i, (x, (policy, kept, seconds)) in enumerate(
+            zip(p.layers, ev.layer_decisions(s), strict=True))
+    )  # fmt: skip
     mem, tb = chosen.memory, chosen.time
     return Plan(
         schema_version=SCHEMA_VERSION,
@@ -145,6 +144,7 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
         micro_batch_size=s.micro_batch_size,
         num_microbatches=chosen.num_microbatches,
         stages=stages,
+        recompute_policy=str(s.recompute),
         layers=layers,
         feasible=chosen.feasible,
         infeasible_reason=chosen.reason,
@@ -171,6 +171,7 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
             ),
             bubble_fraction=chosen.bubble_fraction,
             exposed_comm_s=chosen.exposed_comm_s,
+            recompute_saved_bytes=ev.recompute_saved_bytes(s),
         ),
         runners_up=tuple(
             RunnerUp(

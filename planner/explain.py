@@ -86,8 +86,21 @@ def _strategy(p: Parallelism, schedule: str, mbs: int, recompute: str) -> str:
 
 
 def _recompute_summary(plan: Plan) -> str:
-    kinds = sorted({d.recompute for d in plan.layers if d.name.startswith("block")})
-    return ", ".join(kinds) if kinds else "none"
+    """The recompute decisions in words: the policy, the blocks per kind when it is
+    per-layer, the time it adds and the memory it saves."""
+    policy = plan.recompute_policy
+    blocks = [d for d in plan.layers if d.name.startswith("block")]
+    text = policy
+    if policy == Recompute.PER_LAYER:
+        counts = {k: sum(d.recompute == k for d in blocks) for k in ("full", "selective", "none")}
+        text = "per-layer solver: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+        text += f" of {len(blocks)} blocks"
+    pr = plan.predicted
+    if policy != Recompute.NONE:
+        rc = pr.time_breakdown.recompute_s
+        text += (f"; +{rc:,.3f} s per step ({rc / (pr.step_time_s - rc or 1.0):.1%} over no "
+                 f"recompute), saves {_gb(pr.recompute_saved_bytes)} per GPU")  # fmt: skip
+    return text
 
 
 def explain(plan: Plan) -> str:
@@ -95,7 +108,7 @@ def explain(plan: Plan) -> str:
     pr, p = plan.predicted, plan.parallelism
     tb, mb = pr.time_breakdown, pr.memory_breakdown
     out = [
-        f"Plan for {plan.model.name} on {plan.cluster.name}: {_strategy(p, plan.schedule, plan.micro_batch_size, _recompute_summary(plan))}."
+        f"Plan for {plan.model.name} on {plan.cluster.name}: {_strategy(p, plan.schedule, plan.micro_batch_size, plan.recompute_policy)}."
     ]
     if not plan.feasible:
         out.append(f"It does NOT fit: {plan.infeasible_reason}.")

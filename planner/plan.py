@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from .jsonio import from_json, read_json, to_json, write_atomic
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Bumped on any incompatible change of the plan JSON."""
 
 
@@ -143,6 +143,11 @@ class LayerDecision:
     """Layer name."""
     recompute: str
     """none, selective or full."""
+    kept_bytes: float
+    """Activation bytes the layer keeps for backward per micro-batch on its rank under this
+    decision (what a checkpointed block keeps: its input)."""
+    recompute_s: float
+    """Forward seconds per micro-batch the decision adds in backward (0 for none)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -201,6 +206,9 @@ class Predicted:
     """Share of pipeline time in fill and drain."""
     exposed_comm_s: float
     """Communication not hidden behind compute."""
+    recompute_saved_bytes: float
+    """Peak memory per GPU the recompute decisions save against recomputing nothing (same
+    strategy otherwise)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -214,7 +222,7 @@ class RunnerUp:
     micro_batch_size: int
     """Its micro-batch size."""
     recompute: str
-    """Its recompute policy."""
+    """Its recompute policy (none, selective, full or per_layer)."""
     mesh_axis_order: tuple[str, ...]
     """Its mesh order, outermost first."""
     step_time_s: float
@@ -253,6 +261,9 @@ class Plan:
     num_microbatches: int = _pos("Micro-batches per step per data-parallel replica.")
     stages: tuple[StagePlan, ...]
     """Layer ranges of each pipeline stage."""
+    recompute_policy: str
+    """How the per-layer decisions were made: uniform none, selective or full, or per_layer
+    (chosen per stage by the recompute solver: the least recomputation that fits)."""
     layers: tuple[LayerDecision, ...]
     """Per-layer decisions, in chain order."""
     feasible: bool

@@ -27,6 +27,9 @@ def plan_schema() -> dict[str, typing.Any]:
     overrides |= {"axis_order": axes, "mesh_axis_order": axes}
     schema = object_schema(Plan, overrides)
     schema["properties"]["schema_version"] = {"const": SCHEMA_VERSION}
+    policies = {"enum": [*_ENUMS["recompute"], "per_layer"]}
+    schema["properties"]["recompute_policy"] |= policies
+    schema["properties"]["runners_up"]["items"]["properties"]["recompute"] |= policies
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "https://paraplan.dev/plan.schema.json",

@@ -29,7 +29,11 @@ MIN_TOKENS_PER_CP_RANK = 1024
 """Context parallelism is searched only while every rank keeps at least this many tokens of a
 sequence (unless pinned): below that, each ring step's latency outweighs its attention block
 (ring attention works on blocks of thousands of tokens, Liu et al. 2023 §3)."""
-_RECOMPUTE_RANK = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
+_RECOMPUTE_RANK = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2,
+                   Recompute.PER_LAYER: 3}  # fmt: skip
+"""Order of recompute policies by added time when several fit. `per_layer` is never slower
+than a uniform policy that fits except through TP/EP collectives redone, so only `none`
+fitting dominates it (the solver then picks `none` everywhere)."""
 
 FIX_KEYS = (
     "dp", "tp", "pp", "cp", "ep", "zero_stage", "sequence_parallel", "virtual_stages",
@@ -292,6 +296,15 @@ class Search:
                             violations[rule] += 1
                             continue
                     evaluated += 1
+                    if total is None:  # per_layer: solve it only if it could make the top k
+                        s = block.strategy(sched, v, sp, zero, off, rc)
+                        if len(heap) == keep:  # it is never faster than recomputing nothing
+                            plain = replace(s, recompute=Recompute.NONE)
+                            ideal = {k: AxisLink(x.size, x.size, 1)
+                                     for k, x in ev.links(plain).items()}  # fmt: skip
+                            if ev.time(plain, ideal, self._lb_coll).step_time_s > worst_s():
+                                continue
+                        total = ev.memory(s)[0].total_bytes
                     if min_mem is None or total < min_mem[0]:
                         min_mem = (total, block, (sched, v, sp, zero, off, rc))
                     if total > ev.capacity_bytes:
@@ -300,6 +313,7 @@ class Search:
                     if any(
                         f[0] == sp and f[1] == zero and f[2] <= off and f[3] <= rc_rank
                         and (f[2] == off or offload_slower)
+                        and (rc != Recompute.PER_LAYER or f[3] == 0)
                         for f in fitted
                     ):  # fmt: skip
                         continue  # only adds recompute/offload to a faster strategy that fits
@@ -367,8 +381,8 @@ class Search:
             if b.micro_batch_size != smallest[(b.tp, b.cp, b.pp, b.ep, b.dp)]:
                 continue
             for s in block.strategies():
-                if ev.violation(s):
-                    continue
+                if s.recompute == Recompute.PER_LAYER or ev.violation(s):
+                    continue  # per_layer falls back to the least-memory uniform policy
                 memory, stage = ev.memory(s)
                 if best is None or memory.total_bytes < best.memory.total_bytes:
                     best = ev.finish(s, memory, stage, ev.time(s))

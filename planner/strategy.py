@@ -21,6 +21,9 @@ class Recompute(StrEnum):
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"
+    PER_LAYER = "per_layer"
+    """Each block none, selective or full, chosen per pipeline stage by the recompute solver
+    (`planner/cost/recompute.py`): the least recomputation that fits in memory."""
 
 
 class MeshAxis(StrEnum):
@@ -82,7 +85,8 @@ class Strategy:
         return (
             self.tp, self.pp, self.cp, self.ep, self.dp, self.zero_stage, self.offload_optimizer,
             not self.sequence_parallel, str(self.schedule), self.virtual_stages,
-            -self.micro_batch_size, str(self.recompute), tuple(str(a) for a in self.mesh_order),
+            -self.micro_batch_size, self.recompute == Recompute.PER_LAYER, str(self.recompute),
+            tuple(str(a) for a in self.mesh_order),
         )  # fmt: skip
 
     def short(self) -> str:

@@ -87,7 +87,13 @@ def make_plan(*, family: str = "gpt2", dp: int = 1, tp: int = 1, pp: int = 1, ze
     rc = recompute or ("none",) * LAYERS
     names = ["embedding", *(f"block.{i}" for i in range(LAYERS)), "head"]
     layers = tuple(
-        LayerDecision(index=i, name=n, recompute=rc[i - 1] if 1 <= i <= LAYERS else "none")
+        LayerDecision(
+            index=i,
+            name=n,
+            recompute=rc[i - 1] if 1 <= i <= LAYERS else "none",
+            kept_bytes=0.0,
+            recompute_s=0.0,
+        )
         for i, n in enumerate(names)
     )
     num_params = sum(p.numel() for p in tiny_model(family).parameters())
@@ -106,14 +112,15 @@ def make_plan(*, family: str = "gpt2", dp: int = 1, tp: int = 1, pp: int = 1, ze
                                 offload_optimizer=offload),
         mesh=Mesh(axis_order=axis_order, shape=tuple(sizes[a] for a in axis_order)),
         schedule=schedule, micro_batch_size=mbs, num_microbatches=nmb, stages=_chunks(pp, vpp),
-        layers=layers,
+        recompute_policy="per_layer" if len(set(rc)) > 1 else rc[0], layers=layers,
         predicted=Predicted(step_time_s=1.0, tokens_per_s=1.0, mfu=0.1, memory_per_gpu_bytes=1e9,
                             memory_capacity_bytes=16e9, peak_stage=0,
                             memory_breakdown=MemoryBreakdownJSON(params_bytes=0.0, grads_bytes=0.0,
                                 optimizer_bytes=0.0, activations_bytes=0.0, other_bytes=0.0),
                             time_breakdown=TimeBreakdownJSON(compute_s=0.0, recompute_s=0.0,
                                 comm_s=0.0, bubble_s=0.0, optimizer_s=0.0),
-                            bubble_fraction=0.0, exposed_comm_s=0.0),
+                            bubble_fraction=0.0, exposed_comm_s=0.0,
+                            recompute_saved_bytes=0.0),
         runners_up=(),
     )  # fmt: skip
 

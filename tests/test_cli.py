@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from paraplan.cli import main
-from paraplan.planner.plan import load_plan
+from paraplan.planner.plan import SCHEMA_VERSION, load_plan
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -39,7 +39,7 @@ def test_json_on_stdout(capsys) -> None:
         capsys, "plan", "--model", "gpt2", "--cluster", "8xh100", "--global-batch", "16", "--json"
     )
     assert code == 0
-    assert json.loads(out)["schema_version"] == 1
+    assert json.loads(out)["schema_version"] == SCHEMA_VERSION
 
 
 def test_tokens_batch_form(capsys) -> None:

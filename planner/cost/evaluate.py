@@ -11,7 +11,7 @@ from functools import cache
 from ..cluster import Cluster
 from ..config import TrainConfig
 from ..model import LayerKind, ModelProfile
-from ..strategy import MeshAxis, Recompute, Strategy
+from ..strategy import DEFAULT_MESH_ORDER, MeshAxis, Recompute, Strategy
 from .comm import AxisLink, Collectives, link_of, merge_links, place_axes
 from .data_parallel import dp_comm, optimizer_s
 from .estimate import Estimate, TimeBreakdown
@@ -24,7 +24,11 @@ from .memory import (
     layer_act_bytes,
     model_state_bytes,
 )
+from .recompute import LayerChoice, StageProblem, solve_stage
 from .rules import violation
+
+Policy = Recompute | tuple[Recompute, ...]
+"""A uniform recompute policy, or one policy per chain layer."""
 
 ACT_IO_FACTOR = 2
 """A layer writes its saved activations in forward and reads them in backward (roofline)."""
@@ -69,6 +73,11 @@ class Evaluator:
         self._static_memory = cache(self._static_memory_uncached)
         self._layer_times = cache(self._layer_times_uncached)
         self._total_compute = cache(self._total_compute_uncached)
+        self._stage_copies = cache(self._stage_copies_uncached)
+        self._solved = cache(self._solved_uncached)
+        self._uniform = cache(self._uniform_uncached)
+        self._layer_choices = cache(self._layer_choices_uncached)
+        self._solve_stage = cache(solve_stage)
 
     # ---- structure ------------------------------------------------------------------------
     def num_microbatches(self, s: Strategy) -> int:
@@ -120,11 +129,129 @@ class Evaluator:
             )
         return tuple(stages)
 
+    def _stage_copies_uncached(self, pp: int, v: int) -> tuple[tuple[tuple[int, ...], int], ...]:
+        """For every pipeline stage: its chain layers and the position in `_stages(pp, v)` of
+        the stage it looks exactly like."""
+        p = self.profile
+        chunks = pipeline_chunks(p, pp, v)
+        reps: dict[tuple, int] = {}
+        out = []
+        for st in range(pp):
+            idx = tuple(
+                i for c in chunks if c.stage == st for i in range(c.first_layer, c.last_layer + 1)
+            )
+            signature = (tuple(self._layer_keys[i] for i in idx), st == 0, st == pp - 1)
+            reps.setdefault(signature, len(reps))
+            out.append((idx, reps[signature]))
+        return tuple(out)
+
+    # ---- per-layer recompute ----------------------------------------------------------------
+    def layer_policies(self, s: Strategy) -> tuple[Recompute, ...]:
+        """The recompute policy of every chain layer: the strategy's uniform policy on the
+        blocks, or, for `per_layer`, the stage solver's choice (`cost/recompute.py`)."""
+        if s.recompute != Recompute.PER_LAYER:
+            return self._uniform(s.recompute)
+        return self._solved(replace(s, mesh_order=DEFAULT_MESH_ORDER))
+
+    def layer_decisions(self, s: Strategy) -> tuple[tuple[Recompute, float, float], ...]:
+        """Per chain layer: (policy, activation bytes kept per micro-batch on one rank,
+        recompute seconds per micro-batch)."""
+        sums = self._layer_times(s.tp, s.cp, s.ep, s.micro_batch_size)
+        out = []
+        for i, (x, policy) in enumerate(zip(self.profile.layers, self.layer_policies(s),
+                                            strict=True)):  # fmt: skip
+            kept = layer_act_bytes(x, tp=s.tp, sp=s.sequence_parallel, cp=s.cp, recompute=policy)
+            k = {Recompute.FULL: 2, Recompute.SELECTIVE: 3}.get(policy)
+            seconds = sums[k][i + 1] - sums[k][i] if k else 0.0
+            out.append((policy, kept * self.act_scale * s.micro_batch_size, seconds))
+        return tuple(out)
+
+    def recompute_saved_bytes(self, s: Strategy) -> float:
+        """Peak memory per GPU the strategy's recompute saves against recomputing nothing."""
+        if s.recompute == Recompute.NONE:
+            return 0.0
+        plain = self.memory(replace(s, recompute=Recompute.NONE))[0].total_bytes
+        return max(0.0, plain - self.memory(s)[0].total_bytes)
+
+    def _policy(self, s: Strategy) -> Policy:
+        """The cache key of the strategy's activation policy."""
+        return s.recompute if s.recompute != Recompute.PER_LAYER else self.layer_policies(s)
+
+    def _uniform_uncached(self, rc: Recompute) -> tuple[Recompute, ...]:
+        return tuple(rc if x.kind == LayerKind.BLOCK else Recompute.NONE
+                     for x in self.profile.layers)  # fmt: skip
+
+    def _solved_uncached(self, s: Strategy) -> tuple[Recompute, ...]:
+        """Per-layer policies of a `per_layer` strategy. Each distinct stage is solved for its
+        budget (capacity less static memory and pipeline buffers) with its in-flight
+        micro-batches; stages that look alike copy the first one's choice, which holds the
+        most micro-batches, so they fit too and take no longer. A stage nothing fits takes the
+        least-memory uniform policy."""
+        p, mbs, v = self.profile, s.micro_batch_size, s.virtual_stages
+        choice, kept_none, tmp = self._layer_choices(s.tp, s.sequence_parallel, s.cp, s.ep, mbs)
+        boundary = 2 * v * self._boundary_bytes(s) if s.pp > 1 else 0.0
+        m = self.num_microbatches(s)
+        solved: list[tuple[Recompute, ...]] = []
+        for stage in self._stages(s.pp, v):
+            static = sum(self._static_memory(stage, s.tp, s.ep, s.dp * s.cp, s.zero_stage,
+                                             s.offload_optimizer))  # fmt: skip
+            layers = stage.layers
+            problem = StageProblem(
+                choices=tuple(choice[i] for i in layers),
+                fixed_bytes=sum(kept_none[i] for i in layers if choice[i] is None),
+                inflight=in_flight_microbatches(s.schedule, pp=s.pp, stage=stage.index,
+                                                num_microbatches=m, virtual_stages=v),
+                transient_bytes=max(tmp[i] for i in layers),
+                head_bytes=kept_none[-1] if stage.has_head else 0.0,
+                budget_bytes=(self.capacity_bytes - static - boundary) / mbs,
+            )  # fmt: skip
+            picks = self._solve_stage(problem)
+            if picks is None:
+                uniform = [tuple(r if c is not None else Recompute.NONE for c in problem.choices)
+                           for r in (Recompute.FULL, Recompute.SELECTIVE)]  # fmt: skip
+                picks = min(uniform, key=problem.bytes_of)
+            solved.append(picks)
+        out = [Recompute.NONE] * len(p.layers)
+        for idx, rep in self._stage_copies(s.pp, v):
+            for i, pick in zip(idx, solved[rep], strict=True):
+                out[i] = pick
+        return tuple(out)
+
+    def _layer_choices_uncached(
+        self, tp: int, sp: bool, cp: int, ep: int, mbs: int
+    ) -> tuple[tuple[LayerChoice | None, ...], tuple[float, ...], tuple[float, ...]]:
+        """Per chain layer: the recompute solver's options (None: never recomputes), the bytes
+        kept per sequence without recompute, the transient peak per sequence."""
+        p, k = self.profile, self.act_scale
+        sums = self._layer_times(tp, cp, ep, mbs)
+        choice: list[LayerChoice | None] = []
+        kept_none: list[float] = []
+        tmp: list[float] = []
+        first: dict[tuple, int] = {}  # identical layers get the identical choice (same times)
+        for j in range(len(p.layers)):
+            i = first.setdefault(self._layer_keys[j], j)
+            x = p.layers[i]
+            acts = [layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=r) * k
+                    for r in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)]  # fmt: skip
+            kept_none.append(acts[0])
+            tmp.append(max(x.fwd_tmp_bytes, x.bwd_tmp_bytes) * k / (tp * cp))
+            if x.kind != LayerKind.BLOCK:
+                choice.append(None)
+            elif i < j:
+                choice.append(choice[i])
+            else:
+                choice.append(LayerChoice(
+                    none_bytes=acts[0], selective_bytes=acts[1], full_bytes=acts[2],
+                    selective_s=sums[3][i + 1] - sums[3][i], full_s=sums[2][i + 1] - sums[2][i],
+                    back_bytes=acts[0] - acts[2],
+                ))  # fmt: skip
+        return tuple(choice), tuple(kept_none), tuple(tmp)
+
     # ---- memory ---------------------------------------------------------------------------
     def memory(self, s: Strategy) -> tuple[MemoryBreakdown, int]:
         """Peak memory breakdown over the pipeline stages, and the stage that peaks."""
         acts = self._act_sums(s.pp, s.virtual_stages, s.tp, s.sequence_parallel, s.cp,
-                              s.recompute)  # fmt: skip
+                              self._policy(s))  # fmt: skip
         stages = self._stages(s.pp, s.virtual_stages)
         mems = [self._stage_memory(s, st, *acts[i]) for i, st in enumerate(stages)]
         if self._single_pass(s):
@@ -142,20 +269,19 @@ class Evaluator:
         the gradients of layers >= i exist and the activations of layers <= i, plus layer i's
         transient (profiled peak, or its re-materialization under full recompute)."""
         p, t, mbs = self.profile, self.train, s.micro_batch_size
-        prefix, back, tmp = self._act_prefix(s.tp, s.sequence_parallel, s.cp, s.recompute)
-        full = s.recompute == Recompute.FULL
+        prefix, back, tmp = self._act_prefix(s.tp, s.sequence_parallel, s.cp, self._policy(s))
         grads = 0.0
         best = (-1.0, 0.0, 0.0)
         for i in reversed(range(len(p.layers))):
             x = p.layers[i]
             grads += (x.params / s.tp + x.expert_params / (s.tp * s.ep)) * t.grad_bytes
-            acts = (prefix[i + 1] + max(tmp[i], back[i] if full else 0.0)) * mbs
+            acts = (prefix[i + 1] + max(tmp[i], back[i])) * mbs
             if grads + acts > best[0]:
                 best = (grads + acts, grads, acts)
         return replace(mem, grads_bytes=best[1], activations_bytes=best[2])
 
     def _act_sums_uncached(
-        self, pp: int, v: int, tp: int, sp: bool, cp: int, recompute: Recompute
+        self, pp: int, v: int, tp: int, sp: bool, cp: int, recompute: Policy
     ) -> tuple[tuple[float, float], ...]:
         """Per stage: (activation bytes kept per sequence, transient bytes per sequence).
 
@@ -164,30 +290,32 @@ class Evaluator:
         (less its own input, already kept), after the head's backward has freed the head's
         activations (Korthikanti et al. 2022 §5)."""
         prefix, back, tmp = self._act_prefix(tp, sp, cp, recompute)
-        full = recompute == Recompute.FULL
         out = []
         for stage in self._stages(pp, v):
             per_seq = sum(prefix[c.last_layer + 1] - prefix[c.first_layer] for c in stage.chunks)
             spans = [(c.first_layer, c.last_layer + 1) for c in stage.chunks]
-            worst = max(max(back[a:b]) for a, b in spans) if full else 0.0
+            worst = max(max(back[a:b]) for a, b in spans)
             if stage.has_head:
                 worst -= prefix[len(prefix) - 1] - prefix[len(prefix) - 2]
             out.append((per_seq, max(0.0, worst, max(max(tmp[a:b]) for a, b in spans))))
         return tuple(out)
 
     def _act_prefix_uncached(
-        self, tp: int, sp: bool, cp: int, recompute: Recompute
+        self, tp: int, sp: bool, cp: int, recompute: Policy
     ) -> tuple[list[float], list[float], list[float]]:
         """Per chain layer, per sequence, in the training dtype: prefix sums of the bytes kept
-        under `recompute`; what recomputing each block adds back (its bytes without recompute
-        less what full recompute keeps; 0 for embedding and head); its transient peak."""
+        under `recompute` (uniform, or one policy per layer); what recomputing each fully
+        recomputed block adds back (its bytes without recompute less what full recompute
+        keeps; 0 for other layers); its transient peak."""
         prefix = [0.0]
         back, tmp = [], []
         k = self.act_scale
-        for x in self.profile.layers:
-            kept = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=recompute)
+        layers = self.profile.layers
+        policies = self._uniform(recompute) if isinstance(recompute, Recompute) else recompute
+        for x, policy in zip(layers, policies, strict=True):
+            kept = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=policy)
             prefix.append(prefix[-1] + kept * k)
-            if x.kind == LayerKind.BLOCK:
+            if x.kind == LayerKind.BLOCK and policy == Recompute.FULL:
                 none = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=Recompute.NONE)
                 full = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=Recompute.FULL)
                 back.append((none - full) * k)
@@ -223,9 +351,11 @@ class Evaluator:
 
     def memory_totals(
         self, s: Strategy, choices: tuple[tuple[bool, int, bool, Recompute], ...]
-    ) -> list[float]:
+    ) -> list[float | None]:
         """Peak memory (`memory(...)[0].total_bytes`) of `s` under each (sp, zero, offload,
-        recompute) choice, computed together: the search's fast path."""
+        recompute) choice, computed together: the search's fast path. A `per_layer` choice
+        is None (left to the caller, as it needs the recompute solver) unless `none` fits with
+        the same sharding, which makes it that strategy."""
         m, mbs, v = self.num_microbatches(s), s.micro_batch_size, s.virtual_stages
         stages = self._stages(s.pp, v)
         dpcp = s.dp * s.cp
@@ -237,13 +367,14 @@ class Evaluator:
         ]
         static: dict[tuple[int, bool], list[float]] = {}
         acts: dict[tuple[bool, Recompute], list[float]] = {}
-        out = []
+        none_totals: dict[tuple[bool, int, bool], float] = {}
+        out: list[float | None] = []
         for sp, zero, off, rc in choices:
             if (zero, off) not in static:
                 static[(zero, off)] = [
                     sum(self._static_memory(st, s.tp, s.ep, dpcp, zero, off)) for st in stages
                 ]
-            if (sp, rc) not in acts:
+            if (sp, rc) not in acts and rc != Recompute.PER_LAYER:
                 sums = self._act_sums(s.pp, v, s.tp, sp, s.cp, rc)
                 boundary = 0.0
                 if s.pp > 1:
@@ -252,12 +383,24 @@ class Evaluator:
                     (per_seq * inflight[i] + transient) * mbs + boundary
                     for i, (per_seq, transient) in enumerate(sums)
                 ]
+            plain = none_totals.get((sp, zero, off))
+            if rc == Recompute.PER_LAYER and plain is not None and plain <= self.capacity_bytes:
+                # `none` fits: the solver keeps everything, so this is that strategy (or one
+                # recomputing more where `none` fits only by the single-pass timeline).
+                out.append(plain)
+                continue
+            if rc == Recompute.PER_LAYER:
+                out.append(None)
+                continue
             if self._single_pass(s) and zero < 2:
                 choice = replace(s, sequence_parallel=sp, zero_stage=zero,
                                  offload_optimizer=off, recompute=rc)  # fmt: skip
-                out.append(self.memory(choice)[0].total_bytes)
-                continue
-            out.append(max(x + y for x, y in zip(static[(zero, off)], acts[(sp, rc)], strict=True)))
+                total = self.memory(choice)[0].total_bytes
+            else:
+                total = max(x + y for x, y in zip(static[(zero, off)], acts[(sp, rc)], strict=True))
+            if rc == Recompute.NONE:
+                none_totals[(sp, zero, off)] = total
+            out.append(total)
         return out
 
     def _static_memory_uncached(
@@ -395,15 +538,14 @@ class Evaluator:
         a2a_bytes = act * p.top_k / (s.tp if s.sequence_parallel else 1)
         a2a = coll.all_to_all(a2a_bytes, links["ep"]) if s.ep > 1 else 0.0
         p2p = coll.p2p(self._boundary_bytes(s), links["pp"].nodes > 1) if s.pp > 1 else 0.0
-        full = s.recompute == Recompute.FULL
         per_mb: list[tuple[float, float, float, float]] = []
         tails: list[tuple[float, float]] = []
         for i, stage in enumerate(stages):
-            fwd, bwd, rc_full, rc_sel = compute[i]
-            rc = rc_full if full else (rc_sel if s.recompute == Recompute.SELECTIVE else 0.0)
+            fwd, bwd, _, rc_sel = compute[i]
+            rc, n_full, n_full_moe = self._stage_recompute(s, stage, compute[i])
             # TP: 2 collectives per block forward and 2 backward (Narayanan et al. 2021 §3.2,
             # Korthikanti §4.2.2 with SP: all-gather + reduce-scatter), redone when recomputed.
-            units = stage.n_blocks * (4 + (2 if full else 0))
+            units = stage.n_blocks * 4 + n_full * 2
             units += int(stage.has_embedding) + int(stage.has_head)
             comm = units * tp_unit if s.tp > 1 else 0.0
             if s.cp > 1:  # ring attention overlaps the KV ring with attention (Liu et al. 2023)
@@ -411,7 +553,7 @@ class Evaluator:
                 comm += max(0.0, stage.n_blocks * cp_ring - attn_f)
                 comm += max(0.0, 2 * stage.n_blocks * cp_ring - 2 * attn_f)
             # EP: dispatch and combine all-to-all, forward and backward (Lepikhin et al. 2020)
-            comm += stage.n_moe_blocks * (4 + (2 if full else 0)) * a2a
+            comm += (stage.n_moe_blocks * 4 + n_full_moe * 2) * a2a
             if s.pp > 1:  # activations forward and gradients backward, per chunk
                 sends = 2 * len(stage.chunks) - int(stage.index == 0)
                 sends -= int(stage.index == s.pp - 1)
@@ -430,6 +572,30 @@ class Evaluator:
             bubble_s=bubble,
             optimizer_s=tails[tail_i][1],
         )
+
+    def _stage_recompute(
+        self, s: Strategy, stage: Stage, compute: tuple[float, float, float, float]
+    ) -> tuple[float, int, int]:
+        """(recompute seconds per micro-batch, fully recomputed blocks, of which MoE) of a
+        stage under the strategy's policy."""
+        _, _, rc_full, rc_sel = compute
+        if s.recompute == Recompute.FULL:
+            return rc_full, stage.n_blocks, stage.n_moe_blocks
+        if s.recompute == Recompute.SELECTIVE:
+            return rc_sel, 0, 0
+        if s.recompute == Recompute.NONE:
+            return 0.0, 0, 0
+        policies = self.layer_policies(s)
+        sums = self._layer_times(s.tp, s.cp, s.ep, s.micro_batch_size)
+        seconds, n_full, n_full_moe = 0.0, 0, 0
+        for i in stage.layers:
+            if policies[i] == Recompute.FULL:
+                seconds += sums[2][i + 1] - sums[2][i]
+                n_full += 1
+                n_full_moe += int(bool(self.profile.layers[i].expert_params))
+            elif policies[i] == Recompute.SELECTIVE:
+                seconds += sums[3][i + 1] - sums[3][i]
+        return seconds, n_full, n_full_moe
 
     # ---- all together ----------------------------------------------------------------------
     def evaluate(self, s: Strategy) -> Estimate:
