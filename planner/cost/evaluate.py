@@ -11,7 +11,7 @@ from functools import cache
 from ..cluster import Cluster
 from ..config import TrainConfig
 from ..model import LayerKind, ModelProfile
-from ..strategy import DEFAULT_MESH_ORDER, MeshAxis, Recompute, Strategy
+from ..strategy import MeshAxis, Recompute, Strategy
 from .comm import AxisLink, Collectives, link_of, merge_links, place_axes
 from .data_parallel import dp_comm, optimizer_s
 from .estimate import Estimate, TimeBreakdown
@@ -77,6 +77,7 @@ class Evaluator:
         self._solved = cache(self._solved_uncached)
         self._uniform = cache(self._uniform_uncached)
         self._layer_choices = cache(self._layer_choices_uncached)
+        self._stage_rc = cache(self._stage_rc_uncached)
         self._solve_stage = cache(solve_stage)
 
     # ---- structure ------------------------------------------------------------------------
@@ -151,7 +152,7 @@ class Evaluator:
         blocks, or, for `per_layer`, the stage solver's choice (`cost/recompute.py`)."""
         if s.recompute != Recompute.PER_LAYER:
             return self._uniform(s.recompute)
-        return self._solved(replace(s, mesh_order=DEFAULT_MESH_ORDER))
+        return self._solved(_solver_key(s))
 
     def layer_decisions(self, s: Strategy) -> tuple[tuple[Recompute, float, float], ...]:
         """Per chain layer: (policy, activation bytes kept per micro-batch on one rank,
@@ -181,12 +182,13 @@ class Evaluator:
         return tuple(rc if x.kind == LayerKind.BLOCK else Recompute.NONE
                      for x in self.profile.layers)  # fmt: skip
 
-    def _solved_uncached(self, s: Strategy) -> tuple[Recompute, ...]:
+    def _solved_uncached(self, key: tuple) -> tuple[Recompute, ...]:
         """Per-layer policies of a `per_layer` strategy. Each distinct stage is solved for its
         budget (capacity less static memory and pipeline buffers) with its in-flight
         micro-batches; stages that look alike copy the first one's choice, which holds the
         most micro-batches, so they fit too and take no longer. A stage nothing fits takes the
         least-memory uniform policy."""
+        s = _strategy_of(key)
         p, mbs, v = self.profile, s.micro_batch_size, s.virtual_stages
         choice, kept_none, tmp = self._layer_choices(s.tp, s.sequence_parallel, s.cp, s.ep, mbs)
         boundary = 2 * v * self._boundary_bytes(s) if s.pp > 1 else 0.0
@@ -585,6 +587,10 @@ class Evaluator:
             return rc_sel, 0, 0
         if s.recompute == Recompute.NONE:
             return 0.0, 0, 0
+        return self._stage_rc(_solver_key(s), stage)
+
+    def _stage_rc_uncached(self, key: tuple, stage: Stage) -> tuple[float, int, int]:
+        s = _strategy_of(key)
         policies = self.layer_policies(s)
         sums = self._layer_times(s.tp, s.cp, s.ep, s.micro_batch_size)
         seconds, n_full, n_full_moe = 0.0, 0, 0
@@ -628,3 +634,16 @@ class Evaluator:
             exposed_comm_s=time.comm_s,
             time=time,
         )
+
+
+def _solver_key(s: Strategy) -> tuple:
+    """What the per-layer solution depends on: the strategy without its mesh order."""
+    return (s.dp, s.tp, s.pp, s.cp, s.ep, s.zero_stage, s.offload_optimizer,
+            s.sequence_parallel, s.schedule, s.virtual_stages, s.micro_batch_size)  # fmt: skip
+
+
+def _strategy_of(key: tuple) -> Strategy:
+    dp, tp, pp, cp, ep, zero, off, sp, schedule, v, mbs = key
+    return Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero, offload_optimizer=off,
+                    sequence_parallel=sp, schedule=schedule, virtual_stages=v,
+                    micro_batch_size=mbs, recompute=Recompute.PER_LAYER)  # fmt: skip
