@@ -161,6 +161,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="the training script and its arguments, after --")  # fmt: skip
     show = sub.add_parser("show", help="print a saved plan's table")
     show.add_argument("plan", metavar="PLAN", help="a plan JSON written by paraplan plan -o")
+    from . import compare_cli, memory_cli  # they reuse this module's helpers
+
+    compare_cli.add_parser(sub)
+    memory_cli.add_parser(sub)
     return parser
 
 
@@ -308,8 +312,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `paraplan` console script."""
     args = _parser().parse_args(argv)
+    from . import compare_cli, memory_cli
+
     commands = {"plan": _cmd_plan, "profile": _cmd_profile, "explain": _cmd_explain,
-                "show": _cmd_show, "run": _cmd_run}  # fmt: skip
+                "show": _cmd_show, "run": _cmd_run, "compare": compare_cli.run,
+                "checkpoint": memory_cli.run}  # fmt: skip
     try:
         return commands[args.command](args)
     except ValueError as exc:

@@ -14,12 +14,21 @@ from .policies import Policy, uniform_schedule
 from .remat_ilp import RematSolution, solve_remat_ilp
 from .schedule import Backward, Forward, Offload, Op, Prefetch, SolveStatus, Wait, format_schedule
 from .simulator import SimResult, simulate
+from .tradeoff import (
+    STRATEGIES,
+    TradeoffCurve,
+    TradeoffPoint,
+    default_budgets,
+    profiled_chain,
+    tradeoff_curves,
+)
 
 __all__ = [
-    "Backward", "Chain", "ChainLayer", "ChainSolution", "Forward", "Offload", "Op", "OpGraph",
-    "OpNode", "PartitionSolution", "Policy", "Prefetch", "RematSolution", "SimResult",
-    "SolveStatus", "TensorPart", "Wait", "chain_from_profile", "chain_to_graph",
-    "format_schedule", "gpt2_block_graph", "gpt2_chain", "in_flight_per_stage",
-    "partition_layers", "simulate", "solve_checkpoint_dp", "solve_remat_ilp",
-    "sqrt_segment_starts", "uniform_schedule", "vgg16_chain",
+    "STRATEGIES", "Backward", "Chain", "ChainLayer", "ChainSolution", "Forward", "Offload", "Op",
+    "OpGraph", "OpNode", "PartitionSolution", "Policy", "Prefetch", "RematSolution", "SimResult",
+    "SolveStatus", "TensorPart", "TradeoffCurve", "TradeoffPoint", "Wait", "chain_from_profile",
+    "chain_to_graph", "default_budgets", "format_schedule", "gpt2_block_graph", "gpt2_chain",
+    "in_flight_per_stage", "partition_layers", "profiled_chain", "simulate",
+    "solve_checkpoint_dp", "solve_remat_ilp", "sqrt_segment_starts", "tradeoff_curves",
+    "uniform_schedule", "vgg16_chain",
 ]  # fmt: skip

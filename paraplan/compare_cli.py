@@ -1,0 +1,294 @@
+"""`paraplan compare`: plan the chosen strategy and named alternatives, write a report folder.
+
+Thin: parses arguments, builds the model profile, cluster and training config as `paraplan
+plan` does, and calls `planner.report.build_report`. `add_parser` adds the subcommand to the
+`paraplan` parser; `run` executes it. Exit status: 0 when the report is written and at least one
+strategy fits; 2 on bad input (message on stderr), or when no compared strategy fits (the
+report is still written, and says why each does not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .cli import EXIT_BAD_INPUT, _count
+
+if TYPE_CHECKING:
+    from .planner.cluster import Cluster
+    from .planner.config import TrainConfig
+    from .planner.model import ModelProfile
+    from .planner.report import ReportResult
+
+DEFAULT_STRATEGIES = "plan,fsdp,megatron,dp-recompute,runners-up"
+"""What `--strategies` compares unless told otherwise (every named strategy)."""
+DEFAULT_TRADEOFF = "store-all,sqrt-L,full-recompute,paraplan-dp"
+"""Checkpointing strategies of the trade-off figure unless told otherwise (see
+planner/report/compose.py DEFAULT_TRADEOFF for why the ILP is opt-in)."""
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add the ``compare`` subcommand to the `paraplan` parser's subparsers."""
+    p = subparsers.add_parser(
+        "compare",
+        help="compare the plan with named alternatives: a report with tables and plots",
+        description="Plan the fastest strategy and named alternatives (pure FSDP, Megatron "
+        "TP x PP, DP + full recompute, the runners-up) and write a report folder: README.md, "
+        "a self-contained report.html with a table and plots (memory and time breakdowns, "
+        "pipeline schedule Gantt charts, checkpointing time-vs-memory curves), and each "
+        "strategy's plan JSON in plans/.",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--model",
+        metavar="M",
+        help="a preset (gpt2, llama3-8b, ...), a Hugging Face config.json, "
+        "'gpt:layers=..,hidden=..,heads=..,vocab=..,seq=..', or a .json spec",
+    )
+    source.add_argument(
+        "--profile",
+        metavar="PROFILE",
+        help="compare from a profile JSON written by paraplan profile -o",
+    )
+    p.add_argument(
+        "--model-source",
+        default="auto",
+        choices=["auto", "trace", "spec"],
+        help="auto (default): trace Hugging Face presets/configs on the meta device, "
+        "analytic spec otherwise; trace; spec (analytic, no torch)",
+    )
+    p.add_argument(
+        "--cluster",
+        metavar="C",
+        help="'<N>x<accelerator>' (8xh100, 1024xa100-80gb) or a .json/.yaml file",
+    )
+    p.add_argument("--gpus", type=_count, metavar="N", help="GPU count (with --gpu)")
+    p.add_argument("--gpu", metavar="NAME", help="accelerator name (with --gpus)")
+    p.add_argument("--gpus-per-node", type=_count, metavar="G", help="GPUs per node (default 8)")
+    batch = p.add_mutually_exclusive_group(required=True)
+    batch.add_argument(
+        "--global-batch", type=_count, metavar="N", help="sequences per optimizer step"
+    )
+    batch.add_argument(
+        "--global-batch-tokens",
+        type=_count,
+        metavar="T",
+        help="tokens per optimizer step; a multiple of --seq-len",
+    )
+    p.add_argument(
+        "--seq-len",
+        type=_count,
+        metavar="S",
+        help="tokens per sequence (default: the model's context length)",
+    )
+    p.add_argument(
+        "--precision",
+        default="bf16",
+        choices=["bf16", "fp16", "fp32"],
+        help="training precision (default bf16 mixed precision)",
+    )
+    p.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=["adamw", "sgd", "adafactor", "adam8bit"],
+        help="default adamw",
+    )
+    p.add_argument(
+        "--memory-headroom",
+        type=float,
+        default=0.1,
+        metavar="F",
+        help="fraction of GPU memory kept free (default 0.1)",
+    )
+    p.add_argument(
+        "--strategies",
+        default=DEFAULT_STRATEGIES,
+        metavar="LIST",
+        help="comma list of plan, fsdp, megatron, dp-recompute, runners-up "
+        f"(default {DEFAULT_STRATEGIES})",
+    )
+    p.add_argument(
+        "--top",
+        type=int,
+        default=3,
+        metavar="K",
+        help="runners-up of the plan to compare (default 3)",
+    )
+    p.add_argument(
+        "--tradeoff",
+        default=DEFAULT_TRADEOFF,
+        metavar="LIST",
+        help="checkpointing strategies of the time-vs-memory figure: store-all, "
+        "sqrt-L, full-recompute, paraplan-dp, paraplan-ilp (slow), or none "
+        f"(default {DEFAULT_TRADEOFF})",
+    )
+    p.add_argument(
+        "--tradeoff-budgets",
+        type=int,
+        default=8,
+        metavar="N",
+        help="memory budgets per trade-off curve (default 8)",
+    )
+    p.add_argument(
+        "--ilp-time-limit",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds per budget for paraplan-ilp (default 10)",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="DIR",
+        help="report folder (created; an earlier report there is replaced)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _inputs(args: argparse.Namespace) -> tuple[ModelProfile, Cluster, TrainConfig, list[str]]:
+    """The profile, cluster and training config the arguments describe (as `paraplan plan`)."""
+    from .api import model_profile
+    from .planner.cluster import make_cluster, parse_cluster
+    from .planner.config import TrainConfig
+    from .planner.profile_io import load_profile
+
+    if args.cluster and (args.gpus or args.gpu):
+        raise ValueError("give either --cluster or --gpus with --gpu, not both")
+    if args.cluster:
+        cluster = parse_cluster(args.cluster, gpus_per_node=args.gpus_per_node)
+    elif args.gpus and args.gpu:
+        cluster = make_cluster(args.gpu, args.gpus, gpus_per_node=args.gpus_per_node)
+    else:
+        raise ValueError("no cluster: give --cluster 8xh100 (or a file), or --gpus N --gpu NAME")
+    notes: list[str] = []
+    if args.profile:
+        profile = load_profile(args.profile)
+        if args.seq_len and args.seq_len != profile.seq_len:
+            raise ValueError(
+                f"--seq-len {args.seq_len} differs from the profile's {profile.seq_len}; "
+                "profile the model at the training sequence length"
+            )
+    else:
+        profile = model_profile(
+            args.model,
+            seq_len=args.seq_len,
+            precision=args.precision,
+            source=args.model_source,
+            progress=not args.no_progress and sys.stderr.isatty(),
+            notes=notes,
+        )
+    seq = profile.seq_len
+    batch = args.global_batch
+    if args.global_batch_tokens:
+        if args.global_batch_tokens % seq:
+            raise ValueError(
+                f"--global-batch-tokens {args.global_batch_tokens} is not a multiple of the "
+                f"sequence length {seq}; use a multiple such as "
+                f"{seq * max(1, args.global_batch_tokens // seq)}"
+            )
+        batch = args.global_batch_tokens // seq
+    train = TrainConfig(
+        global_batch=batch,
+        seq_len=seq,
+        precision=args.precision,
+        optimizer=args.optimizer,
+        memory_headroom=args.memory_headroom,
+    )
+    return profile, cluster, train, notes
+
+
+def _summary(result: ReportResult) -> str:
+    """The compared strategies in a short table, and where the report went."""
+    lines = [f"{'strategy':<22}{'step s':>9}{'tokens/s':>12}{'MFU':>7}{'GB/GPU':>8}  status"]
+    for e in result.entries:
+        if e.fits and e.plan is not None:
+            pr = e.plan.predicted
+            lines.append(
+                f"{e.label:<22}{pr.step_time_s:>9.3f}{pr.tokens_per_s:>12,.0f}"
+                f"{pr.mfu:>7.1%}{pr.memory_per_gpu_bytes / 1e9:>8.1f}  fits"
+            )
+        else:
+            lines.append(f"{e.label:<22}{'-':>9}{'-':>12}{'-':>7}{'-':>8}  {e.status}")
+    figures = sum(1 for f in result.files if f.startswith("figures/") and f.endswith(".png"))
+    plans = sum(1 for f in result.files if f.startswith("plans/"))
+    lines += [
+        "",
+        f"report written to {result.folder}/ (README.md, report.html, {plans} plans, "
+        f"{figures} figures)",
+    ]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute ``paraplan compare`` for parsed arguments; returns the exit status."""
+    try:
+        return _run(args)
+    except ValueError as exc:
+        print(f"paraplan: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .planner.report import (
+        ReportOptions,
+        build_report,
+        parse_strategies,
+        parse_tradeoff,
+        report_step_count,
+    )
+
+    options = ReportOptions(  # bad lists and numbers fail before any tracing
+        strategies=parse_strategies(args.strategies),
+        top_k=args.top,
+        tradeoff=parse_tradeoff(args.tradeoff),
+        tradeoff_budgets=args.tradeoff_budgets,
+        ilp_time_limit_s=args.ilp_time_limit,
+    )
+    if options.top_k < 0:
+        raise ValueError(f"--top {options.top_k}: give 0 or more runners-up")
+    if options.tradeoff_budgets < 1:
+        raise ValueError(f"--tradeoff-budgets {options.tradeoff_budgets}: give at least 1")
+    if not options.ilp_time_limit_s > 0:
+        raise ValueError(f"--ilp-time-limit {options.ilp_time_limit_s}: give seconds > 0")
+    profile, cluster, train, notes = _inputs(args)
+    for note in notes:
+        print(f"paraplan: note: {note}", file=sys.stderr)
+    from tqdm import tqdm
+
+    show = not args.no_progress and sys.stderr.isatty()
+    with tqdm(
+        total=report_step_count(options), desc="compare", unit="step", disable=not show, leave=False
+    ) as bar:
+
+        def on_step(label: str) -> None:
+            bar.set_postfix_str(label)
+            bar.update(1)
+
+        result = build_report(
+            args.output,
+            profile=profile,
+            cluster=cluster,
+            train=train,
+            options=options,
+            notes=notes,
+            on_step=on_step,
+        )
+    print(_summary(result))
+    if not any(e.fits for e in result.entries):
+        print("paraplan: no compared strategy fits; the report says why", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``paraplan compare`` on its own (``python -m paraplan.compare_cli ...``)."""
+    parser = argparse.ArgumentParser(prog="paraplan")
+    add_parser(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    return run(parser.parse_args(["compare", *(argv or sys.argv[1:])]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,431 @@
+"""Reports (`paraplan compare`): the pipeline schedule replay against the cost model, the
+named strategies, fixed colours, labelled figures, and a report whose table equals its plan
+JSONs. Fast CPU tests on small analytic models (no torch)."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from paraplan.api import model_profile
+from paraplan.compare_cli import add_parser, main
+from paraplan.planner.cluster import parse_cluster
+from paraplan.planner.config import TrainConfig
+from paraplan.planner.cost.memory import in_flight_microbatches
+from paraplan.planner.plan import load_plan
+from paraplan.planner.report import (
+    ReportOptions,
+    Status,
+    build_report,
+    compare_schedules,
+    compare_strategies,
+    parse_strategies,
+    parse_tradeoff,
+    simulate_pipeline,
+)
+from paraplan.planner.report.colors import (
+    RUNNER_UP_COLORS,
+    STRATEGY_COLORS,
+    schedule_color,
+    strategy_color,
+)
+from paraplan.planner.report.render import COLUMNS, field_value, layout_summary
+from paraplan.planner.report.timeline import Phase, stage_times
+from paraplan.planner.strategy import Schedule
+
+matplotlib = pytest.importorskip("matplotlib")
+
+# A 3.3B-parameter GPT that fits on 8 L4s only sharded: DP + full recompute (ZeRO-1) does not.
+MID_MODEL = "gpt:layers=24,hidden=4096,heads=32,vocab=32000,seq=4096"
+SMALL_MODEL = "gpt:layers=8,hidden=1024,heads=16,vocab=32000,seq=2048"
+
+
+def _inputs(model: str, cluster: str, batch: int, seq: int):
+    profile = model_profile(model, seq_len=seq, source="spec")
+    return profile, parse_cluster(cluster), TrainConfig(global_batch=batch, seq_len=seq)
+
+
+@pytest.fixture(scope="module")
+def mid_report(tmp_path_factory):
+    """A report where one named strategy does not fit (spec model, quick)."""
+    profile, cluster, train = _inputs(MID_MODEL, "8xl4", 16, 4096)
+    folder = tmp_path_factory.mktemp("mid") / "report"
+    result = build_report(folder, profile=profile, cluster=cluster, train=train)
+    return result
+
+
+# ---- the pipeline replay -------------------------------------------------------------------
+CASES = [
+    *((Schedule.NONE, 1, m, 1) for m in (1, 3)),
+    *((s, pp, m, 1) for s in (Schedule.GPIPE, Schedule.ONE_F_ONE_B) for pp in (2, 3, 4)
+      for m in (1, 2, 5, 8)),
+    *((Schedule.INTERLEAVED_1F1B, pp, k * pp, v) for pp in (2, 4) for k in (1, 2, 3)
+      for v in (2, 3)),
+]  # fmt: skip
+"""(schedule, pp, m, v): m below, at and above pp; interleaving needs m a multiple of pp."""
+
+
+@pytest.mark.parametrize(("schedule", "pp", "m", "v"), CASES)
+@pytest.mark.parametrize(("fwd_s", "bwd_s"), [(1.0, 2.0), (0.7, 1.1)])
+def test_uniform_stages_match_the_cost_model(schedule, pp, m, v, fwd_s, bwd_s) -> None:
+    """Equal stages, no p2p: makespan (m + (pp-1)/v) slots and bubble (pp-1)/v of them
+    (planner/cost/evaluate.py), in-flight micro-batches as planner/cost/memory.py counts."""
+    t = simulate_pipeline(
+        schedule, num_stages=pp, num_microbatches=m, forward_s=fwd_s, backward_s=bwd_s,
+        virtual_stages=v,
+    )  # fmt: skip
+    slots = m + (pp - 1) / v
+    assert t.makespan_s == pytest.approx(slots * (fwd_s + bwd_s), rel=1e-12)
+    assert t.bubble_fraction == pytest.approx(((pp - 1) / v) / slots, rel=1e-12)
+    for s in range(pp):
+        expected = in_flight_microbatches(
+            schedule, pp=pp, stage=s, num_microbatches=m, virtual_stages=v
+        )
+        assert t.in_flight(s) == pytest.approx(expected), (s, t.in_flight(s), expected)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "v", "m"),
+    [(Schedule.GPIPE, 1, 6), (Schedule.ONE_F_ONE_B, 1, 6), (Schedule.INTERLEAVED_1F1B, 2, 6)],
+)
+def test_dependencies_hold_with_uneven_stages_and_p2p(schedule, v, m) -> None:
+    """Every (phase, micro-batch, chunk) runs once; a forward starts after the previous
+    chunk's forward has arrived, a backward after the next chunk's backward (the last chunk's
+    after its own forward); a stage never runs two operations at once."""
+    pp, p2p = 3, 0.05
+    t = simulate_pipeline(
+        schedule, num_stages=pp, num_microbatches=m, forward_s=[1.0, 1.5, 0.8],
+        backward_s=[2.2, 2.9, 1.4], virtual_stages=v, p2p_s=p2p,
+    )  # fmt: skip
+    ops = {(x.phase, x.microbatch, x.chunk): x for x in t.intervals}
+    chunks = pp * v
+    assert len(ops) == len(t.intervals) == 2 * m * chunks
+    for (phase, mb, c), x in ops.items():
+        assert x.stage == c % pp
+        if phase == Phase.FORWARD and c > 0:
+            prev = ops[(Phase.FORWARD, mb, c - 1)]
+            assert x.start_s >= prev.end_s + p2p - 1e-12
+        if phase == Phase.BACKWARD:
+            if c < chunks - 1:
+                assert x.start_s >= ops[(Phase.BACKWARD, mb, c + 1)].end_s + p2p - 1e-12
+            assert x.start_s >= ops[(Phase.FORWARD, mb, c)].end_s - 1e-12
+    for s in range(pp):
+        mine = sorted(t.stage_intervals(s), key=lambda x: x.start_s)
+        for a, b in itertools.pairwise(mine):
+            assert b.start_s >= a.end_s - 1e-12
+    assert t.makespan_s > (m + (pp - 1) / v) * 3.0  # stalls behind the slowest stage and p2p
+
+
+def test_replay_rejects_bad_schedules() -> None:
+    kw = {"forward_s": 1.0, "backward_s": 2.0}
+    with pytest.raises(ValueError, match="multiple of pp"):
+        simulate_pipeline("interleaved_1f1b", num_stages=4, num_microbatches=6, virtual_stages=2,
+                          **kw)  # fmt: skip
+    with pytest.raises(ValueError, match="v > 1 exactly with interleaved_1f1b"):
+        simulate_pipeline("1f1b", num_stages=2, num_microbatches=4, virtual_stages=2, **kw)
+    with pytest.raises(ValueError, match="needs pp >= 2"):
+        simulate_pipeline("gpipe", num_stages=1, num_microbatches=4, **kw)
+    with pytest.raises(ValueError, match="one per stage"):
+        simulate_pipeline("gpipe", num_stages=3, num_microbatches=4, forward_s=[1.0, 1.0],
+                          backward_s=2.0)  # fmt: skip
+
+
+def test_plan_stage_times_reproduce_its_pipeline_time(mid_report) -> None:
+    """Replaying a pipelined plan with its own schedule and micro-batches gives back the cost
+    model's pipeline: m slots plus its predicted bubble."""
+    megatron = next(e for e in mid_report.entries if e.name == "megatron")
+    plan = megatron.plan
+    assert plan is not None and plan.parallelism.pp > 1
+    times = stage_times(plan)
+    t = simulate_pipeline(
+        plan.schedule, num_stages=plan.parallelism.pp, num_microbatches=plan.num_microbatches,
+        forward_s=times.forward_s, backward_s=times.backward_s,
+        virtual_stages=plan.parallelism.virtual_stages,
+    )  # fmt: skip
+    bubble = t.makespan_s - plan.num_microbatches * times.slot_s
+    assert bubble == pytest.approx(plan.predicted.time_breakdown.bubble_s, rel=1e-9)
+    assert t.bubble_fraction == pytest.approx(plan.predicted.bubble_fraction, rel=1e-9)
+    panels = compare_schedules(plan)
+    assert [str(x.schedule) for x in panels] == ["gpipe", "1f1b", "interleaved_1f1b"]
+
+
+# ---- strategies ----------------------------------------------------------------------------
+def test_parse_strategies() -> None:
+    assert parse_strategies("plan, FSDP,plan,megatron") == ("plan", "fsdp", "megatron")
+    with pytest.raises(ValueError, match=r"unknown strategy 'zero3'.*plan, fsdp, megatron"):
+        parse_strategies("plan,zero3")
+    with pytest.raises(ValueError, match="empty"):
+        parse_strategies(" , ")
+    assert parse_tradeoff("none") == ()
+    assert parse_tradeoff("sqrt-l,paraplan-dp") == ("sqrt-L", "paraplan-dp")
+    with pytest.raises(ValueError, match="unknown strategy 'rotor'"):
+        parse_tradeoff("rotor")
+
+
+def test_named_strategies_pin_what_they_say(mid_report) -> None:
+    by = {e.name: e for e in mid_report.entries}
+    assert list(by) == ["plan", "fsdp", "megatron", "dp-recompute", "runner-up-1",
+                        "runner-up-2", "runner-up-3"]  # fmt: skip
+    fsdp = by["fsdp"].plan
+    assert fsdp is not None
+    assert (fsdp.parallelism.dp, fsdp.parallelism.tp, fsdp.parallelism.pp) == (8, 1, 1)
+    assert fsdp.parallelism.zero_stage == 3
+    meg = by["megatron"].plan
+    assert meg is not None and meg.parallelism.tp == 4 and meg.parallelism.pp == 2
+    assert meg.parallelism.sequence_parallel and meg.schedule == "1f1b"
+    # ZeRO-1 data parallel replicates 16-bit weights and gradients: 13 GB of a 23 GB L4 budget.
+    dpr = by["dp-recompute"]
+    assert dpr.status == Status.DOES_NOT_FIT and dpr.plan is None
+    main_plan = by["plan"].plan
+    assert main_plan is not None and "does not fit" in dpr.reason
+    assert dpr.least_memory_bytes is not None
+    assert dpr.least_memory_bytes > main_plan.predicted.memory_capacity_bytes
+    for k, record in enumerate(main_plan.runners_up, 1):  # re-planned: the same predictions
+        got = by[f"runner-up-{k}"].plan
+        assert got is not None
+        assert got.predicted.step_time_s == pytest.approx(record.step_time_s, rel=1e-12)
+        assert got.predicted.mfu == pytest.approx(record.mfu, rel=1e-12)
+        assert got.predicted.memory_per_gpu_bytes == pytest.approx(
+            record.memory_per_gpu_bytes, rel=1e-12
+        )
+
+
+def test_nothing_fits_is_a_report_not_a_crash(tmp_path: Path, capsys) -> None:
+    code = main(["--model", "llama3-405b", "--model-source", "spec", "--cluster", "8xl4",
+                 "--global-batch", "8", "--seq-len", "8192", "--strategies", "plan,fsdp",
+                 "--tradeoff", "none", "-o", str(tmp_path / "r"), "--no-progress"])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 2 and "no compared strategy fits" in err
+    readme = (tmp_path / "r" / "README.md").read_text()
+    assert "does not fit (needs at least" in readme
+    assert "smallest per-GPU memory any plan needs" in readme
+    assert "does not fit" in out
+
+
+# ---- colours and figures -------------------------------------------------------------------
+def test_colours_are_fixed_and_distinct() -> None:
+    compared = ["plan", "fsdp", "megatron", "dp-recompute"] + [f"runner-up-{k}" for k in (1, 2, 3)]
+    colours = [strategy_color(n) for n in compared]
+    assert len(set(colours)) == len(colours)
+    tradeoff = ["store-all", "sqrt-L", "full-recompute", "paraplan-dp", "paraplan-ilp"]
+    assert len({strategy_color(n) for n in tradeoff}) == len(tradeoff)
+    assert strategy_color("paraplan-dp") == strategy_color("plan")  # the same concept
+    assert strategy_color("full-recompute") == strategy_color("dp-recompute")
+    assert strategy_color("runner-up-9") == RUNNER_UP_COLORS[-1]
+    assert set(tradeoff) <= set(STRATEGY_COLORS)
+    with pytest.raises(ValueError, match="no colour for strategy 'zero-bubble'"):
+        strategy_color("zero-bubble")
+    schedules = [schedule_color(s) for s in ("gpipe", "1f1b", "interleaved_1f1b")]
+    assert len(set(schedules)) == 3 and not set(schedules) & set(STRATEGY_COLORS.values())
+
+
+def _hex(rgba) -> str:
+    from matplotlib.colors import to_hex
+
+    return to_hex(rgba).upper()
+
+
+def test_figures_label_axes_with_units_and_keep_colours(mid_report) -> None:
+    from paraplan.planner.report.plots import (
+        gantt_figure,
+        memory_figure,
+        time_figure,
+        tradeoff_figure,
+    )
+    from paraplan.planner.solvers.tradeoff import TradeoffCurve, TradeoffPoint
+
+    entries = mid_report.entries
+    context = "gpt on 8xl4, global batch 16 x 4096 tokens"
+    for make, unit in ((memory_figure, "(GB)"), (time_figure, "(s)")):
+        fig = make(entries, context=context, source="plans/*.json")
+        (ax,) = fig.axes
+        assert ax.get_xlabel() == "strategy" and ax.get_ylabel().endswith(unit)
+        assert context in ax.get_title()
+        ticks = ax.get_xticklabels()
+        assert [t.get_text() for t in ticks] == [e.label for e in entries]
+        for tick, e in zip(ticks, entries, strict=True):
+            assert _hex(tick.get_color()) == strategy_color(e.name)
+        edges = {_hex(p.get_edgecolor()) for p in ax.patches}
+        assert {strategy_color(e.name) for e in entries if e.fits} <= edges
+    megatron = next(e for e in entries if e.name == "megatron")
+    assert megatron.plan is not None
+    timelines = compare_schedules(megatron.plan)
+    fig = gantt_figure(timelines, what="schedules", context=context, source="plans/megatron.json")
+    assert len(fig.axes) == 3
+    for ax, t in zip(fig.axes, timelines, strict=True):
+        assert ax.get_xlabel() == "time (ms)" and ax.get_ylabel() == "pipeline stage"
+        assert {_hex(p.get_facecolor()) for p in ax.patches} == {schedule_color(str(t.schedule))}
+    assert context in fig.get_suptitle()
+    # Hand-made curves (the shape of planner/solvers/tradeoff.py), one infeasible point.
+    curves = [
+        TradeoffCurve(strategy=name, points=(
+            TradeoffPoint(budget_bytes=1e9, status="infeasible", makespan_s=None,
+                          peak_bytes=None, overhead=None),
+            TradeoffPoint(budget_bytes=2e9, status="optimal", makespan_s=1.3, peak_bytes=1.9e9,
+                          overhead=0.3 - k / 10),
+        ))
+        for k, name in enumerate(("sqrt-L", "paraplan-dp"))
+    ]  # fmt: skip
+    fig = tradeoff_figure(curves, what="checkpointing", context=context, source="data")
+    (ax,) = fig.axes
+    assert ax.get_xlabel() == "memory budget for activations (GB)"
+    assert ax.get_ylabel() == "time overhead vs store-all (%)"
+    assert [_hex(line.get_color()) for line in ax.get_lines()] == [
+        strategy_color("sqrt-L"), strategy_color("paraplan-dp")
+    ]  # fmt: skip
+    assert list(ax.get_lines()[1].get_ydata()) == pytest.approx([20.0])  # percent
+
+
+def test_report_folder_and_figures_on_disk(mid_report) -> None:
+    from matplotlib.image import imread
+
+    folder = mid_report.folder
+    names = [e.name for e in mid_report.entries if e.plan is not None]
+    assert set(mid_report.files) == {
+        "README.md", "report.html", "data/schedules.json", "data/tradeoff.json",
+        *(f"plans/{n}.json" for n in names),
+        *(f"figures/{k}.{ext}" for k in ("memory", "time", "gantt", "tradeoff")
+          for ext in ("png", "svg")),
+    }  # fmt: skip
+    for key in ("memory", "time", "gantt", "tradeoff"):
+        pixels = imread(folder / "figures" / f"{key}.png")
+        assert pixels.shape[0] > 300 and pixels.shape[1] > 800
+        assert pixels[..., :3].std() > 0.05  # not blank
+        assert (folder / "figures" / f"{key}.svg").read_text().lstrip().startswith("<?xml")
+    readme = (folder / "README.md").read_text()
+    assert "![Memory per GPU](figures/memory.png)" in readme
+    assert "DP + full recompute | does not fit (needs at least" in readme
+
+
+# ---- the table against the plan JSONs ------------------------------------------------------
+class _Cells(HTMLParser):
+    """Collects the table cells that carry data-value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: list[dict[str, str]] = []
+        self._open: dict[str, str] | None = None
+
+    def handle_starttag(self, tag, attrs) -> None:
+        a = {k: v or "" for k, v in attrs}
+        if tag == "td" and "data-value" in a:
+            self._open = a | {"text": ""}
+
+    def handle_data(self, data) -> None:
+        if self._open is not None:
+            self._open["text"] += data
+
+    def handle_endtag(self, tag) -> None:
+        if tag == "td" and self._open is not None:
+            self.cells.append(self._open)
+            self._open = None
+
+
+def table_cells(html_text: str) -> list[dict[str, str]]:
+    """The numeric cells of a report's table (also used by test_report_html)."""
+    parser = _Cells()
+    parser.feed(html_text)
+    return parser.cells
+
+
+def check_table_against_plans(cells: list[dict[str, str]], folder: Path) -> set[str]:
+    """Every numeric cell equals its plan JSON's value exactly, and shows it formatted."""
+    formats = {c.field: c for c in COLUMNS}
+    seen = set()
+    for cell in cells:
+        data = json.loads((folder / "plans" / f"{cell['data-strategy']}.json").read_text())
+        value = field_value(data, cell["data-field"])
+        assert float(cell["data-value"]) == value, cell
+        col = formats[cell["data-field"]]
+        assert cell["text"].strip() == col.fmt.format(value * col.scale)
+        seen.add(cell["data-strategy"])
+    return seen
+
+
+def test_html_table_equals_plan_jsons(mid_report) -> None:
+    folder = mid_report.folder
+    cells = table_cells((folder / "report.html").read_text())
+    fitting = {e.name for e in mid_report.entries if e.fits}
+    assert check_table_against_plans(cells, folder) == fitting
+    assert len(cells) == len(fitting) * len(COLUMNS)
+    for e in mid_report.entries:
+        if e.plan is not None:
+            assert load_plan(folder / "plans" / f"{e.name}.json") == e.plan
+            assert layout_summary(e.plan) in (folder / "report.html").read_text()
+
+
+# ---- the command ---------------------------------------------------------------------------
+def test_cli_parser_plugs_into_paraplan() -> None:
+    parser = argparse.ArgumentParser(prog="paraplan")
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["compare", "--model", "gpt2", "--cluster", "8xh100",
+                              "--global-batch", "16K", "-o", "r"])  # fmt: skip
+    assert args.global_batch == 16 * 1024 and args.output == "r"
+    assert args.strategies == "plan,fsdp,megatron,dp-recompute,runners-up"
+
+
+def test_cli_bad_input_exits_2(tmp_path: Path, capsys) -> None:
+    base = ["--model", SMALL_MODEL, "--cluster", "8xh100", "--global-batch", "64",
+            "--tradeoff", "none", "--no-progress"]  # fmt: skip
+    assert main([*base, "--strategies", "plan,zero3", "-o", str(tmp_path / "a")]) == 2
+    assert "unknown strategy 'zero3'" in capsys.readouterr().err
+    assert main([*base, "--tradeoff", "rotor", "-o", str(tmp_path / "a")]) == 2
+    assert "--tradeoff: unknown strategy 'rotor'" in capsys.readouterr().err
+    assert main([*base, "--cluster", "8xfoo", "-o", str(tmp_path / "a")]) == 2
+    assert "paraplan: error:" in capsys.readouterr().err
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "mine.txt").write_text("keep me")
+    assert main([*base, "-o", str(other)]) == 2
+    assert "not replacing it" in capsys.readouterr().err
+    assert (other / "mine.txt").read_text() == "keep me"
+    assert not (tmp_path / "a").exists()
+
+
+def test_cli_writes_then_replaces_a_report(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "rep"
+    argv = ["--model", SMALL_MODEL, "--cluster", "8xh100", "--global-batch", "64",
+            "--strategies", "plan,megatron", "--top", "1", "--tradeoff", "sqrt-L,paraplan-dp",
+            "--tradeoff-budgets", "3", "-o", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert "report written to" in first and "Megatron TP x PP" in first
+    assert sorted(p.name for p in (out / "plans").iterdir()) == ["megatron.json", "plan.json"]
+    tradeoff = json.loads((out / "data" / "tradeoff.json").read_text())
+    assert [c["strategy"] for c in tradeoff["curves"]] == ["sqrt-L", "paraplan-dp"]
+    (out / "stale.txt").write_text("from an earlier report")
+    again = [*argv[: argv.index("--strategies")], "--strategies", "plan", "--top", "0",
+             "--tradeoff", "none", "-o", str(out)]  # fmt: skip
+    assert main(again) == 0
+    assert not (out / "stale.txt").exists()
+    assert [p.name for p in (out / "plans").iterdir()] == ["plan.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["rep"]  # no temporary folder left behind
+
+
+def test_failed_report_leaves_nothing_half_written(tmp_path: Path, monkeypatch) -> None:
+    import paraplan.planner.report.plots as plots
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("drawing failed")
+
+    monkeypatch.setattr(plots, "time_figure", broken)
+    profile, cluster, train = _inputs(SMALL_MODEL, "8xh100", 64, 2048)
+    options = ReportOptions(strategies=("plan",), top_k=0, tradeoff=())
+    with pytest.raises(RuntimeError, match="drawing failed"):
+        build_report(tmp_path / "r", profile=profile, cluster=cluster, train=train,
+                     options=options)  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_compare_strategies_reports_progress() -> None:
+    profile, cluster, train = _inputs(SMALL_MODEL, "8xh100", 64, 2048)
+    steps: list[str] = []
+    got = compare_strategies(profile, cluster, train, names=("fsdp", "runners-up"), top_k=2,
+                             on_step=steps.append)  # fmt: skip
+    assert [e.name for e in got] == ["fsdp", "runner-up-1", "runner-up-2"]
+    assert steps == ["paraplan plan", "pure FSDP", "runner-up #1", "runner-up #2"]
