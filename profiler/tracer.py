@@ -150,6 +150,8 @@ class Tracer(TorchDispatchMode):
                 outs = _tensors(out)
                 if outs:
                     self.stats[i + 1].output_bytes = _nbytes(outs[0])
+                    if i == last:  # the head reads the last block's output
+                        self.stats[last + 2].input_bytes = _nbytes(outs[0])
                 if i == last:
                     self.switch(FWD, last + 2)
 
