@@ -38,6 +38,13 @@ _EXPORTS = {
     "load_checkpoint": ".checkpoint",
     "latest_checkpoint": ".checkpoint",
     "run_plan": ".launch",
+    "MemorySchedule": ".memory_schedule",
+    "Segment": ".memory_schedule",
+    "ScheduledChain": ".memory_schedule",
+    "apply_memory_schedule": ".memory_schedule",
+    "schedule_from_solution": ".memory_schedule",
+    "schedule_from_ops": ".memory_schedule",
+    "schedule_ops": ".memory_schedule",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -5,5 +5,6 @@ saved for backward, transient peaks, op graphs, and (mode="measure") measured ti
 """
 
 from .api import profile
+from .chain_export import profile_chain
 
-__all__ = ["profile"]
+__all__ = ["profile", "profile_chain"]
