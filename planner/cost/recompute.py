@@ -17,7 +17,8 @@ a byte budget for that expression: a multiple-choice knapsack.
 Exactness: the transient depends only on the largest `back_i` among the `full` layers, so each
 distinct value is tried as a cap (layers above it may not choose `full`). Under a cap, stages
 whose blocks are identical (every transformer stage) are solved exactly in closed form over the
-counts of `full` and `selective` blocks; heterogeneous stages by a dynamic program over the
+counts of `full` and `selective` blocks (with up to `MAX_OUTLIERS` unlike blocks enumerated
+around it); other heterogeneous stages by a dynamic program over the
 bytes to free, discretized into `MAX_UNITS` units with each layer's savings rounded down (so a
 schedule it returns always fits; it can miss the optimum by less than one unit per layer).
 `tests/test_recompute_solver.py` checks both against brute force.
@@ -27,7 +28,9 @@ Pure Python (numpy only for heterogeneous stages); no torch.
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,6 +38,11 @@ from ..strategy import Recompute
 
 MAX_UNITS = 4096
 """Units the bytes to free are discretized into on heterogeneous stages."""
+MAX_OUTLIERS = 3
+"""Blocks unlike the stage's most common block that are enumerated (3^k assignments) around the
+closed form, as the first block of a traced model (it holds the rotary cache or mask); more
+go to the dynamic program."""
+POLICIES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 _REL = 1e-12
 """Relative slack for float comparisons against the budget."""
 
@@ -137,10 +145,43 @@ def _knapsack(
     problem: StageProblem, idx: list[int], cap: float | None, room: float
 ) -> tuple[Recompute, ...] | None:
     """Least-time picks with sum of kept bytes <= room, `full` only for back <= cap."""
-    choices = [problem.choices[i] for i in idx]
-    if len(set(choices)) == 1:
-        return _identical(problem, idx, choices[0], cap, room)  # type: ignore[arg-type]
-    return _dynamic(problem, idx, cap, room)
+    # Identical layers share one LayerChoice object (the evaluator builds them so): grouping by
+    # identity is exact, and equal but distinct objects only fall into separate groups.
+    counts = Counter(id(problem.choices[i]) for i in idx)
+    main_id = counts.most_common(1)[0][0]
+    group = [i for i in idx if id(problem.choices[i]) == main_id]
+    others = [i for i in idx if id(problem.choices[i]) != main_id]
+    main = problem.choices[group[0]]
+    if len(others) > MAX_OUTLIERS:
+        return _dynamic(problem, idx, cap, room)
+    best: tuple[tuple[float, int, int], tuple[Recompute, ...]] | None = None
+    for combo in itertools.product(*(_allowed(problem.choices[i], cap) for i in others)):
+        used = sum(_kept(problem.choices[i], r) for i, r in zip(others, combo, strict=True))
+        picks = _identical(problem, group, main, cap, room - used)  # type: ignore[arg-type]
+        if picks is None:
+            continue
+        merged = list(picks)
+        for i, r in zip(others, combo, strict=True):
+            merged[i] = r
+        key = (problem.seconds_of(merged), merged.count(Recompute.FULL),
+               merged.count(Recompute.SELECTIVE))  # fmt: skip
+        if best is None or key < best[0]:
+            best = (key, tuple(merged))
+    return None if best is None else best[1]
+
+
+def _allowed(c: LayerChoice | None, cap: float | None) -> tuple[Recompute, ...]:
+    """The policies a layer may take under the cap on `full` blocks' re-materialization."""
+    if c is not None and cap is not None and c.back_bytes <= cap:
+        return POLICIES
+    return POLICIES[:2]
+
+
+def _kept(c: LayerChoice | None, r: Recompute) -> float:
+    assert c is not None  # only blocks are passed
+    if r == Recompute.FULL:
+        return c.full_bytes
+    return c.selective_bytes if r == Recompute.SELECTIVE else c.none_bytes
 
 
 def _identical(
