@@ -9,6 +9,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .planner.cluster import Cluster
+    from .planner.model import ModelProfile
 
 EXIT_BAD_INPUT = 2
 _SUFFIXES = {"k": 2**10, "m": 2**20, "g": 2**30}
@@ -32,6 +37,73 @@ def _count(text: str) -> int:
     return int(value)
 
 
+def add_input_args(parser: argparse.ArgumentParser, verb: str) -> None:
+    """The model, cluster and training-config arguments `plan` and `compare` share."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", metavar="M",
+                        help="a preset (gpt2, gpt2-xl, gpt3-175b, llama3-8b, llama3-70b, "
+                        "llama3-405b, mixtral-8x7b), a Hugging Face config.json, "
+                        "'gpt:layers=96,hidden=12288,heads=96,vocab=51200,seq=2048', or a .json "
+                        "spec file")  # fmt: skip
+    source.add_argument(
+        "--profile",
+        metavar="PROFILE",
+        help=f"{verb} from a profile JSON written by paraplan profile -o",
+    )
+    parser.add_argument(
+        "--model-source",
+        default="auto",
+        choices=["auto", "trace", "spec"],
+        help="auto (default): trace Hugging Face presets/configs on the meta "
+        "device, analytic spec otherwise; trace; spec (analytic, no torch)",
+    )
+    parser.add_argument(
+        "--cluster",
+        metavar="C",
+        help="'<N>x<accelerator>' (8xh100, 1024xa100-80gb) or a .json/.yaml file",
+    )
+    parser.add_argument("--gpus", type=_count, metavar="N", help="GPU count (with --gpu)")
+    parser.add_argument("--gpu", metavar="NAME", help="accelerator name (with --gpus)")
+    parser.add_argument(
+        "--gpus-per-node", type=_count, metavar="G", help="GPUs per node (default 8)"
+    )
+    batch = parser.add_mutually_exclusive_group(required=True)
+    batch.add_argument(
+        "--global-batch", type=_count, metavar="N", help="sequences per optimizer step"
+    )
+    batch.add_argument(
+        "--global-batch-tokens",
+        type=_count,
+        metavar="T",
+        help="tokens per optimizer step (e.g. 16M); must be a multiple of --seq-len",
+    )
+    parser.add_argument(
+        "--seq-len",
+        type=_count,
+        metavar="S",
+        help="tokens per sequence (default: the model's context length)",
+    )
+    parser.add_argument(
+        "--precision",
+        default="bf16",
+        choices=["bf16", "fp16", "fp32"],
+        help="training precision (default bf16 mixed precision)",
+    )
+    parser.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=["adamw", "sgd", "adafactor", "adam8bit"],
+        help="default adamw",
+    )
+    parser.add_argument(
+        "--memory-headroom",
+        type=float,
+        default=0.1,
+        metavar="F",
+        help="fraction of GPU memory kept free (default 0.1)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="paraplan",
@@ -44,67 +116,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Search DP x ZeRO x TP(+SP) x PP(schedule) x CP x EP x micro-batch x "
         "recompute x mesh order; print the chosen plan, its memory and time, and the runners-up.",
     )
-    source = plan.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", metavar="M",
-                        help="a preset (gpt2, gpt2-xl, gpt3-175b, llama3-8b, llama3-70b, "
-                        "llama3-405b, mixtral-8x7b), a Hugging Face config.json, "
-                        "'gpt:layers=96,hidden=12288,heads=96,vocab=51200,seq=2048', or a .json "
-                        "spec file")  # fmt: skip
-    source.add_argument(
-        "--profile",
-        metavar="PROFILE",
-        help="plan from a profile JSON written by paraplan profile -o",
-    )
-    plan.add_argument(
-        "--model-source",
-        default="auto",
-        choices=["auto", "trace", "spec"],
-        help="auto (default): trace Hugging Face presets/configs on the meta "
-        "device, analytic spec otherwise; trace; spec (analytic, no torch)",
-    )
-    plan.add_argument(
-        "--cluster",
-        metavar="C",
-        help="'<N>x<accelerator>' (8xh100, 1024xa100-80gb) or a .json/.yaml file",
-    )
-    plan.add_argument("--gpus", type=_count, metavar="N", help="GPU count (with --gpu)")
-    plan.add_argument("--gpu", metavar="NAME", help="accelerator name (with --gpus)")
-    plan.add_argument("--gpus-per-node", type=_count, metavar="G", help="GPUs per node (default 8)")
-    batch = plan.add_mutually_exclusive_group(required=True)
-    batch.add_argument(
-        "--global-batch", type=_count, metavar="N", help="sequences per optimizer step"
-    )
-    batch.add_argument(
-        "--global-batch-tokens",
-        type=_count,
-        metavar="T",
-        help="tokens per optimizer step (e.g. 16M); must be a multiple of --seq-len",
-    )
-    plan.add_argument(
-        "--seq-len",
-        type=_count,
-        metavar="S",
-        help="tokens per sequence (default: the model's context length)",
-    )
-    plan.add_argument(
-        "--precision",
-        default="bf16",
-        choices=["bf16", "fp16", "fp32"],
-        help="training precision (default bf16 mixed precision)",
-    )
-    plan.add_argument(
-        "--optimizer",
-        default="adamw",
-        choices=["adamw", "sgd", "adafactor", "adam8bit"],
-        help="default adamw",
-    )
-    plan.add_argument(
-        "--memory-headroom",
-        type=float,
-        default=0.1,
-        metavar="F",
-        help="fraction of GPU memory kept free (default 0.1)",
-    )
+    add_input_args(plan, "plan")
     plan.add_argument("--fix", default="", metavar="K=V,...",
                       help="pin dimensions, e.g. tp=8,pp=8,dp=24,zero=1,mbs=2,schedule=1f1b,"
                       "recompute=full (keys: dp tp pp cp ep zero_stage|zero sequence_parallel|sp "
@@ -183,28 +195,25 @@ def _progress_bar() -> object:
     return update
 
 
-def _cmd_plan(args: argparse.Namespace) -> int:
-    import json
-
-    from .api import model_profile
-    from .api import plan as make
-    from .planner.api import NoFeasiblePlanError
+def read_cluster(args: argparse.Namespace) -> Cluster:
+    """The cluster `--cluster` or `--gpus/--gpu` describe."""
     from .planner.cluster import make_cluster, parse_cluster
-    from .planner.explain import format_plan
-    from .planner.plan import save_plan
-    from .planner.profile_io import load_profile
-    from .planner.search import parse_fix
 
     if args.cluster and (args.gpus or args.gpu):
         raise ValueError("give either --cluster or --gpus with --gpu, not both")
     if args.cluster:
-        cluster = parse_cluster(args.cluster, gpus_per_node=args.gpus_per_node)
-    elif args.gpus and args.gpu:
-        cluster = make_cluster(args.gpu, args.gpus, gpus_per_node=args.gpus_per_node)
-    else:
-        raise ValueError("no cluster: give --cluster 8xh100 (or a file), or --gpus N --gpu NAME")
-    fix = parse_fix(args.fix)  # bad --fix fails before any tracing
-    notes: list[str] = []
+        return parse_cluster(args.cluster, gpus_per_node=args.gpus_per_node)
+    if args.gpus and args.gpu:
+        return make_cluster(args.gpu, args.gpus, gpus_per_node=args.gpus_per_node)
+    raise ValueError("no cluster: give --cluster 8xh100 (or a file), or --gpus N --gpu NAME")
+
+
+def read_model(args: argparse.Namespace, notes: list[str]) -> tuple[ModelProfile, int]:
+    """The model profile (`--profile`, or `--model` traced or analytic) and the global batch in
+    sequences (`--global-batch`, or `--global-batch-tokens` over the sequence length)."""
+    from .api import model_profile
+    from .planner.profile_io import load_profile
+
     if args.profile:
         profile = load_profile(args.profile)
         if args.seq_len and args.seq_len != profile.seq_len:
@@ -218,17 +227,33 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             source=args.model_source, progress=not args.no_progress and sys.stderr.isatty(),
             notes=notes,
         )  # fmt: skip
+    seq = profile.seq_len
+    if not args.global_batch_tokens:
+        return profile, args.global_batch
+    if args.global_batch_tokens % seq:
+        raise ValueError(
+            f"--global-batch-tokens {args.global_batch_tokens} is not a multiple of the "
+            f"sequence length {seq}; use a multiple such as {seq * max(1, args.global_batch_tokens // seq)}"
+        )
+    return profile, args.global_batch_tokens // seq
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from .api import plan as make
+    from .planner.api import NoFeasiblePlanError
+    from .planner.explain import format_plan
+    from .planner.plan import save_plan
+    from .planner.search import parse_fix
+
+    cluster = read_cluster(args)
+    fix = parse_fix(args.fix)  # bad --fix fails before any tracing
+    notes: list[str] = []
+    profile, batch = read_model(args, notes)
     for note in notes:
         print(f"paraplan: note: {note}", file=sys.stderr)
     seq = profile.seq_len
-    batch = args.global_batch
-    if args.global_batch_tokens:
-        if args.global_batch_tokens % seq:
-            raise ValueError(
-                f"--global-batch-tokens {args.global_batch_tokens} is not a multiple of the "
-                f"sequence length {seq}; use a multiple such as {seq * max(1, args.global_batch_tokens // seq)}"
-            )
-        batch = args.global_batch_tokens // seq
     progress = None if (args.no_progress or args.json) else _progress_bar()
     try:
         outcome = make(

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .cli import EXIT_BAD_INPUT, _count
+from .cli import EXIT_BAD_INPUT, add_input_args, read_cluster, read_model
 
 if TYPE_CHECKING:
     from .planner.cluster import Cluster
@@ -40,68 +40,7 @@ def add_parser(subparsers: Any) -> None:
         "pipeline schedule Gantt charts, checkpointing time-vs-memory curves), and each "
         "strategy's plan JSON in plans/.",
     )
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument(
-        "--model",
-        metavar="M",
-        help="a preset (gpt2, llama3-8b, ...), a Hugging Face config.json, "
-        "'gpt:layers=..,hidden=..,heads=..,vocab=..,seq=..', or a .json spec",
-    )
-    source.add_argument(
-        "--profile",
-        metavar="PROFILE",
-        help="compare from a profile JSON written by paraplan profile -o",
-    )
-    p.add_argument(
-        "--model-source",
-        default="auto",
-        choices=["auto", "trace", "spec"],
-        help="auto (default): trace Hugging Face presets/configs on the meta device, "
-        "analytic spec otherwise; trace; spec (analytic, no torch)",
-    )
-    p.add_argument(
-        "--cluster",
-        metavar="C",
-        help="'<N>x<accelerator>' (8xh100, 1024xa100-80gb) or a .json/.yaml file",
-    )
-    p.add_argument("--gpus", type=_count, metavar="N", help="GPU count (with --gpu)")
-    p.add_argument("--gpu", metavar="NAME", help="accelerator name (with --gpus)")
-    p.add_argument("--gpus-per-node", type=_count, metavar="G", help="GPUs per node (default 8)")
-    batch = p.add_mutually_exclusive_group(required=True)
-    batch.add_argument(
-        "--global-batch", type=_count, metavar="N", help="sequences per optimizer step"
-    )
-    batch.add_argument(
-        "--global-batch-tokens",
-        type=_count,
-        metavar="T",
-        help="tokens per optimizer step; a multiple of --seq-len",
-    )
-    p.add_argument(
-        "--seq-len",
-        type=_count,
-        metavar="S",
-        help="tokens per sequence (default: the model's context length)",
-    )
-    p.add_argument(
-        "--precision",
-        default="bf16",
-        choices=["bf16", "fp16", "fp32"],
-        help="training precision (default bf16 mixed precision)",
-    )
-    p.add_argument(
-        "--optimizer",
-        default="adamw",
-        choices=["adamw", "sgd", "adafactor", "adam8bit"],
-        help="default adamw",
-    )
-    p.add_argument(
-        "--memory-headroom",
-        type=float,
-        default=0.1,
-        metavar="F",
-        help="fraction of GPU memory kept free (default 0.1)",
-    )
+    add_input_args(p, "compare")
     p.add_argument(
         "--strategies",
         default=DEFAULT_STRATEGIES,
@@ -150,46 +89,12 @@ def add_parser(subparsers: Any) -> None:
 
 def _inputs(args: argparse.Namespace) -> tuple[ModelProfile, Cluster, TrainConfig, list[str]]:
     """The profile, cluster and training config the arguments describe (as `paraplan plan`)."""
-    from .api import model_profile
-    from .planner.cluster import make_cluster, parse_cluster
     from .planner.config import TrainConfig
-    from .planner.profile_io import load_profile
 
-    if args.cluster and (args.gpus or args.gpu):
-        raise ValueError("give either --cluster or --gpus with --gpu, not both")
-    if args.cluster:
-        cluster = parse_cluster(args.cluster, gpus_per_node=args.gpus_per_node)
-    elif args.gpus and args.gpu:
-        cluster = make_cluster(args.gpu, args.gpus, gpus_per_node=args.gpus_per_node)
-    else:
-        raise ValueError("no cluster: give --cluster 8xh100 (or a file), or --gpus N --gpu NAME")
+    cluster = read_cluster(args)
     notes: list[str] = []
-    if args.profile:
-        profile = load_profile(args.profile)
-        if args.seq_len and args.seq_len != profile.seq_len:
-            raise ValueError(
-                f"--seq-len {args.seq_len} differs from the profile's {profile.seq_len}; "
-                "profile the model at the training sequence length"
-            )
-    else:
-        profile = model_profile(
-            args.model,
-            seq_len=args.seq_len,
-            precision=args.precision,
-            source=args.model_source,
-            progress=not args.no_progress and sys.stderr.isatty(),
-            notes=notes,
-        )
+    profile, batch = read_model(args, notes)
     seq = profile.seq_len
-    batch = args.global_batch
-    if args.global_batch_tokens:
-        if args.global_batch_tokens % seq:
-            raise ValueError(
-                f"--global-batch-tokens {args.global_batch_tokens} is not a multiple of the "
-                f"sequence length {seq}; use a multiple such as "
-                f"{seq * max(1, args.global_batch_tokens // seq)}"
-            )
-        batch = args.global_batch_tokens // seq
     train = TrainConfig(
         global_batch=batch,
         seq_len=seq,

@@ -102,7 +102,7 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
         LayerDecision(index=i, name=x.name, recompute=str(policy), kept_bytes=kept,
                       recompute_s=seconds)
         for i, (x, (policy, kept, seconds)) in enumerate(
-            zip(p.layers, ev.layer_decisions(s), strict=True))
+            zip(p.layers, ev.per_layer.decisions(s), strict=True))
     )  # fmt: skip
     mem, tb = chosen.memory, chosen.time
     return Plan(

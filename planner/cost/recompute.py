@@ -155,8 +155,9 @@ def _knapsack(
     if len(others) > MAX_OUTLIERS:
         return _dynamic(problem, idx, cap, room)
     best: tuple[tuple[float, int, int], tuple[Recompute, ...]] | None = None
-    for combo in itertools.product(*(_allowed(problem.choices[i], cap) for i in others)):
-        used = sum(_kept(problem.choices[i], r) for i, r in zip(others, combo, strict=True))
+    unlike = [c for c in (problem.choices[i] for i in others) if c is not None]
+    for combo in itertools.product(*(_allowed(c, cap) for c in unlike)):
+        used = sum(_kept(c, r) for c, r in zip(unlike, combo, strict=True))
         picks = _identical(problem, group, main, cap, room - used)  # type: ignore[arg-type]
         if picks is None:
             continue
@@ -170,15 +171,15 @@ def _knapsack(
     return None if best is None else best[1]
 
 
-def _allowed(c: LayerChoice | None, cap: float | None) -> tuple[Recompute, ...]:
-    """The policies a layer may take under the cap on `full` blocks' re-materialization."""
-    if c is not None and cap is not None and c.back_bytes <= cap:
+def _allowed(c: LayerChoice, cap: float | None) -> tuple[Recompute, ...]:
+    """The policies a block may take under the cap on `full` blocks' re-materialization."""
+    if cap is not None and c.back_bytes <= cap:
         return POLICIES
     return POLICIES[:2]
 
 
-def _kept(c: LayerChoice | None, r: Recompute) -> float:
-    assert c is not None  # only blocks are passed
+def _kept(c: LayerChoice, r: Recompute) -> float:
+    """Bytes per sequence a block keeps under policy `r`."""
     if r == Recompute.FULL:
         return c.full_bytes
     return c.selective_bytes if r == Recompute.SELECTIVE else c.none_bytes
