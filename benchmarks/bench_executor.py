@@ -9,7 +9,7 @@ round: a paired estimate that machine load drifting over the run hits alike. The
 (second hand copy over the first) shows how far from 1 noise alone moves the estimate on this
 machine. Printed, and written to benchmarks/results/bench_executor.json. Target: ratio <= 1.03.
 
-Both variants train the same modules: the GPT-2 converted by `to_chain` (q/k/v and MLP as
+Both variants train the same modules: the GPT-2 converted by `to_chain_module` (q/k/v and MLP as
 nn.Linear, which TP needs); the hand-written one then calls `fully_shard` / `parallelize_module`
 and runs forward, loss, backward and AdamW itself. An extra, informational row times FSDP on the
 unconverted Hugging Face model (fused Conv1D c_attn), i.e. what the conversion itself costs.
@@ -47,14 +47,14 @@ def _model(convert: bool):
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from paraplan.executor.chain import to_chain
+    from paraplan.executor.convert import to_chain_module
 
     torch.manual_seed(0)
     cfg = GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=VOCAB, n_positions=SEQ_LEN,
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
                      eos_token_id=0)  # fmt: skip
     model = GPT2LMHeadModel(cfg)
-    return to_chain(model) if convert else model
+    return to_chain_module(model) if convert else model
 
 
 def _hand(kind: str, convert: bool = True):

@@ -23,12 +23,12 @@ from pathlib import Path
 from paraplan.planner.hardware import get_accelerator
 from paraplan.planner.solvers import (
     Backward,
-    Chain,
+    LayerChain,
     ChainLayer,
     Forward,
     Policy,
     gpt2_block_graph,
-    gpt2_chain,
+    gpt2_layer_chain,
     simulate,
     solve_checkpoint_dp,
     solve_remat_ilp,
@@ -41,11 +41,11 @@ BLOCK_BUDGETS = (0.95, 0.9, 0.85, 0.81)  # x store-all peak; the block needs >= 
 CURVE_POINTS = 8
 
 
-def hetero_chain(layers: int, seed: int = 0) -> Chain:
+def hetero_chain(layers: int, seed: int = 0) -> LayerChain:
     """A heterogeneous chain: activations 1-5 MB, saved extras 0-9 MB, 1-2 ms forwards."""
     rng = random.Random(seed)
     xs = [rng.uniform(1, 5) * 1e6 for _ in range(layers + 1)]
-    return Chain(
+    return LayerChain(
         layers=tuple(
             ChainLayer(
                 name=f"l{i}", fwd_s=rng.uniform(1, 2) * 1e-3, bwd_s=rng.uniform(2, 4) * 1e-3,
@@ -126,7 +126,7 @@ def ilp_backends(time_limit_s: float) -> dict:
             "chosen": chosen, "worst_chosen_s": worst, "ok": ok}  # fmt: skip
 
 
-def tradeoff(chain: Chain, time_limit_s: float) -> dict:
+def tradeoff(chain: LayerChain, time_limit_s: float) -> dict:
     base = {p: simulate(chain, uniform_schedule(chain, p)) for p in Policy}
     ref = base[Policy.STORE_ALL]
     least = solve_checkpoint_dp(chain, 1.0).min_budget_bytes
@@ -188,7 +188,7 @@ def main() -> int:
         "dp_speed": dp_speed(args.repeats),
         "ilp_backends": ilp_backends(args.ilp_time_limit),
         "tradeoffs": [
-            tradeoff(gpt2_chain(), args.ilp_time_limit),
+            tradeoff(gpt2_layer_chain(), args.ilp_time_limit),
             tradeoff(vgg16_chain(), args.ilp_time_limit),
         ],
     }

@@ -26,7 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from paraplan.planner.solvers import Chain, simulate, solve_checkpoint_dp
+from paraplan.planner.solvers import LayerChain, simulate, solve_checkpoint_dp
 from paraplan.planner.solvers.remat_ilp import DEFAULT_BACKEND
 from paraplan.planner.solvers.tradeoff import (
     BASELINES,
@@ -133,7 +133,7 @@ def check(curves: tuple[TradeoffCurve, ...]) -> list[str]:
     return problems
 
 
-def table(chain: Chain, curves: tuple[TradeoffCurve, ...], ref_s: float, top: float) -> list[str]:
+def table(chain: LayerChain, curves: tuple[TradeoffCurve, ...], ref_s: float, top: float) -> list[str]:
     """Markdown rows: budget, each strategy's overhead, paraplan's gain over the best baseline."""
     by = {c.strategy: c.points for c in curves}
     lines = [

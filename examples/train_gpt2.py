@@ -26,7 +26,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from paraplan.executor import parallelize
 from paraplan.executor.report import format_report
 from paraplan.executor.training import RunOptions, train
-from paraplan.planner.plan import load_plan
+from paraplan.planner.plan_io import load_plan
 
 
 def parse_args(argv: list[str] | None, description: str = __doc__) -> argparse.Namespace:

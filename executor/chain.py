@@ -1,10 +1,11 @@
 """A causal language model as the planner sees it: a chain of embedding, blocks and head.
 
-The plan numbers the chain: index 0 is the embedding, 1..L the blocks, L+1 the head. `Chain`
-holds the three parts under stable names (``embed``, ``blocks.<i>``, ``head``) so that a
+The plan numbers the chain: index 0 is the embedding, 1..L the blocks, L+1 the head.
+`ChainModule` holds the three parts under stable names (``embed``, ``blocks.<i>``, ``head``) so that a
 pipeline chunk is the same class with some parts removed, and parameter names (FQNs) do not
 depend on the plan (torchtitan keeps its layers in a ModuleDict for the same reason).
-`to_chain` converts a supported Hugging Face model in place (the parameters are reused).
+`convert.to_chain_module` converts a supported Hugging Face model in place (the parameters are
+reused).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ HFNamesFn = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 """Full tensors by chain name -> the same tensors by Hugging Face name and layout."""
 
 
-class Chain(nn.Module):
+class ChainModule(nn.Module):
     """Embedding (chain index 0), blocks (1..L) and head (L+1); forward maps token ids
     (B, T) to logits (B, T, V). A pipeline chunk holds a contiguous part: `embed` or `head`
     may be None and `blocks` a subset (keys keep their block numbers)."""
@@ -65,9 +66,9 @@ class Chain(nn.Module):
             h = block(h)  # (B, T, H); (B, T/tp, H) between blocks under sequence parallel
         return self.head(h) if self.head is not None else h  # (B, T, V)
 
-    def chunk(self, first_layer: int, last_layer: int) -> Chain:
+    def chunk(self, first_layer: int, last_layer: int) -> ChainModule:
         """The chain layers `first_layer..last_layer` (inclusive chain indices) as a new
-        Chain sharing this one's modules (no copy)."""
+        ChainModule sharing this one's modules (no copy)."""
         last_index = self.num_blocks + 1
         if not 0 <= first_layer <= last_layer <= last_index:
             raise ValueError(
@@ -76,7 +77,7 @@ class Chain(nn.Module):
                 "model depth: re-plan for this model"
             )
         keys = [str(i - 1) for i in range(max(first_layer, 1), min(last_layer, last_index - 1) + 1)]
-        part = Chain(
+        part = ChainModule(
             self.embed if first_layer == 0 else None,
             nn.ModuleDict({k: self.blocks[k] for k in keys}),
             self.head if last_layer == last_index else None,
@@ -86,24 +87,3 @@ class Chain(nn.Module):
         )
         part.tied = self.tied
         return part
-
-
-def to_chain(model: nn.Module) -> Chain:
-    """Convert a supported model to a `Chain`: a `Chain` as is, Hugging Face
-    `GPT2LMHeadModel` or `LlamaForCausalLM` (modified in place, parameters reused)."""
-    if isinstance(model, Chain):
-        return model
-    name = type(model).__name__
-    if name == "GPT2LMHeadModel":
-        from .models.gpt2 import gpt2_chain
-
-        return gpt2_chain(model)
-    if name == "LlamaForCausalLM":
-        from .models.llama import llama_chain
-
-        return llama_chain(model)
-    raise ValueError(
-        f"cannot parallelize a {name}: the executor knows Hugging Face GPT2LMHeadModel and "
-        "LlamaForCausalLM; wrap other models as paraplan.executor.Chain(embed, blocks, head, "
-        "tp_plan=...) whose forward maps token ids (B, T) to logits (B, T, V)"
-    )

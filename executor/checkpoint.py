@@ -10,7 +10,6 @@ per parameter name, as torchtitan does), plus the step. Rank 0 then writes ``<di
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from ..planner.jsonio import write_atomic
 from .compose import ParallelModel
 from .optim import Optimizers
 
@@ -56,10 +56,7 @@ def save_checkpoint(
     dcp.save(state, checkpoint_id=str(target))
     dist.barrier()
     if dist.get_rank() == 0:
-        fd, tmp = tempfile.mkstemp(dir=root, prefix=".latest.")
-        with os.fdopen(fd, "w") as fh:
-            fh.write(target.name + "\n")
-        os.replace(tmp, root / LATEST)
+        write_atomic(root / LATEST, target.name + "\n")
     dist.barrier()
     return target
 

@@ -10,18 +10,21 @@ counted once) and the number of blocks. The profiler will match `ModuleFingerpri
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..planner.config import Optimizer, Precision
 from ..planner.plan import Plan
-from ..planner.strategy import MeshAxis, Schedule
+from ..planner.plan_io import check_plan
+from ..planner.strategy import Schedule
 
-SUPPORTED_PRECISIONS = ("fp32", "bf16")
-SUPPORTED_OPTIMIZERS = ("adamw", "sgd", "adafactor")
+SUPPORTED_PRECISIONS = (Precision.FP32, Precision.BF16)
+"""Precisions that need no loss scaling."""
+SUPPORTED_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.SGD, Optimizer.ADAFACTOR)
+"""Optimizers torch.optim has."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,23 +60,18 @@ def check_plan_supported(plan: Plan) -> None:
         )
     if plan.train.precision not in SUPPORTED_PRECISIONS:
         raise ValueError(
-            f"precision {plan.train.precision!r} needs loss scaling, which the executor does "
+            f"precision {str(plan.train.precision)!r} needs loss scaling, which the executor does "
             f"not do; re-plan with --precision bf16 or fp32"
         )
     if plan.train.optimizer not in SUPPORTED_OPTIMIZERS:
         raise ValueError(
-            f"optimizer {plan.train.optimizer!r} is not in torch.optim; re-plan with "
+            f"optimizer {str(plan.train.optimizer)!r} is not in torch.optim; re-plan with "
             f"--optimizer {' or '.join(SUPPORTED_OPTIMIZERS)}"
         )
     if par.offload_optimizer and par.zero_stage == 0:
         raise ValueError(
             "offload_optimizer with zero_stage=0: optimizer offload runs through FSDP's "
             "CPUOffloadPolicy and needs zero_stage >= 1; re-plan with --fix zero=1"
-        )
-    schedules = {str(s) for s in Schedule}
-    if plan.schedule not in schedules:
-        raise ValueError(
-            f"schedule {plan.schedule!r} is not one of {sorted(schedules)}; regenerate the plan"
         )
     if par.pp > 1 and plan.schedule == Schedule.NONE:
         raise ValueError(
@@ -83,22 +81,9 @@ def check_plan_supported(plan: Plan) -> None:
     if par.virtual_stages > 1 and plan.schedule != Schedule.INTERLEAVED_1F1B:
         raise ValueError(
             f"virtual_stages={par.virtual_stages} needs schedule interleaved_1f1b, not "
-            f"{plan.schedule!r}; re-plan with --fix schedule=interleaved_1f1b or vpp=1"
+            f"{str(plan.schedule)!r}; re-plan with --fix schedule=interleaved_1f1b or vpp=1"
         )
-    names = tuple(plan.mesh.axis_order)
-    if sorted(names) != sorted(str(a) for a in MeshAxis) or len(plan.mesh.shape) != len(names):
-        raise ValueError(
-            f"mesh axes {names} with shape {tuple(plan.mesh.shape)}: expected each of "
-            f"{[str(a) for a in MeshAxis]} once with one size each; regenerate the plan"
-        )
-    sizes = dict(zip(names, plan.mesh.shape, strict=True))
-    degrees = {"pp": par.pp, "dp": par.dp, "cp": par.cp, "tp": par.tp}
-    if sizes != degrees or math.prod(plan.mesh.shape) != plan.cluster.num_gpus:
-        raise ValueError(
-            f"mesh sizes {sizes} disagree with the plan's degrees {degrees} or its "
-            f"{plan.cluster.num_gpus} devices; the plan file is inconsistent: regenerate it "
-            "with paraplan plan -o"
-        )
+    check_plan(plan)  # the file rules (mesh, world size, stages) for a plan built in memory
 
 
 def check_job(plan: Plan, *, world_size: int, device_type: str) -> None:

@@ -29,7 +29,8 @@ from ..planner.plan import Plan
 from ..planner.strategy import MeshAxis
 from . import checks, pipeline
 from . import mesh as meshes
-from .chain import Chain, TPPlanFn, to_chain
+from .chain import ChainModule, TPPlanFn
+from .convert import to_chain_module
 from .data_parallel import PARAM_DTYPES, apply_data_parallel, data_parallel_kind
 from .recompute import apply_recompute, layer_recompute
 from .tensor_parallel import apply_tp
@@ -52,7 +53,7 @@ class ParallelModel:
     """The plan's device mesh."""
     device: torch.device
     """Where this rank computes."""
-    chains: tuple[Chain, ...]
+    chains: tuple[ChainModule, ...]
     """This rank's chain chunks (the whole chain without a pipeline), in model order."""
     parts: tuple[nn.Module, ...]
     """The same chunks as run: FSDP modules, DDP wrappers, or the chains themselves."""
@@ -161,7 +162,7 @@ def parallelize(
     loss_fn: LossFn = causal_lm_loss,
     timeout_s: float = meshes.DEFAULT_TIMEOUT_S,
 ) -> ParallelModel:
-    """Apply `plan` to `model` (a Hugging Face GPT-2 or Llama causal LM, or a `Chain`) in this
+    """Apply `plan` to `model` (a Hugging Face GPT-2 or Llama causal LM, or a `ChainModule`) in this
     torchrun process. The model must hold the same weights on every rank (same seed; checked);
     it is modified in place. `tp_plan` overrides the block TP plan; `mesh`, when given, must
     have the plan's axes and sizes; `timeout_s` bounds every collective's wait for a peer.
@@ -172,7 +173,7 @@ def parallelize(
     checks.check_plan_supported(plan)
     checks.check_job(plan, world_size=meshes.job_world_size(), device_type=device_type)
     checks.check_module_digest(plan, model)
-    chain = to_chain(model)
+    chain = to_chain_module(model)
     checks.check_model(plan, chain, num_blocks=chain.num_blocks)
     if par.pp > 1:
         pipeline.check_layout(plan, chain.num_blocks)

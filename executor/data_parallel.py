@@ -36,7 +36,7 @@ from torch.distributed.fsdp import (
 from torch.nn.parallel import DistributedDataParallel
 
 from ..planner.plan import Plan
-from .chain import Chain
+from .chain import ChainModule
 
 PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 """Compute dtype of each plan precision (None: fp32 throughout)."""
@@ -68,7 +68,7 @@ def data_parallel_kind(plan: Plan) -> DataParallelKind:
     return DataParallelKind.REPLICATE
 
 
-def apply_data_parallel(chain: Chain, dp_mesh: DeviceMesh, plan: Plan) -> nn.Module:
+def apply_data_parallel(chain: ChainModule, dp_mesh: DeviceMesh, plan: Plan) -> nn.Module:
     """The plan's data parallelism on `chain` (in place); returns the module to run (a DDP
     wrapper, or `chain` itself)."""
     kind, par, precision = data_parallel_kind(plan), plan.parallelism, plan.train.precision
@@ -97,7 +97,7 @@ def mixed_precision(precision: str) -> MixedPrecisionPolicy:
 
 
 def apply_fsdp(
-    chain: Chain,
+    chain: ChainModule,
     dp_mesh: DeviceMesh,
     *,
     zero_stage: int,
@@ -128,7 +128,7 @@ def apply_ddp(module: nn.Module, dp_mesh: DeviceMesh) -> DistributedDataParallel
     return DistributedDataParallel(module, process_group=dp_mesh.get_group(), device_ids=device_ids)
 
 
-def apply_replicate(chain: Chain, dp_mesh: DeviceMesh, *, precision: str) -> None:
+def apply_replicate(chain: ChainModule, dp_mesh: DeviceMesh, *, precision: str) -> None:
     """ZeRO-0 with TP or PP: FSDP2's `replicate` on each block, then the chain (chunk)."""
     policy = mixed_precision(precision)
     for block in chain.blocks.values():

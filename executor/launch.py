@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..planner.plan import load_plan
+from ..planner.plan_io import load_plan
 
 PLAN_ENV = "PARAPLAN_PLAN"
 """Environment variable holding the plan path for the launched script."""

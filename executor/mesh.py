@@ -40,20 +40,22 @@ def plan_device_type(plan: Plan) -> str:
 
 def init_distributed(device_type: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
     """Start the default process group (gloo on CPU, NCCL on CUDA) with a bounded timeout,
-    unless it exists; on CUDA, bind this process to its LOCAL_RANK device first."""
+    unless it exists; on CUDA, bind this process to its LOCAL_RANK device first. Under torchrun
+    the group meets at MASTER_ADDR; without it (a plain `python` process) it is a group of one.
+    Reads the environment, never writes it."""
     if dist.is_initialized():
         return
     if device_type == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    if "MASTER_ADDR" not in os.environ:  # a plain single-process run
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29555")
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
-    dist.init_process_group(
-        backend="nccl" if device_type == "cuda" else "gloo",
-        timeout=timedelta(seconds=timeout_s),
-    )
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    timeout = timedelta(seconds=timeout_s)
+    if "MASTER_ADDR" not in os.environ:
+        # A plain single-process run: an in-process store, no port and no environment writes.
+        dist.init_process_group(
+            backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+        )
+        return
+    dist.init_process_group(backend=backend, timeout=timeout)
 
 
 def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:

@@ -32,7 +32,7 @@ from torch.distributed.tensor import DTensor
 
 from ..planner.plan import Plan
 from ..planner.strategy import MeshAxis, Schedule
-from .chain import Chain
+from .chain import ChainModule
 
 SCHEDULES = {
     Schedule.GPIPE: ScheduleGPipe,
@@ -96,7 +96,7 @@ def check_layout(plan: Plan, num_blocks: int) -> None:
         )
 
 
-def untie(chain: Chain) -> None:
+def untie(chain: ChainModule) -> None:
     """Give the head its own copy of a matrix it shares with the embedding."""
     if chain.tied is None or chain.head is None:
         return
@@ -107,7 +107,7 @@ def untie(chain: Chain) -> None:
     setattr(owner, leaf, nn.Parameter(shared.detach().clone(), shared.requires_grad))
 
 
-def tied_copies(chain: Chain, parts: list[Chain], mesh: DeviceMesh) -> TiedCopies:
+def tied_copies(chain: ChainModule, parts: list[ChainModule], mesh: DeviceMesh) -> TiedCopies:
     """The tied copies on this rank and the group of ranks (first and last pipeline rank at
     the same dp/cp/tp coordinates) that sums their gradients."""
     if chain.tied is None:
@@ -130,7 +130,7 @@ def tied_copies(chain: Chain, parts: list[Chain], mesh: DeviceMesh) -> TiedCopie
     return TiedCopies(holders=tuple(holders), group=group)
 
 
-def release(chain: Chain, kept: list[Chain]) -> None:
+def release(chain: ChainModule, kept: list[ChainModule]) -> None:
     """Free the layers other ranks run: their parameters move to the meta device (the caller's
     model keeps its structure, without storage for them)."""
     mine = {id(m) for part in kept for m in part.modules()}
@@ -140,8 +140,8 @@ def release(chain: Chain, kept: list[Chain]) -> None:
 
 
 def split(
-    chain: Chain, plan: Plan, mesh: DeviceMesh, device: torch.device
-) -> tuple[list[tuple[int, Chain]], TiedCopies]:
+    chain: ChainModule, plan: Plan, mesh: DeviceMesh, device: torch.device
+) -> tuple[list[tuple[int, ChainModule]], TiedCopies]:
     """This rank's (chunk index, chunk) pairs on `device`, and the tied embedding/head copies
     (the whole chain and no copies without a pipeline)."""
     if plan.parallelism.pp == 1:
@@ -168,7 +168,7 @@ def build_schedule(
     stages: list[Any] = [
         PipelineStage(module, index, num_chunks, device, group=group) for index, module in modules
     ]
-    kind = SCHEDULES[Schedule(plan.schedule)]
+    kind = SCHEDULES[plan.schedule]
     n = plan.num_microbatches
     if kind is ScheduleInterleaved1F1B:
         if n % plan.parallelism.pp:

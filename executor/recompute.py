@@ -18,7 +18,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 
 from ..planner.plan import Plan
 from ..planner.strategy import Recompute
-from .chain import Chain
+from .chain import ChainModule
 
 _aten = torch.ops.aten
 ATTENTION_CORE_OPS = frozenset(
@@ -42,11 +42,11 @@ def _selective_policy(ctx: object, op: object, *args: object, **kwargs: object) 
 
 
 def layer_recompute(plan: Plan) -> dict[int, Recompute]:
-    """Chain index -> recompute policy, from the plan's per-layer decisions."""
-    return {d.index: Recompute(d.recompute) for d in plan.layers}
+    """ChainModule index -> recompute policy, from the plan's per-layer decisions."""
+    return {d.index: d.recompute for d in plan.layers}
 
 
-def apply_recompute(chain: Chain, decisions: dict[int, Recompute]) -> int:
+def apply_recompute(chain: ChainModule, decisions: dict[int, Recompute]) -> int:
     """Checkpoint each block of `chain` as `decisions` says (block key k is chain index
     k + 1); returns how many blocks recompute. The embedding and head never do."""
     count = 0

@@ -9,11 +9,12 @@ import resource
 import statistics
 import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
+from ..planner.jsonio import write_atomic
 from ..planner.plan import Plan
+from ..planner.strategy import Recompute
 
 RSS_SOURCE = "peak RSS of the process (getrusage ru_maxrss: tensors plus Python/torch runtime)"
 CUDA_SOURCE = "torch.cuda.max_memory_allocated (tensors only, not the CUDA context)"
@@ -38,13 +39,14 @@ def strategy_text(plan: Plan) -> str:
     if p.offload_optimizer:
         parts.append("offload")
     if p.pp > 1:
-        parts.append(plan.schedule + (f"(v={p.virtual_stages})" if p.virtual_stages > 1 else ""))
-    recompute = sorted({d.recompute for d in plan.layers} - {"none"})
+        chunks = f"(v={p.virtual_stages})" if p.virtual_stages > 1 else ""
+        parts.append(f"{plan.schedule}{chunks}")
+    recompute = sorted({str(d.recompute) for d in plan.layers if d.recompute != Recompute.NONE})
     parts += [
         f"mbs={plan.micro_batch_size}",
         f"nmb={plan.num_microbatches}",
         f"rc={'+'.join(recompute) or 'none'}",
-        plan.train.precision,
+        str(plan.train.precision),
     ]
     return " ".join(parts)
 
@@ -109,10 +111,7 @@ class RunReport:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write as JSON (atomically)."""
-        target = Path(path)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        os.replace(tmp, target)
+        write_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
 
 def make_report(

@@ -1,6 +1,6 @@
 """Tensor parallelism (with or without sequence parallelism) on a chain's blocks.
 
-Each block gets its model's plan (`Chain.tp_plan`, or one the caller gives) through DTensor
+Each block gets its model's plan (`ChainModule.tp_plan`, or one the caller gives) through DTensor
 `parallelize_module` on the ``tp`` mesh axis. The embedding and the head stay whole on every
 TP rank (they may share one matrix, and GPT-2's does): their inputs are identical across the
 TP group, so their gradients are too. Under sequence parallelism the embedding output is cut
@@ -20,11 +20,11 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from .chain import Chain, TPPlanFn
+from .chain import ChainModule, TPPlanFn
 
 
 def apply_tp(
-    chain: Chain,
+    chain: ChainModule,
     tp_mesh: DeviceMesh,
     *,
     sequence_parallel: bool,

@@ -29,7 +29,8 @@ def parallelize(model: Any, plan: Any, **kwargs: Any) -> Any:
     """Apply a plan (a `Plan` or a plan JSON path) to `model` inside a torchrun process (see
     `paraplan.executor.parallelize`; imports torch)."""
     from .executor import parallelize as apply
-    from .planner.plan import Plan, load_plan
+    from .planner.plan import Plan
+    from .planner.plan_io import load_plan
 
     return apply(model, plan if isinstance(plan, Plan) else load_plan(plan), **kwargs)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -10,6 +11,7 @@ if TYPE_CHECKING:
     from .planner.cluster import Cluster
     from .planner.model import ModelProfile
     from .planner.model_spec import TransformerSpec
+    from .planner.pins import Pins
 
 
 def model_profile(
@@ -64,20 +66,21 @@ def plan(
     precision: str = "bf16",
     optimizer: str = "adamw",
     memory_headroom: float = 0.1,
-    fix: str | dict[str, object] | None = None,
+    fix: str | Pins | None = None,
     top_k: int = 3,
     gpus_per_node: int | None = None,
     progress: Callable[[float], None] | None = None,
 ) -> PlanOutcome:
     """Plan `model` (a preset/spec string, a `TransformerSpec` or a `ModelProfile`) on
-    `cluster` (e.g. ``"8xh100"`` or a `Cluster`). Raises ValueError on bad input and
-    `NoFeasiblePlanError` (a ValueError) when nothing fits."""
+    `cluster` (e.g. ``"8xh100"`` or a `Cluster`), with `fix` pins (`--fix` text or `Pins`).
+    Raises ValueError on bad input and `NoFeasiblePlanError` (a ValueError) when nothing
+    fits."""
     from .planner.api import make_plan
     from .planner.cluster import Cluster, parse_cluster
     from .planner.config import TrainConfig
     from .planner.model import ModelProfile
     from .planner.model_spec import TransformerSpec, parse_model
-    from .planner.search import parse_fix
+    from .planner.pins import Pins
 
     spec = parse_model(model) if isinstance(model, str) else model
     if isinstance(spec, TransformerSpec):
@@ -100,15 +103,8 @@ def plan(
         global_batch=global_batch, seq_len=seq, precision=precision,  # type: ignore[arg-type]
         optimizer=optimizer, memory_headroom=memory_headroom,  # type: ignore[arg-type]
     )  # fmt: skip
-    fixed = parse_fix(fix) if isinstance(fix, str) else dict(fix or {})
-    return make_plan(profile, cl, train, fixed=fixed, top_k=top_k, progress=progress)
-
-
-# Accelerator catalog names by the words CUDA reports in device names (most specific first).
-_DEVICE_NAMES = (("H100 PCIe", "h100-pcie"), ("H100", "h100"), ("H200", "h200"), ("B200", "b200"),
-                 ("L4", "l4"), ("V100", "v100"), ("MI300X", "mi300x"))  # fmt: skip
-A100_80GB_BYTES = 60 * 2**30
-"""An A100 reporting more memory than this is the 80 GB part."""
+    pins = Pins.parse(fix) if isinstance(fix, str) else fix
+    return make_plan(profile, cl, train, pins=pins, top_k=top_k, progress=progress)
 
 
 def detect_cluster() -> Cluster:
@@ -119,21 +115,20 @@ def detect_cluster() -> Cluster:
     import torch
 
     from .planner.cluster import make_cluster
+    from .planner.hardware import accelerator_for_device_name
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     if torch.cuda.is_available():
         name = torch.cuda.get_device_name()
         memory = torch.cuda.get_device_properties(0).total_memory
-        if "A100" in name:
-            acc = "a100-80gb" if memory > A100_80GB_BYTES else "a100-40gb"
-        else:
-            acc = next((key for word, key in _DEVICE_NAMES if word in name), "")
-        if not acc:
+        found = accelerator_for_device_name(name, memory_bytes=memory)
+        if found is None:
             raise ValueError(
                 f"GPU {name!r} is not in the accelerator catalog; pass cluster='<N>x<name>' or a "
                 "Cluster with calibrated figures"
             )
+        acc = found
     else:
         acc = "cpu"
     return make_cluster(acc, world, gpus_per_node=local)
@@ -145,7 +140,7 @@ def auto_parallelize(
     *,
     global_batch: int,
     cluster: str | Cluster | None = None,
-    fix: str | dict[str, object] | None = None,
+    fix: str | Pins | None = None,
     loss_fn: Callable[..., Any] | None = None,
     **parallelize_kwargs: Any,
 ) -> Any:
@@ -159,7 +154,7 @@ def auto_parallelize(
     import torch
 
     from .executor import parallelize
-    from .planner.search import parse_fix
+    from .planner.pins import Pins
     from .profiler import profile as run_profile
 
     prof = run_profile(model, example_inputs, loss_fn=loss_fn, measured_on="", repeats=0,
@@ -167,8 +162,8 @@ def auto_parallelize(
     model.zero_grad(set_to_none=True)
     dtype = next(model.parameters()).dtype
     precision = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype, "fp32")
-    pins = parse_fix(fix) if isinstance(fix, str) else dict(fix or {})
-    pins = {"cp": 1, "ep": 1} | pins
+    pins = Pins.parse(fix) if isinstance(fix, str) else fix or Pins()
+    pins = replace(pins, cp=1 if pins.cp is None else pins.cp, ep=1 if pins.ep is None else pins.ep)
     where = cluster if cluster is not None else detect_cluster()
     chosen = plan(prof, where, global_batch=global_batch, precision=precision, fix=pins, top_k=0)
     return parallelize(model, chosen.plan, **parallelize_kwargs)

@@ -10,6 +10,7 @@ from .cluster import Cluster
 from .config import TrainConfig
 from .cost.evaluate import Estimate, Evaluator
 from .model import ModelProfile
+from .pins import Pins
 from .plan import Plan
 from .search import Search, SearchResult
 
@@ -37,7 +38,7 @@ def make_plan(
     cluster: Cluster,
     train: TrainConfig,
     *,
-    fixed: dict[str, object] | None = None,
+    pins: Pins | None = None,
     top_k: int = 3,
     progress: Callable[[float], None] | None = None,
 ) -> PlanOutcome:
@@ -46,7 +47,7 @@ def make_plan(
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be >= 0")
     ev = Evaluator(profile, cluster, train)
-    search = Search(ev, fixed)
+    search = Search(ev, pins)
     result = search.run(top_k=top_k, progress=progress)
     ctx = PlanContext(profile=profile, cluster=cluster, train=train)
     if result.best is not None:
@@ -56,8 +57,8 @@ def make_plan(
         return PlanOutcome(plan=build_plan(ctx, least, ()), result=result)
     need = f"{least.memory.total_bytes / 1e9:.2f} GB" if least else "unknown"
     cap = ev.capacity_bytes / 1e9
-    pinned = ", ".join(f"{k}={v}" for k, v in (fixed or {}).items())
-    what = f" with {pinned}" if pinned else ""
+    pinned = search.pins.describe()
+    what = f" with --fix {pinned}" if pinned else ""
     hint = (
         f" (least-memory strategy: {least.strategy.short()}, on stage {least.peak_stage})"
         if least

@@ -7,14 +7,12 @@ from dataclasses import dataclass
 from .cluster import Cluster
 from .config import TrainConfig
 from .cost.evaluate import Estimate, Evaluator
-from .cost.layout import pipeline_chunks
 from .model import ModelProfile
 from .plan import (
     SCHEMA_VERSION,
     ChunkRange,
     ClusterInfo,
     LayerDecision,
-    MemoryBreakdownJSON,
     Mesh,
     ModelInfo,
     Parallelism,
@@ -22,7 +20,6 @@ from .plan import (
     Predicted,
     RunnerUp,
     StagePlan,
-    TimeBreakdownJSON,
     TrainInfo,
 )
 from .strategy import Strategy
@@ -85,7 +82,8 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
     """The plan for `chosen`, listing `runners_up` with why each lost."""
     p, c, t = ctx.profile, ctx.cluster, ctx.train
     s = chosen.strategy
-    chunks = pipeline_chunks(p, s.pp, s.virtual_stages)
+    ev = Evaluator(p, c, t)
+    chunks = ev.stage_model.chunks(ev.stage_model.layout_of(s))
     stages = tuple(
         StagePlan(
             stage=st,
@@ -97,9 +95,8 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
         )
         for st in range(s.pp)
     )
-    ev = Evaluator(p, c, t)
     layers = tuple(
-        LayerDecision(index=i, name=x.name, recompute=str(policy), kept_bytes=kept,
+        LayerDecision(index=i, name=x.name, recompute=policy, kept_bytes=kept,
                       recompute_s=seconds)
         for i, (x, (policy, kept, seconds)) in enumerate(
             zip(p.layers, ev.per_layer.decisions(s), strict=True))
@@ -131,20 +128,20 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
         train=TrainInfo(
             global_batch=t.global_batch,
             seq_len=t.seq_len,
-            precision=str(t.precision),
-            optimizer=str(t.optimizer),
+            precision=t.precision,
+            optimizer=t.optimizer,
             memory_headroom=t.memory_headroom,
         ),
         parallelism=parallelism_of(s),
         mesh=Mesh(
-            axis_order=tuple(str(a) for a in s.mesh_order),
+            axis_order=s.mesh_order,
             shape=tuple(s.axis_size(a) for a in s.mesh_order),
         ),
-        schedule=str(s.schedule),
+        schedule=s.schedule,
         micro_batch_size=s.micro_batch_size,
         num_microbatches=chosen.num_microbatches,
         stages=stages,
-        recompute_policy=str(s.recompute),
+        recompute_policy=s.recompute,
         layers=layers,
         feasible=chosen.feasible,
         infeasible_reason=chosen.reason,
@@ -155,20 +152,8 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
             memory_per_gpu_bytes=mem.total_bytes,
             memory_capacity_bytes=chosen.capacity_bytes,
             peak_stage=chosen.peak_stage,
-            memory_breakdown=MemoryBreakdownJSON(
-                params_bytes=mem.params_bytes,
-                grads_bytes=mem.grads_bytes,
-                optimizer_bytes=mem.optimizer_bytes,
-                activations_bytes=mem.activations_bytes,
-                other_bytes=mem.other_bytes,
-            ),
-            time_breakdown=TimeBreakdownJSON(
-                compute_s=tb.compute_s,
-                recompute_s=tb.recompute_s,
-                comm_s=tb.comm_s,
-                bubble_s=tb.bubble_s,
-                optimizer_s=tb.optimizer_s,
-            ),
+            memory_breakdown=mem,
+            time_breakdown=tb,
             bubble_fraction=chosen.bubble_fraction,
             exposed_comm_s=chosen.exposed_comm_s,
             recompute_saved_bytes=ev.recompute_saved_bytes(s),
@@ -176,10 +161,10 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
         runners_up=tuple(
             RunnerUp(
                 parallelism=parallelism_of(r.strategy),
-                schedule=str(r.strategy.schedule),
+                schedule=r.strategy.schedule,
                 micro_batch_size=r.strategy.micro_batch_size,
-                recompute=str(r.strategy.recompute),
-                mesh_axis_order=tuple(str(a) for a in r.strategy.mesh_order),
+                recompute=r.strategy.recompute,
+                mesh_axis_order=r.strategy.mesh_order,
                 step_time_s=r.step_time_s,
                 tokens_per_s=r.tokens_per_s,
                 mfu=r.mfu,

@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from .hardware import (
     get_accelerator,
     with_calibration,
 )
+from .jsonio import write_atomic
 
 DEFAULT_GPUS_PER_NODE = 8
 """GPUs per node when not given: DGX/HGX baseboards (NVIDIA) and MI300X platforms hold 8."""
@@ -294,11 +294,4 @@ def save_cluster_file(cluster: Cluster, path: str | os.PathLike[str]) -> None:
         import yaml
 
         text = yaml.safe_dump(data, sort_keys=False)
-    fd, tmp = tempfile.mkstemp(dir=file.parent, prefix=f".{file.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, file)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(file, text)

@@ -75,13 +75,13 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def _strategy(p: Parallelism, schedule: str, mbs: int, recompute: str) -> str:
+def _strategy(p: Parallelism, schedule: Schedule, mbs: int, recompute: Recompute) -> str:
     """The compact description `Strategy.short` gives, for a plan's records."""
     return Strategy(
         dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, zero_stage=p.zero_stage,
         offload_optimizer=p.offload_optimizer, sequence_parallel=p.sequence_parallel,
-        schedule=Schedule(schedule), virtual_stages=p.virtual_stages, micro_batch_size=mbs,
-        recompute=Recompute(recompute),
+        schedule=schedule, virtual_stages=p.virtual_stages, micro_batch_size=mbs,
+        recompute=recompute,
     ).short()  # fmt: skip
 
 
@@ -90,9 +90,10 @@ def _recompute_summary(plan: Plan) -> str:
     per-layer, the time it adds and the memory it saves."""
     policy = plan.recompute_policy
     blocks = [d for d in plan.layers if d.name.startswith("block")]
-    text = policy
+    text = str(policy)
     if policy == Recompute.PER_LAYER:
-        counts = {k: sum(d.recompute == k for d in blocks) for k in ("full", "selective", "none")}
+        kinds = (Recompute.FULL, Recompute.SELECTIVE, Recompute.NONE)
+        counts = {k: sum(d.recompute == k for d in blocks) for k in kinds}
         text = "per-layer solver: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n)
         text += f" of {len(blocks)} blocks"
     pr = plan.predicted

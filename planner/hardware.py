@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -383,6 +384,32 @@ def get_accelerator(name: str) -> Accelerator:
             f"(aliases: {', '.join(f'{a} = {t}' for a, t in ALIASES.items())})"
         )
     return ACCELERATORS[key]
+
+
+_DEVICE_NAME_WORDS: tuple[tuple[str, str], ...] = (
+    ("H100 PCIe", "h100-pcie"), ("H100", "h100"), ("H200", "h200"), ("B200", "b200"),
+    ("L4", "l4"), ("V100", "v100"), ("MI300X", "mi300x"),
+)  # fmt: skip
+"""Catalog names by the words CUDA reports in device names, most specific first (e.g.
+torch.cuda.get_device_name() gives "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe" or
+"NVIDIA A100-SXM4-80GB"). Matched as whole words, so an L40S is not taken for an L4."""
+A100_80GB_MIN_BYTES = 60 * 2**30
+"""An A100 reporting more memory than this is the 80 GB part (the 40 GB part reports 40 GiB)."""
+
+
+def accelerator_for_device_name(name: str, *, memory_bytes: int | None = None) -> str | None:
+    """The catalog name of a device as torch reports it (`torch.cuda.get_device_name()`), or
+    None when the catalog has no such device. An A100 needs `memory_bytes` (its total memory)
+    to tell the 40 GB part from the 80 GB one; without it an A100 is not identified."""
+
+    def has(word: str) -> bool:  # `word` not inside a longer name: L4 is not L40S
+        return re.search(rf"(?<![A-Za-z0-9]){re.escape(word)}(?![A-Za-z0-9])", name) is not None
+
+    if has("A100"):
+        if memory_bytes is None:
+            return None
+        return "a100-80gb" if memory_bytes > A100_80GB_MIN_BYTES else "a100-40gb"
+    return next((key for word, key in _DEVICE_NAME_WORDS if has(word)), None)
 
 
 def with_calibration(acc: Accelerator, overrides: Mapping[str, Any]) -> Accelerator:

@@ -8,8 +8,10 @@ import ast
 import inspect
 import itertools
 import json
+import math
 import os
-import tempfile
+import secrets
+import stat
 import types
 import typing
 from dataclasses import MISSING, fields, is_dataclass
@@ -82,9 +84,7 @@ def object_schema(cls: typing.Any, overrides: Overrides | None = None) -> dict[s
     props = {}
     for f in fields(cls):
         prop = type_schema(hints[f.name], f.name, overrides)
-        for key in ("minimum", "maximum"):
-            if key in f.metadata:
-                prop[key] = f.metadata[key]
+        prop |= {k: v for k, v in f.metadata.items() if k != "doc"}  # extra schema keywords
         doc = f.metadata.get("doc") or docs.get(f.name)
         if doc:
             prop["description"] = doc
@@ -112,22 +112,54 @@ def field_docs(cls: typing.Any) -> dict[str, str]:
             and isinstance(nxt.value, ast.Constant)
             and isinstance(nxt.value.value, str)
         ):
-            docs[node.target.id] = nxt.value.value.strip()
+            docs[node.target.id] = " ".join(nxt.value.value.split())  # one line
     return docs
 
 
-def validate(data: typing.Any, schema: dict[str, typing.Any], what: str) -> None:
-    """Raise ValueError naming the first problem (its JSON path, the rule) and the format."""
+def validate(
+    data: typing.Any, schema: dict[str, typing.Any], what: str, fix: str = "fix the value"
+) -> None:
+    """Raise ValueError naming the first problem (its JSON path, the rule), `fix` and where the
+    format is documented. Numbers must be finite: Python's json reads NaN and Infinity, which
+    JSON does not have."""
     import jsonschema
 
+    bad = non_finite(data)
+    if bad is not None:
+        where, value = bad
+        raise ValueError(
+            f"invalid {what} at {where}: {value!r} is not a finite number (NaN and Infinity are "
+            f"not valid JSON); {fix} (the format is {schema_doc(schema)})"
+        )
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
     if errors:
         err = errors[0]
-        where = ".".join(str(p) for p in err.absolute_path) or "(top level)"
+        where = json_path(err.absolute_path)
         raise ValueError(
-            f"invalid {what} at {where}: {err.message}; the format is {schema_doc(schema)}"
+            f"invalid {what} at {where}: {err.message}; {fix} (the format is {schema_doc(schema)})"
         )
+
+
+def json_path(parts: typing.Iterable[str | int]) -> str:
+    """A location in a document as `a.b.0.c` (`(top level)` for the document itself)."""
+    return ".".join(str(p) for p in parts) or "(top level)"
+
+
+def non_finite(data: typing.Any, at: tuple[str | int, ...] = ()) -> tuple[str, float] | None:
+    """(JSON path, value) of the first NaN or infinite number in a parsed document, or None."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return json_path(at), data
+    items: typing.Iterable[tuple[str | int, typing.Any]] = ()
+    if isinstance(data, dict):
+        items = data.items()
+    elif isinstance(data, list):
+        items = enumerate(data)
+    for key, value in items:
+        found = non_finite(value, (*at, key))
+        if found is not None:
+            return found
+    return None
 
 
 def schema_doc(schema: dict[str, typing.Any]) -> str:
@@ -150,24 +182,67 @@ def read_json(path: str | os.PathLike[str], what: str, hint: str) -> typing.Any:
 
 
 def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write through a temporary file in the same folder and a rename: a reader never sees a
-    half-written file, and a failed write leaves the old one."""
-    target = Path(path)
-    folder = target.parent if str(target.parent) else Path(".")
+    """Write `text` (UTF-8) to `path` so that a reader sees the old file or the new one, never
+    half of one: the text goes to a temporary file with a unique name in the target's folder,
+    which is then renamed over the target. The new file has the permissions of any new file
+    (0666 less the umask). Any failure removes the temporary file and leaves the target as it
+    was.
+
+    A symbolic link is written through: the file it points to (at the end of a chain of links)
+    is replaced and the link stays. A path that exists and is not a regular file (a folder, a
+    FIFO, a device, a socket) is refused with ValueError and left untouched. This is the
+    project's only atomic writer: plans, profiles, clusters, reports and checkpoints use it."""
+    target = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
+    folder = target.parent
     if not folder.is_dir():
-        raise ValueError(f"cannot write {str(target)!r}: folder {str(folder)!r} is missing")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+        raise ValueError(
+            f"cannot write {str(path)!r}: folder {str(folder)!r} does not exist; create it "
+            "first or choose another path"
+        )
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
-        with os.fdopen(fd, "w") as fh:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise ValueError(
+            f"cannot write {str(path)!r}: it exists and is not a regular file (a folder, FIFO "
+            "or device is never replaced); remove it or choose another path"
+        )
+    fd, tmp = _create_temp(folder, target.name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, target)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
-__all__ = ["MISSING", "from_json", "object_schema", "read_json", "to_json", "validate",
-           "write_atomic"]  # fmt: skip
+def _create_temp(folder: Path, name: str) -> tuple[int, Path]:
+    """A new file `.<name>.<random>.tmp` in `folder`, open for writing. Unlike
+    `tempfile.mkstemp` (mode 0600), it is created with mode 0666 and the kernel applies the
+    umask, so the file ends with normal permissions without reading the process umask."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(_TEMP_TRIES):
+        tmp = folder / f".{name}.{secrets.token_hex(6)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name for {name!r} in {str(folder)!r}")
+
+
+_TEMP_TRIES = 100
+"""Random names tried before giving up (48 random bits each: a clash is already unlikely)."""
+
+
+__all__ = [
+    "MISSING",
+    "from_json",
+    "non_finite",
+    "object_schema",
+    "read_json",
+    "to_json",
+    "validate",
+    "write_atomic",
+]

@@ -61,7 +61,7 @@ class LayerCost:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class OpNode:
+class ProfiledOp:
     """One operator of a layer's forward, for rematerialization solvers."""
 
     op: str
@@ -76,6 +76,9 @@ class OpNode:
     """Its FLOPs per sequence."""
     saved: bool
     """Whether autograd keeps its output for the backward pass."""
+    bwd_reads: tuple[int, ...] = ()
+    """The tensors its own backward reads, by producer as in `inputs` (its own index: its
+    output, e.g. a softmax's); parameters (-2) are listed but are not activations."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -84,8 +87,11 @@ class LayerGraph:
 
     layer: int
     """Index of the layer in the chain."""
-    nodes: tuple[OpNode, ...]
+    nodes: tuple[ProfiledOp, ...]
     """Operators in execution order."""
+    output: int = -1
+    """The node producing the layer's output, the next layer's input (-1: the layer passes its
+    input through, or the head, whose output is the loss)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,26 +1,36 @@
 """The plan: a typed, versioned value the planner writes and the executor reads.
 
-`Plan.to_dict` / `Plan.from_dict` convert to the JSON form described by
-`docs/plan.schema.json` (generated from these dataclasses by `schema.py`); `save_plan` writes
-atomically and `load_plan` validates strictly (unknown keys rejected) before building the value.
+This module defines the types only. `plan_io.py` reads and writes the JSON form (strict load:
+the schema `schema.py` generates from these dataclasses, plus value checks); enums and the
+cost model's breakdown dataclasses are stored as themselves and converted at the edge.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import typing
 from dataclasses import dataclass, field
 
-from .jsonio import from_json, read_json, to_json, write_atomic
+from .config import Optimizer, Precision
+from .cost.estimate import TimeBreakdown
+from .cost.memory import MemoryBreakdown
+from .jsonio import to_json
+from .strategy import MeshAxis, Recompute, Schedule
 
 SCHEMA_VERSION = 2
 """Bumped on any incompatible change of the plan JSON."""
+
+LAYER_RECOMPUTE: tuple[Recompute, ...] = tuple(r for r in Recompute if r != Recompute.PER_LAYER)
+"""Policies a single layer can have (`per_layer` describes how a plan chose them)."""
 
 
 def _pos(doc: str) -> typing.Any:
     """A positive-integer field (the schema says minimum 1)."""
     return field(metadata={"minimum": 1, "doc": doc})
+
+
+def _schema(**keywords: typing.Any) -> typing.Any:
+    """A field with extra JSON-schema keywords (its docstring follows it as usual)."""
+    return field(metadata=keywords)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,27 +70,22 @@ class ClusterInfo:
     """Digest of the cluster and accelerator figures."""
     accelerator: str
     """Accelerator catalog name."""
-    num_nodes: int
-    """Nodes."""
-    gpus_per_node: int
-    """GPUs per node."""
-    num_gpus: int
-    """Total GPUs (the world size the executor must run with)."""
+    num_nodes: int = _pos("Nodes.")
+    gpus_per_node: int = _pos("GPUs per node.")
+    num_gpus: int = _pos("Total GPUs (the world size the executor must run with).")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainInfo:
     """The training configuration planned for."""
 
-    global_batch: int
-    """Sequences per optimizer step."""
-    seq_len: int
-    """Tokens per sequence."""
-    precision: str
-    """fp32, bf16 or fp16 (mixed precision keeps fp32 master weights)."""
-    optimizer: str
-    """adamw, sgd, adafactor or adam8bit."""
-    memory_headroom: float
+    global_batch: int = _pos("Sequences per optimizer step.")
+    seq_len: int = _pos("Tokens per sequence.")
+    precision: Precision
+    """Parameter precision (mixed precision keeps fp32 master weights)."""
+    optimizer: Optimizer
+    """Optimizer."""
+    memory_headroom: float = _schema(minimum=0, exclusiveMaximum=1)
     """Fraction of device memory left free."""
 
 
@@ -105,9 +110,9 @@ class Parallelism:
 class Mesh:
     """The device mesh: axis names from outermost to innermost and their sizes."""
 
-    axis_order: tuple[str, ...]
+    axis_order: tuple[MeshAxis, ...] = _schema(uniqueItems=True)
     """Axis names, outermost first (the last varies fastest over ranks)."""
-    shape: tuple[int, ...]
+    shape: tuple[int, ...] = _schema(items={"type": "integer", "minimum": 1})
     """Size of each axis in `axis_order`."""
 
 
@@ -115,11 +120,11 @@ class Mesh:
 class ChunkRange:
     """Chain layers one pipeline rank runs as one model chunk."""
 
-    chunk: int
+    chunk: int = _schema(minimum=0)
     """Chunk position in the model (0 .. pp*virtual_stages-1)."""
-    first_layer: int
+    first_layer: int = _schema(minimum=0)
     """First chain index (0 is the embedding)."""
-    last_layer: int
+    last_layer: int = _schema(minimum=0)
     """Last chain index, inclusive."""
 
 
@@ -127,7 +132,7 @@ class ChunkRange:
 class StagePlan:
     """One pipeline rank and its chunks."""
 
-    stage: int
+    stage: int = _schema(minimum=0)
     """Pipeline rank."""
     chunks: tuple[ChunkRange, ...]
     """Its model chunks, in model order."""
@@ -137,12 +142,12 @@ class StagePlan:
 class LayerDecision:
     """Per-layer decisions."""
 
-    index: int
+    index: int = _schema(minimum=0)
     """Chain index."""
     name: str
     """Layer name."""
-    recompute: str
-    """none, selective or full."""
+    recompute: Recompute = field(metadata={"enum": [r.value for r in LAYER_RECOMPUTE]})
+    """The layer's policy: none, selective or full (never per_layer)."""
     kept_bytes: float
     """Activation bytes the layer keeps for backward per micro-batch on its rank under this
     decision (what a checkpointed block keeps: its input)."""
@@ -151,58 +156,26 @@ class LayerDecision:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class MemoryBreakdownJSON:
-    """Bytes per GPU at the peak, by holder."""
-
-    params_bytes: float
-    """Working parameters."""
-    grads_bytes: float
-    """Gradients."""
-    optimizer_bytes: float
-    """Optimizer states and master weights."""
-    activations_bytes: float
-    """Saved activations of every in-flight micro-batch."""
-    other_bytes: float
-    """Runtime context and communication buffers."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TimeBreakdownJSON:
-    """Seconds per step by cause, on the bounding pipeline stage."""
-
-    compute_s: float
-    """Forward and backward compute."""
-    recompute_s: float
-    """Recomputation."""
-    comm_s: float
-    """Exposed communication."""
-    bubble_s: float
-    """Pipeline fill and drain."""
-    optimizer_s: float
-    """Optimizer step."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class Predicted:
     """The cost model's predictions."""
 
-    step_time_s: float
+    step_time_s: float = _schema(exclusiveMinimum=0)
     """Seconds per optimizer step."""
     tokens_per_s: float
     """Tokens per second over the cluster."""
-    mfu: float
+    mfu: float = _schema(minimum=0)
     """Model FLOPs utilization (PaLM Appendix B)."""
     memory_per_gpu_bytes: float
     """Peak bytes on the fullest GPU."""
-    memory_capacity_bytes: float
+    memory_capacity_bytes: float = _schema(exclusiveMinimum=0)
     """Usable bytes per GPU (capacity less headroom)."""
-    peak_stage: int
+    peak_stage: int = _schema(minimum=0)
     """Pipeline stage of the fullest GPU."""
-    memory_breakdown: MemoryBreakdownJSON
+    memory_breakdown: MemoryBreakdown
     """Where the peak memory goes."""
-    time_breakdown: TimeBreakdownJSON
+    time_breakdown: TimeBreakdown
     """Where the step time goes."""
-    bubble_fraction: float
+    bubble_fraction: float = _schema(minimum=0, maximum=1)
     """Share of pipeline time in fill and drain."""
     exposed_comm_s: float
     """Communication not hidden behind compute."""
@@ -217,19 +190,18 @@ class RunnerUp:
 
     parallelism: Parallelism
     """Its degrees."""
-    schedule: str
+    schedule: Schedule
     """Its pipeline schedule."""
-    micro_batch_size: int
-    """Its micro-batch size."""
-    recompute: str
-    """Its recompute policy (none, selective, full or per_layer)."""
-    mesh_axis_order: tuple[str, ...]
+    micro_batch_size: int = _pos("Its micro-batch size.")
+    recompute: Recompute
+    """Its recompute policy."""
+    mesh_axis_order: tuple[MeshAxis, ...] = _schema(uniqueItems=True)
     """Its mesh order, outermost first."""
     step_time_s: float
     """Its predicted step time."""
     tokens_per_s: float
     """Its predicted throughput."""
-    mfu: float
+    mfu: float = _schema(minimum=0)
     """Its predicted MFU."""
     memory_per_gpu_bytes: float
     """Its predicted peak memory per GPU."""
@@ -255,13 +227,13 @@ class Plan:
     """Degrees and sharding."""
     mesh: Mesh
     """Device mesh layout."""
-    schedule: str
-    """Pipeline schedule: none, gpipe, 1f1b or interleaved_1f1b."""
+    schedule: Schedule
+    """Pipeline schedule."""
     micro_batch_size: int = _pos("Sequences per micro-batch.")
     num_microbatches: int = _pos("Micro-batches per step per data-parallel replica.")
     stages: tuple[StagePlan, ...]
     """Layer ranges of each pipeline stage."""
-    recompute_policy: str
+    recompute_policy: Recompute
     """How the per-layer decisions were made: uniform none, selective or full, or per_layer
     (chosen per stage by the recompute solver: the least recomputation that fits)."""
     layers: tuple[LayerDecision, ...]
@@ -276,27 +248,5 @@ class Plan:
     """The next-best strategies, best first."""
 
     def to_dict(self) -> dict[str, typing.Any]:
-        """The JSON form."""
+        """The JSON form (`plan_io.plan_from_dict` reads it back)."""
         return to_json(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, typing.Any]) -> Plan:
-        """Validate against the schema and build (ValueError on any problem)."""
-        from .schema import validate_plan_dict
-
-        validate_plan_dict(data)
-        return from_json(cls, data)
-
-
-def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
-    """Write the plan as JSON atomically (a reader never sees a half-written plan)."""
-    write_atomic(path, json.dumps(plan.to_dict(), indent=2) + "\n")
-
-
-def load_plan(path: str | os.PathLike[str]) -> Plan:
-    """Read and strictly validate a plan JSON file."""
-    data = read_json(path, "plan", "write one with paraplan plan -o")
-    try:
-        return Plan.from_dict(data)
-    except ValueError as exc:
-        raise ValueError(f"plan file {str(path)!r}: {exc}") from None

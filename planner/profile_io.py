@@ -48,7 +48,7 @@ def profile_from_dict(data: typing.Any) -> ModelProfile:
             f"schema_version {data.get('schema_version')!r} is not supported (this paraplan "
             f"reads version {PROFILE_SCHEMA_VERSION}); profile the model again"
         )
-    validate(data, profile_schema(), "profile")
+    validate(data, profile_schema(), "profile", "profile the model again with paraplan profile -o")
     return from_json(ModelProfile, data["profile"])
 
 

@@ -13,11 +13,15 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
-from .cost.comm import AxisLink, Collectives
+from .cost.comm import Collectives
 from .cost.data_parallel import HOST_OPTIMIZER_BYTES_PER_S
 from .cost.evaluate import Estimate, Evaluator
 from .cost.memory import MemoryBreakdown
+from .cost.rules import Rule, Violation
+from .intmath import divisors
+from .pins import Pins
 from .strategy import DEFAULT_MESH_ORDER, MeshAxis, Recompute, Schedule, Strategy
 
 MAX_VIRTUAL_STAGES = 8
@@ -29,81 +33,12 @@ MIN_TOKENS_PER_CP_RANK = 1024
 """Context parallelism is searched only while every rank keeps at least this many tokens of a
 sequence (unless pinned): below that, each ring step's latency outweighs its attention block
 (ring attention works on blocks of thousands of tokens, Liu et al. 2023 §3)."""
+T = TypeVar("T")
 _RECOMPUTE_RANK = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2,
                    Recompute.PER_LAYER: 3}  # fmt: skip
 """Order of recompute policies by added time when several fit. `per_layer` is never slower
 than a uniform policy that fits except through TP/EP collectives redone, so only `none`
 fitting dominates it (the solver then picks `none` everywhere)."""
-
-FIX_KEYS = (
-    "dp", "tp", "pp", "cp", "ep", "zero_stage", "sequence_parallel", "virtual_stages",
-    "micro_batch_size", "schedule", "recompute", "offload_optimizer",
-)  # fmt: skip
-PINNED_FOR_SINGLE = frozenset(
-    {"dp", "tp", "pp", "zero_stage", "micro_batch_size", "schedule", "recompute"}
-)
-"""Pinning these evaluates one configuration (cp, ep, sp, offload still take their best)."""
-FIX_ALIASES = {"zero": "zero_stage", "sp": "sequence_parallel", "vpp": "virtual_stages",
-               "mbs": "micro_batch_size", "offload": "offload_optimizer"}  # fmt: skip
-_INT_KEYS = {"dp", "tp", "pp", "cp", "ep", "zero_stage", "virtual_stages", "micro_batch_size"}
-_BOOL_KEYS = {"sequence_parallel", "offload_optimizer"}
-_BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True,
-               "false": False, "0": False, "no": False, "off": False}  # fmt: skip
-FIX_FORMS = (
-    "comma-separated key=value pairs, e.g. 'tp=8,pp=8,dp=24,zero=1,mbs=2,schedule=1f1b,"
-    "recompute=full'; keys: "
-    + ", ".join(FIX_KEYS)
-    + " (aliases: "
-    + ", ".join(f"{a}={k}" for a, k in FIX_ALIASES.items())
-    + "); schedules: "
-    + ", ".join(s.value for s in Schedule)
-    + "; recompute: "
-    + ", ".join(r.value for r in Recompute)
-)
-
-
-def parse_fix(text: str) -> dict[str, object]:
-    """Parse `--fix` into plan-JSON names and typed values; errors name the bad token."""
-    fixed: dict[str, object] = {}
-    for token in filter(None, (t.strip() for t in text.split(","))):
-        raw_key, eq, raw = token.partition("=")
-        key = FIX_ALIASES.get(raw_key.strip().lower(), raw_key.strip().lower())
-        raw = raw.strip().lower()
-        if not eq or not raw:
-            raise ValueError(f"--fix: bad token {token!r}; expected {FIX_FORMS}")
-        if key not in FIX_KEYS:
-            raise ValueError(f"--fix: unknown key {raw_key.strip()!r} in {token!r}; {FIX_FORMS}")
-        value: object
-        if key in _INT_KEYS:
-            if key == "zero_stage" and raw not in ("0", "1", "2", "3"):
-                raise ValueError(f"--fix: {token!r}: zero_stage must be 0, 1, 2 or 3")
-            if key != "zero_stage" and (not raw.isdigit() or int(raw) < 1):
-                raise ValueError(f"--fix: {token!r}: {key} must be a positive integer")
-            value = int(raw)
-        elif key in _BOOL_KEYS:
-            if raw not in _BOOL_WORDS:
-                raise ValueError(f"--fix: {token!r}: {key} must be true or false")
-            value = _BOOL_WORDS[raw]
-        elif key == "schedule":
-            try:
-                value = Schedule(raw)
-            except ValueError:
-                raise ValueError(
-                    f"--fix: {token!r}: unknown schedule; use one of "
-                    + ", ".join(s.value for s in Schedule)
-                ) from None
-        else:
-            try:
-                value = Recompute(raw)
-            except ValueError:
-                raise ValueError(
-                    f"--fix: {token!r}: unknown recompute policy; use one of "
-                    + ", ".join(r.value for r in Recompute)
-                ) from None
-        if key in fixed and fixed[key] != value:
-            raise ValueError(f"--fix: {key} given twice with different values")
-        fixed[key] = value
-    return fixed
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -124,8 +59,9 @@ class SearchResult:
         return self.ranked[0] if self.ranked else None
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def _options(pinned: T | None, default: list[T]) -> list[T]:
+    """The pinned value alone, or every default candidate."""
+    return default if pinned is None else [pinned]
 
 
 def _mesh_orders(s: Strategy) -> list[tuple[MeshAxis, ...]]:
@@ -144,72 +80,46 @@ def _mesh_orders(s: Strategy) -> list[tuple[MeshAxis, ...]]:
 class Search:
     """Enumerates the space for one evaluator, with pinned dimensions."""
 
-    def __init__(self, ev: Evaluator, fixed: dict[str, object] | None = None) -> None:
+    def __init__(self, ev: Evaluator, pins: Pins | None = None) -> None:
         self.ev = ev
-        self.fixed = dict(fixed or {})
-        unknown = set(self.fixed) - set(FIX_KEYS)
-        if unknown:
-            raise ValueError(f"unknown fixed dimension(s) {sorted(unknown)}; {FIX_FORMS}")
+        self.pins = pins if pins is not None else Pins()
         self._lb_coll = Collectives(ev.acc, lower_bound=True)
-        self._check_pins()
-
-    def _check_pins(self) -> None:
-        """Reject a pinned value that no configuration could satisfy, naming its rule."""
-        ev, f = self.ev, self.fixed
-        p, t, n = ev.profile, ev.train, ev.cluster.num_gpus
-        for key in ("dp", "tp", "pp", "cp"):
-            if key in f and n % int(f[key]):  # type: ignore[call-overload]
-                raise ValueError(
-                    f"--fix {key}={f[key]}: {key} must divide the {n} GPUs of the cluster"
-                )
-        if "tp" in f:
-            tp = int(f["tp"])  # type: ignore[call-overload]
-            if p.heads % tp or p.ffn % tp:
-                raise ValueError(f"--fix tp={tp}: tp must divide heads={p.heads} and ffn={p.ffn}")
-        if "pp" in f and int(f["pp"]) > ev.num_blocks:  # type: ignore[call-overload]
-            raise ValueError(f"--fix pp={f['pp']}: more stages than the {ev.num_blocks} blocks")
-        if "cp" in f and int(f["cp"]) > 1 and t.seq_len % (2 * int(f["cp"])):  # type: ignore[call-overload]
-            raise ValueError(f"--fix cp={f['cp']}: seq_len={t.seq_len} must divide by 2*cp")
-        if "ep" in f and int(f["ep"]) > 1 and not p.is_moe:  # type: ignore[call-overload]
-            raise ValueError(f"--fix ep={f['ep']}: expert parallelism needs a MoE model")
-        if "micro_batch_size" in f and t.global_batch % int(f["micro_batch_size"]):  # type: ignore[call-overload]
-            raise ValueError(
-                f"--fix micro_batch_size={f['micro_batch_size']}: it must divide the global "
-                f"batch of {t.global_batch}"
-            )
+        broken = ev.violation(self.pins)  # the rules the candidates obey, on the pins alone
+        if broken is not None:
+            keys = broken.rule.fields
+            named = self.pins.describe(keys) or self.pins.describe()
+            left = ", ".join(k for k in keys if k not in self.pins.pinned())
+            leave = f"; or leave {left} to the search" if left else ""
+            raise ValueError(f"--fix {named}: {broken.message} (rule {broken.rule}){leave}")
 
     @property
     def all_pinned(self) -> bool:
-        """Whether --fix pins every main dimension: then a plan is reported even when it does
-        not fit (the least-memory variant of what remains, marked infeasible)."""
-        return set(self.fixed) >= PINNED_FOR_SINGLE
-
-    def _options(self, key: str, default: list) -> list:
-        return [self.fixed[key]] if key in self.fixed else default
+        """Whether --fix pins every main dimension (see `Pins.all_pinned`)."""
+        return self.pins.all_pinned
 
     def blocks(self) -> Iterator[_Block]:
         """The space in blocks that share degrees and micro-batch size, valid or not."""
-        ev, p, t = self.ev, self.ev.profile, self.ev.train
+        ev, f, t = self.ev, self.pins, self.ev.train
         n = ev.cluster.num_gpus
-        divs = _divisors(n)
-        kv = p.kv_heads
-        tps = self._options("tp", [d for d in divs if p.heads % d == 0 and p.ffn % d == 0
-                                   and (kv % d == 0 or d % kv == 0)])  # fmt: skip
-        cps = self._options("cp", [d for d in divs if d == 1 or (
-            t.seq_len % (2 * d) == 0 and t.seq_len // d >= MIN_TOKENS_PER_CP_RANK)])  # fmt: skip
-        pps = self._options("pp", [d for d in divs if d <= ev.num_blocks])
-        eps = self._options("ep", [d for d in _divisors(p.experts) if d <= n] if p.is_moe else [1])
-        pinned_degrees = bool({"tp", "cp", "pp", "dp"} & set(self.fixed))
+        divs = divisors(n)
+        # Candidate degrees: those the structural rules admit as a pin of their own.
+        tps = _options(f.tp, [d for d in divs if ev.violation(Pins(tp=d)) is None])
+        max_cp = max(1, t.seq_len // MIN_TOKENS_PER_CP_RANK)  # the largest cp searched unpinned
+        cps = _options(f.cp, [d for d in divs if d <= max_cp and ev.violation(Pins(cp=d)) is None])
+        pps = _options(f.pp, [d for d in divs if ev.violation(Pins(pp=d)) is None])
+        experts = ev.profile.experts
+        eps = _options(f.ep, [d for d in divisors(experts) if d <= n] if experts else [1])
+        pinned_degrees = any(x is not None for x in (f.tp, f.cp, f.pp, f.dp))
         for tp, cp, pp, ep in itertools.product(tps, cps, pps, eps):
             if n % (tp * cp * pp) and not pinned_degrees:
                 continue
-            dp = int(self.fixed.get("dp", max(1, n // (tp * cp * pp))))  # type: ignore[call-overload]
+            dp = f.dp if f.dp is not None else max(1, n // (tp * cp * pp))
             if dp * tp * cp * pp != n and not pinned_degrees:
                 continue
             per_replica = t.global_batch // dp if t.global_batch % dp == 0 else 0
-            mbss = self._options(
-                "micro_batch_size",
-                [d for d in _divisors(per_replica) if d <= MAX_MICRO_BATCH] if per_replica else [1],
+            mbss = _options(
+                f.micro_batch_size,
+                [d for d in divisors(per_replica) if d <= MAX_MICRO_BATCH] if per_replica else [1],
             )
             scheds: list[tuple[Schedule, int]] = []
             if pp == 1:
@@ -218,20 +128,19 @@ class Search:
                 scheds += [(Schedule.GPIPE, 1), (Schedule.ONE_F_ONE_B, 1)]
                 top_v = min(MAX_VIRTUAL_STAGES, ev.num_blocks // pp)
                 scheds += [(Schedule.INTERLEAVED_1F1B, v) for v in range(2, top_v + 1)]
-            if "schedule" in self.fixed:
-                fs = Schedule(self.fixed["schedule"])  # type: ignore[arg-type]
-                fv = int(self.fixed.get("virtual_stages", 1))  # type: ignore[call-overload]
-                scheds = [x for x in scheds if x[0] == fs] or [(fs, fv)]
-            if "virtual_stages" in self.fixed:
-                fv = int(self.fixed["virtual_stages"])  # type: ignore[call-overload]
+            if f.schedule is not None:
+                fv = f.virtual_stages if f.virtual_stages is not None else 1
+                scheds = [x for x in scheds if x[0] == f.schedule] or [(f.schedule, fv)]
+            if f.virtual_stages is not None:
+                fv = f.virtual_stages
                 scheds = [x for x in scheds if x[1] == fv] or [(x[0], fv) for x in scheds[:1]]
             rest = list(itertools.product(
-                self._options("sequence_parallel", [False, True] if tp > 1 else [False]),
-                self._options("zero_stage", [0, 1, 2, 3]),
-                self._options("offload_optimizer", [False, True]),
-                self._options("recompute", list(Recompute)),
+                _options(f.sequence_parallel, [False, True] if tp > 1 else [False]),
+                _options(f.zero_stage, [0, 1, 2, 3]),
+                _options(f.offload_optimizer, [False, True]),
+                _options(f.recompute, list(Recompute)),
             ))  # fmt: skip
-            if "offload_optimizer" not in self.fixed:
+            if f.offload_optimizer is None:
                 rest = [r for r in rest if not (r[2] and r[1] == 0)]  # offload needs ZeRO >= 1
             for mbs in mbss:
                 base = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, micro_batch_size=mbs)
@@ -245,7 +154,7 @@ class Search:
     def valid(self) -> Iterator[Strategy]:
         """Structurally valid strategies in every distinct mesh order."""
         for s in self.configs():
-            if not self.ev.violation(s):
+            if self.ev.violation(s) is None:
                 for order in _mesh_orders(s):
                     yield replace(s, mesh_order=order)
 
@@ -254,11 +163,18 @@ class Search:
         blocks are visited in order of their compute lower bound and the search stops when a
         block's bound is slower than the K-th best found."""
         ev = self.ev
+        pinned = bool(self.pins.pinned())
         keep = top_k + 1
         heap: list[tuple] = []  # min-heap whose top is the worst kept (negated rank key)
         evaluated = 0
         min_mem: tuple[float, _Block, tuple] | None = None
-        violations: Counter[str] = Counter()
+        violations: Counter[Rule] = Counter()
+        examples: dict[Rule, Violation] = {}
+
+        def note(broken: Violation, count: int = 1) -> None:
+            violations[broken.rule] += count
+            examples.setdefault(broken.rule, broken)
+
         # Offloading only adds time when the host streams no faster than HBM (true of every
         # catalog entry; a calibration could break it, and then offload is never pruned).
         offload_slower = ev.acc.memory_bw_bytes_per_s >= HOST_OPTIMIZER_BYTES_PER_S
@@ -268,8 +184,8 @@ class Search:
 
         blocks: list[tuple[float, int, _Block]] = []
         for block in self.blocks():
-            rule = ev.violation(block.probe())
-            bound = float("inf") if rule else ev.compute_lower_bound_s(block.base)
+            broken = ev.violation(block.probe())
+            bound = float("inf") if broken else ev.compute_lower_bound_s(block.base)
             blocks.append((bound, len(blocks), block))
         blocks.sort(key=lambda b: b[:2])
         for done, (bound, _, block) in enumerate(blocks):
@@ -280,28 +196,27 @@ class Search:
             for sched, v in block.schedules:
                 probe = replace(block.probe(), schedule=sched, virtual_stages=v)
                 probe_rule = ev.violation(probe)
-                if not probe_rule and ev.schedule_lower_bound_s(probe) > worst_s():
+                if probe_rule is None and ev.schedule_lower_bound_s(probe) > worst_s():
                     continue
                 # With nothing pinned, only the probe's rules can fail (the options exclude sp
                 # without TP and offload without ZeRO); with pins, each strategy is checked.
-                if probe_rule and not self.fixed:
-                    violations[probe_rule] += len(block.rest)
+                if probe_rule is not None and not pinned:
+                    note(probe_rule, len(block.rest))
                     continue
                 totals = ev.memory_totals(probe, block.rest)
                 fitted: list[tuple[bool, int, bool, int]] = []  # (sp, zero, offload, rc)
                 for (sp, zero, off, rc), total in zip(block.rest, totals, strict=True):
-                    if self.fixed:
-                        rule = ev.violation(block.strategy(sched, v, sp, zero, off, rc))
-                        if rule:
-                            violations[rule] += 1
+                    if pinned:
+                        broken = ev.violation(block.strategy(sched, v, sp, zero, off, rc))
+                        if broken is not None:
+                            note(broken)
                             continue
                     evaluated += 1
                     if total is None:  # per_layer: solve it only if it could make the top k
                         s = block.strategy(sched, v, sp, zero, off, rc)
                         if len(heap) == keep:  # it is never faster than recomputing nothing
                             plain = replace(s, recompute=Recompute.NONE)
-                            ideal = {k: AxisLink(x.size, x.size, 1)
-                                     for k, x in ev.links(plain).items()}  # fmt: skip
+                            ideal = ev.links(plain).ideal()
                             if ev.time(plain, ideal, self._lb_coll).step_time_s > worst_s():
                                 continue
                         total = ev.memory(s)[0].total_bytes
@@ -320,7 +235,7 @@ class Search:
                     fitted.append((sp, zero, off, rc_rank))
                     s = block.strategy(sched, v, sp, zero, off, rc)
                     if len(heap) == keep:
-                        ideal = {k: AxisLink(x.size, x.size, 1) for k, x in ev.links(s).items()}
+                        ideal = ev.links(s).ideal()
                         if ev.time(s, ideal, self._lb_coll).step_time_s > worst_s():
                             continue
                     memory, peak_stage = ev.memory(s)
@@ -335,13 +250,15 @@ class Search:
             progress(1.0)
         if evaluated == 0 and not heap:
             for s in self.configs():  # nothing was valid: say which rule blocks most of it
-                violations[ev.violation(s)] += 1
-            violations.pop("", None)
-            rule = violations.most_common(1)[0][0] if violations else "no candidates"
-            pinned = ", ".join(f"{k}={v}" for k, v in self.fixed.items()) or "nothing pinned"
+                broken = ev.violation(s)
+                if broken is not None:
+                    note(broken)
+            top = violations.most_common(1)[0][0] if violations else None
+            why = "no candidates" if top is None else f"{examples[top]} (rule {top})"
             raise ValueError(
                 f"no valid parallel configuration for {ev.profile.name} on "
-                f"{ev.cluster.num_gpus} GPUs with {pinned}: {rule}; change the pinned values"
+                f"{ev.cluster.num_gpus} GPUs with {self.pins.describe() or 'nothing pinned'}: "
+                f"{why}; change the pinned values"
             )
         least = None if min_mem is None else self._estimate(min_mem[1].strategy(*min_mem[2]))
         if not heap:
@@ -356,14 +273,8 @@ class Search:
     def _best_order(self, s: Strategy, memory: MemoryBreakdown, peak_stage: int) -> Estimate:
         """The strategy in its fastest mesh order (ties broken by `sort_key`)."""
         ev = self.ev
-        best = None
-        for order in _mesh_orders(s):
-            so = replace(s, mesh_order=order)
-            tb = ev.time(so)
-            key = (tb.step_time_s, so.sort_key())
-            if best is None or key < best[0]:
-                best = (key, so, tb)
-        _, so, tb = best  # type: ignore[misc]
+        timed = [(ev.time(so), so) for so in (replace(s, mesh_order=o) for o in _mesh_orders(s))]
+        tb, so = min(timed, key=lambda x: (x[0].step_time_s, x[1].sort_key()))
         return ev.finish(so, memory, peak_stage, tb)
 
     def _least_memory(self, found: Estimate | None) -> Estimate | None:
@@ -381,7 +292,7 @@ class Search:
             if b.micro_batch_size != smallest[(b.tp, b.cp, b.pp, b.ep, b.dp)]:
                 continue
             for s in block.strategies():
-                if s.recompute == Recompute.PER_LAYER or ev.violation(s):
+                if s.recompute == Recompute.PER_LAYER or ev.violation(s) is not None:
                     continue  # per_layer falls back to the least-memory uniform policy
                 memory, stage = ev.memory(s)
                 if best is None or memory.total_bytes < best.memory.total_bytes:
@@ -446,7 +357,7 @@ def rank_key(e: Estimate) -> tuple:
     return (e.step_time_s, e.memory.total_bytes, e.strategy.sort_key())
 
 
-def brute_force(ev: Evaluator, fixed: dict[str, object] | None = None) -> list[Estimate]:
+def brute_force(ev: Evaluator, pins: Pins | None = None) -> list[Estimate]:
     """Every valid strategy in every mesh order, evaluated in full and ranked (for tests)."""
-    out = [ev.evaluate(s) for s in Search(ev, fixed).valid()]
+    out = [ev.evaluate(s) for s in Search(ev, pins).valid()]
     return sorted((e for e in out if e.feasible), key=rank_key)

@@ -9,11 +9,11 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from paraplan.planner.model import LayerCost, LayerGraph, LayerKind, ModelProfile, OpNode
+from paraplan.planner.model import LayerCost, LayerGraph, LayerKind, ModelProfile, ProfiledOp
 
 from .attention import FusedAttention
 from .chain import BlockList, find_blocks, module_digest, same_structure
-from .hf import Shape, shape_of
+from .shape import Shape, shape_of
 from .timing import measure_times
 from .tracer import BWD, FWD, SegmentStats, Tracer
 
@@ -166,6 +166,7 @@ def profile(
         try:
             with torch.autograd.graph.saved_tensors_hooks(tracer.pack, lambda t: t), tracer:
                 loss = loss_of(_call(model, example_inputs))
+                tracer.mark_output(len(traced_blocks) + 1, loss)
                 tracer.switch(BWD, len(traced_blocks) + 1)
                 loss.backward()
                 tracer.stats[tracer.seg].end[tracer.phase] = tracer.live
@@ -242,11 +243,18 @@ def _layer(kind: LayerKind, name: str, st: SegmentStats, times: list[list[float]
 
 
 def _graph(layer: int, st: SegmentStats, batch: int) -> LayerGraph:
-    return LayerGraph(layer=layer, nodes=tuple(
-        OpNode(op=n["op"], inputs=n["inputs"], output_bytes=n["output_bytes"] / batch,
-               fwd_flops=n["fwd_flops"] / batch, saved=n["saved"])
+    nodes = tuple(
+        ProfiledOp(
+            op=n["op"],
+            inputs=n["inputs"],
+            output_bytes=n["output_bytes"] / batch,
+            fwd_flops=n["fwd_flops"] / batch,
+            saved=n["saved"],
+            bwd_reads=n["bwd_reads"],
+        )
         for n in st.nodes
-    ))  # fmt: skip
+    )
+    return LayerGraph(layer=layer, nodes=nodes, output=st.output_node)
 
 
 def _assemble(name: str, stats: list[SegmentStats], times: list[list[float]] | None,

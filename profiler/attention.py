@@ -12,12 +12,14 @@ builds such masks under fake tensors only because it cannot inspect their values
 
 from __future__ import annotations
 
-import os
+import contextlib
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+
+from .env import scoped_env
 
 _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
@@ -29,20 +31,16 @@ class FusedAttention(TorchFunctionMode):
     def __init__(self, causal: bool) -> None:
         super().__init__()
         self.causal = causal
-        self._env: str | None = None
+        self._env = contextlib.ExitStack()
 
     def __enter__(self) -> FusedAttention:
         # With a mask present, Hugging Face repeats K/V heads for GQA instead of letting the
         # kernel share them; the real (mask-free) run shares them, so force the same here.
-        self._env = os.environ.get(_FORCE_GQA)
-        os.environ[_FORCE_GQA] = "1"
+        self._env.enter_context(scoped_env(_FORCE_GQA, "1"))
         return super().__enter__()  # type: ignore[return-value]
 
     def __exit__(self, *exc: Any) -> None:
-        if self._env is None:
-            os.environ.pop(_FORCE_GQA, None)
-        else:
-            os.environ[_FORCE_GQA] = self._env
+        self._env.close()
         super().__exit__(*exc)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None):

@@ -1,4 +1,4 @@
-"""Measure a real chain of modules into the solvers' `Chain`, with the sizes the simulator needs.
+"""Measure a real chain of modules into the solvers' `LayerChain`, with the sizes the simulator needs.
 
 `profile_chain(layers, example_input)` runs each layer once on its own, forward and backward,
 on the layers' device, and counts the bytes of the tensor storages created meanwhile, as
@@ -42,7 +42,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from paraplan.planner.solvers.chain import Chain, ChainLayer
+from paraplan.planner.solvers.chain import LayerChain, ChainLayer
 
 
 def storage_bytes(t: torch.Tensor) -> int:
@@ -125,8 +125,8 @@ def _output(layer_index: int, out: Any) -> torch.Tensor:
 
 def profile_chain(
     layers: Sequence[nn.Module], example_input: torch.Tensor, *, name: str = "chain"
-) -> Chain:
-    """The solvers' `Chain` of `layers` (layer i reads layer i-1's output; layer 0 reads
+) -> LayerChain:
+    """The solvers' `LayerChain` of `layers` (layer i reads layer i-1's output; layer 0 reads
     `example_input`; the last returns the loss), measured on the layers' device.
 
     Each layer runs once forward and once backward on its own, from a detached copy of its
@@ -151,7 +151,7 @@ def profile_chain(
     finally:
         for p, grad in zip(params, saved_grads, strict=True):
             p.grad = grad
-    return Chain(layers=tuple(chain_layers), name=name)
+    return LayerChain(layers=tuple(chain_layers), name=name)
 
 
 def _measure_layer(

@@ -1,27 +1,30 @@
 """Hugging Face models from their config classes (never from the hub): the presets, config
-files, the shape facts the planner reads, and example inputs."""
+files, example inputs, and `profile_hf` (the shape facts are in `shape`)."""
 
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 from paraplan.planner.hf_presets import HF_PRESETS
+from paraplan.planner.model import ModelProfile
+
+from .api import profile
+from .env import scoped_env
+from .shape import shape_of
+
+HUB_OFFLINE = "HF_HUB_OFFLINE"
+"""Set to 1 (unless the caller set it) while transformers runs: configs and models are built
+from config classes, never fetched from the hub."""
 
 
 def load_config(source: str | dict[str, Any]) -> Any:
     """A transformers config from a preset name, a config.json path, or a dict with
     `model_type`. Errors name the value and the accepted forms."""
-    from transformers import AutoConfig
-
     if isinstance(source, dict):
         data = dict(source)
         where = "config dict"
@@ -43,57 +46,26 @@ def load_config(source: str | dict[str, Any]) -> Any:
     model_type = data.pop("model_type", None)
     if not model_type:
         raise ValueError(f"{where}: no 'model_type' (e.g. gpt2, llama, bert, mixtral)")
-    try:
-        return AutoConfig.for_model(model_type, **data)
-    except (ValueError, KeyError) as exc:
-        raise ValueError(f"{where}: model_type {model_type!r} is not supported: {exc}") from None
+    with scoped_env(HUB_OFFLINE, "1", override=False):
+        from transformers import AutoConfig
+
+        try:
+            return AutoConfig.for_model(model_type, **data)
+        except (ValueError, KeyError) as exc:
+            raise ValueError(f"{where}: model_type {model_type!r} is not supported: {exc}") from None
 
 
 def build_model(config: Any, *, device: str | torch.device = "meta",
                 dtype: torch.dtype = torch.float32) -> nn.Module:  # fmt: skip
     """The training model for `config` (causal LM, or masked LM for BERT), random weights."""
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+    with scoped_env(HUB_OFFLINE, "1", override=False):
+        from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
-    config.use_cache = False
-    auto = AutoModelForMaskedLM if config.model_type == "bert" else AutoModelForCausalLM
-    with torch.device(device):
-        model = auto.from_config(config, dtype=dtype)
+        config.use_cache = False
+        auto = AutoModelForMaskedLM if config.model_type == "bert" else AutoModelForCausalLM
+        with torch.device(device):
+            model = auto.from_config(config, dtype=dtype)
     return model.train()
-
-
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """The transformer shape facts the planner needs (`ModelProfile` fields)."""
-
-    hidden: int
-    heads: int
-    kv_heads: int
-    ffn: int
-    vocab: int
-    experts: int
-    top_k: int
-    tied: bool
-    max_seq: int
-
-
-def shape_of(config: Any) -> Shape:
-    """Shape facts from a transformers config (GPT-2, Llama, BERT, Mixtral naming)."""
-    g = lambda *names, default=0: next(  # noqa: E731
-        (getattr(config, n) for n in names if getattr(config, n, None) is not None), default
-    )
-    hidden = g("hidden_size", "n_embd")
-    heads = g("num_attention_heads", "n_head")
-    return Shape(
-        hidden=hidden,
-        heads=heads,
-        kv_heads=g("num_key_value_heads", default=heads),
-        ffn=g("intermediate_size", "n_inner", default=4 * hidden) or 4 * hidden,
-        vocab=g("vocab_size"),
-        experts=g("num_local_experts", default=0),
-        top_k=g("num_experts_per_tok", default=0) if g("num_local_experts", default=0) else 0,
-        tied=bool(getattr(config, "tie_word_embeddings", False)),
-        max_seq=g("max_position_embeddings", "n_positions", default=2048),
-    )
 
 
 def example_inputs(config: Any, batch: int, seq_len: int, device: str | torch.device) -> dict:
@@ -106,11 +78,9 @@ def example_inputs(config: Any, batch: int, seq_len: int, device: str | torch.de
 def profile_hf(
     source: str | dict[str, Any], *, seq_len: int | None = None, batch: int = 1,
     dtype: torch.dtype = torch.bfloat16, mode: str = "meta", progress: bool = False,
-) -> Any:  # fmt: skip
+) -> ModelProfile:  # fmt: skip
     """Profile a Hugging Face model given by preset name, config.json path or config dict:
     built on the meta device (mode="meta", nothing allocated) or on the CPU (mode="measure")."""
-    from .api import profile
-
     config = load_config(source)
     shape = shape_of(config)
     seq = seq_len or shape.max_seq

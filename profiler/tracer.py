@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -55,7 +56,10 @@ class SegmentStats:
     expert_params: int = 0
     """Of which in MoE experts."""
     nodes: list[dict[str, Any]] = field(default_factory=list)
-    """Forward op graph (when recorded)."""
+    """Forward op graph (when recorded): per op its name, `inputs` and `bwd_reads` (producers:
+    node index, -1 the segment's input, -2 from outside), bytes, FLOPs, `saved`."""
+    output_node: int = -1
+    """Node producing the segment's output (-1: its input, or not recorded)."""
 
     def tmp_bytes(self, phase: int) -> float:
         """Transient peak: above both what was live at its start and what persists after."""
@@ -70,6 +74,19 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+class _CallBoundary(TorchFunctionMode):
+    """Calls `on_call` as every top-level torch function starts: the previous call has
+    returned, so what autograd saved since was its outputs, not the next call's inputs."""
+
+    def __init__(self, on_call: Callable[[], None]) -> None:
+        super().__init__()
+        self.on_call = on_call
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
+        self.on_call()
+        return func(*args, **(kwargs or {}))
 
 
 class UnsupportedOpError(ValueError):
@@ -94,6 +111,10 @@ class Tracer(TorchDispatchMode):
         self._live_ids: dict[int, int] = {}
         self._producer: dict[int, tuple[int, int]] = {}  # storage id -> (segment, node index)
         self._saved_ids: set[int] = set()
+        self._pending: list[int] = []  # storages saved since the last recorded op
+        self._last_node: tuple[int, int] | None = None  # (segment, node) recorded last
+        self._called_since_op = False  # a torch function started since the last recorded op
+        self._seg_input: dict[int, int] = {}  # segment -> storage id of its input
         self._replicated_ids: set[int] = set()
         self._in_norm = 0  # depth inside normalization modules (what they save is replicated)
         self._params: dict[int, tuple[int, bool]] = {}  # storage id -> (numel, is_expert)
@@ -121,9 +142,21 @@ class Tracer(TorchDispatchMode):
         ]
         self.stats[0].start[FWD] = 0.0
 
+    def __enter__(self) -> Tracer:
+        self._boundary = _CallBoundary(self._on_call)
+        self._boundary.__enter__()
+        return super().__enter__()  # type: ignore[no-any-return]
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._boundary.__exit__(*exc)
+
     # ---- segment bookkeeping -----------------------------------------------------------
     def switch(self, phase: int, seg: int) -> None:
         """Enter `seg` in `phase` (closing the current segment's accounting)."""
+        self._flush_saved(set())
         cur = self.stats[self.seg]
         cur.end[self.phase] = self.live
         self.phase, self.seg = phase, seg
@@ -143,15 +176,19 @@ class Tracer(TorchDispatchMode):
                 inputs = _tensors((args, kwargs))
                 if inputs:
                     self.stats[i + 1].input_bytes = _nbytes(inputs[0])
+                    self._seg_input[i + 1] = id(inputs[0].untyped_storage())
                     if i == 0:
                         self.stats[0].output_bytes = _nbytes(inputs[0])
+                        self.mark_output(0, inputs[0])
 
             def post(_m: nn.Module, _a: tuple, _k: dict, out: Any, i: int = i) -> None:
                 outs = _tensors(out)
                 if outs:
                     self.stats[i + 1].output_bytes = _nbytes(outs[0])
+                    self.mark_output(i + 1, outs[0])
                     if i == last:  # the head reads the last block's output
                         self.stats[last + 2].input_bytes = _nbytes(outs[0])
+                        self._seg_input[last + 2] = id(outs[0].untyped_storage())
                 if i == last:
                     self.switch(FWD, last + 2)
 
@@ -215,11 +252,22 @@ class Tracer(TorchDispatchMode):
         self.live -= self._live_ids.pop(key, 0)
         self._producer.pop(key, None)
 
+    def mark_output(self, seg: int, t: torch.Tensor) -> None:
+        """Record which node of `seg`'s graph produced `t`, the segment's output."""
+        prod = self._producer.get(id(t.untyped_storage()))
+        self.stats[seg].output_node = prod[1] if prod is not None and prod[0] == seg else -1
+
     def pack(self, t: torch.Tensor) -> torch.Tensor:
-        """saved_tensors_hooks pack: count what autograd keeps, once per storage."""
+        """saved_tensors_hooks pack: count what autograd keeps, once per storage, and note
+        which op's backward reads it (the op about to run saves its inputs, the op that just
+        ran its outputs: autograd saves inputs before calling the kernel, outputs after)."""
         st = t.untyped_storage()
         key = id(st)
-        if key in self._params or key in self._saved_ids or self.phase != FWD:
+        if key in self._params or self.phase != FWD:
+            return t
+        if self.seg in self.graph_segments:
+            self._pending.append(key)
+        if key in self._saved_ids:
             return t
         self._saved_ids.add(key)
         nbytes = st.nbytes()
@@ -273,20 +321,51 @@ class Tracer(TorchDispatchMode):
             self._record(func, args, kwargs, out, flops, new_bytes)
         return out
 
+    def _ref(self, key: int) -> int:
+        """A storage as seen from the current segment's graph: its producer node there, -1
+        for the segment's input (any non-parameter from outside for the embedding), -2 for
+        parameters and other tensors from outside."""
+        prod = self._producer.get(key)
+        if prod is not None and prod[0] == self.seg:
+            return prod[1]
+        if key in self._params:
+            return -2
+        outside_input = self.seg == 0 or self._seg_input.get(self.seg) == key
+        return -1 if outside_input else -2
+
+    def _flush_saved(self, next_inputs: set[int]) -> list[int]:
+        """Attribute the storages saved since the last recorded op X, returning those the next
+        op Y (its inputs: `next_inputs`) reads in its backward. Autograd saves X's outputs
+        after X ran and Y's inputs before Y runs: a torch function starting in between (see
+        `_CallBoundary`) separates the two. Without one (both inside one composite call), a
+        storage X produced counts as X's, whose backward runs later: the safe side."""
+        reads: list[int] = []
+        last = self._last_node if self._last_node and self._last_node[0] == self.seg else None
+        for key in dict.fromkeys(self._pending):
+            made_by_last = last is not None and self._producer.get(key) == last
+            if key in next_inputs and not (made_by_last and not self._called_since_op):
+                reads.append(self._ref(key))
+            elif last is not None:
+                node = self.stats[self.seg].nodes[last[1]]
+                node["bwd_reads"] = (*node["bwd_reads"], self._ref(key))
+        self._pending.clear()
+        return list(dict.fromkeys(reads))
+
+    def _on_call(self) -> None:
+        self._flush_saved(set())
+        self._called_since_op = True
+
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any, flops: int,
                 new_bytes: int) -> None:  # fmt: skip
         seg = self.stats[self.seg]
-        inputs = []
-        for t in _tensors((args, kwargs)):
-            key = id(t.untyped_storage())
-            prod = self._producer.get(key)
-            if prod is not None and prod[0] == self.seg:
-                inputs.append(prod[1])
-            else:
-                inputs.append(-2 if key in self._params else -1)
+        keys = [id(t.untyped_storage()) for t in _tensors((args, kwargs))]
+        reads = self._flush_saved(set(keys))
+        inputs = [self._ref(key) for key in keys]
         index = len(seg.nodes)
         seg.nodes.append({"op": str(func), "inputs": tuple(inputs), "output_bytes": new_bytes,
-                          "fwd_flops": flops, "saved": False})  # fmt: skip
+                          "fwd_flops": flops, "saved": False, "bwd_reads": tuple(reads)})  # fmt: skip
+        self._last_node = (self.seg, index)
+        self._called_since_op = False
         for t in _tensors(out):
             key = id(t.untyped_storage())
             if key in self._live_ids and self._producer.get(key, (None,))[0] != self.seg:

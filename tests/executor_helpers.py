@@ -19,23 +19,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 import torch.distributed as dist
 
+from paraplan.planner.config import Optimizer, Precision
+from paraplan.planner.cost.estimate import TimeBreakdown
+from paraplan.planner.cost.memory import MemoryBreakdown
 from paraplan.planner.plan import (
     SCHEMA_VERSION,
     ChunkRange,
     ClusterInfo,
     LayerDecision,
-    MemoryBreakdownJSON,
     Mesh,
     ModelInfo,
     Parallelism,
     Plan,
     Predicted,
     StagePlan,
-    TimeBreakdownJSON,
     TrainInfo,
-    load_plan,
-    save_plan,
 )
+from paraplan.planner.plan_io import load_plan, save_plan
+from paraplan.planner.strategy import MeshAxis, Recompute, Schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS, HIDDEN, HEADS, KV_HEADS, VOCAB, POSITIONS, FFN = 4, 64, 4, 2, 512, 128, 176
@@ -90,7 +91,7 @@ def make_plan(*, family: str = "gpt2", dp: int = 1, tp: int = 1, pp: int = 1, ze
         LayerDecision(
             index=i,
             name=n,
-            recompute=rc[i - 1] if 1 <= i <= LAYERS else "none",
+            recompute=Recompute(rc[i - 1] if 1 <= i <= LAYERS else "none"),
             kept_bytes=0.0,
             recompute_s=0.0,
         )
@@ -105,19 +106,22 @@ def make_plan(*, family: str = "gpt2", dp: int = 1, tp: int = 1, pp: int = 1, ze
                         experts=0, module_digest=""),
         cluster=ClusterInfo(name=f"{world}xcpu", fingerprint="tests", accelerator="cpu",
                             num_nodes=1, gpus_per_node=world, num_gpus=world),
-        train=TrainInfo(global_batch=dp * mbs * nmb, seq_len=SEQ_LEN, precision=precision,
-                        optimizer=optimizer, memory_headroom=0.1),
+        train=TrainInfo(global_batch=dp * mbs * nmb, seq_len=SEQ_LEN,
+                        precision=Precision(precision), optimizer=Optimizer(optimizer),
+                        memory_headroom=0.1),
         parallelism=Parallelism(dp=dp, tp=tp, pp=pp, cp=1, ep=1, zero_stage=zero,
                                 sequence_parallel=sp, virtual_stages=vpp,
                                 offload_optimizer=offload),
-        mesh=Mesh(axis_order=axis_order, shape=tuple(sizes[a] for a in axis_order)),
-        schedule=schedule, micro_batch_size=mbs, num_microbatches=nmb, stages=_chunks(pp, vpp),
-        recompute_policy="per_layer" if len(set(rc)) > 1 else rc[0], layers=layers,
+        mesh=Mesh(axis_order=tuple(MeshAxis(a) for a in axis_order),
+                  shape=tuple(sizes[a] for a in axis_order)),
+        schedule=Schedule(schedule), micro_batch_size=mbs, num_microbatches=nmb,
+        stages=_chunks(pp, vpp), layers=layers,
+        recompute_policy=Recompute("per_layer" if len(set(rc)) > 1 else rc[0]),
         predicted=Predicted(step_time_s=1.0, tokens_per_s=1.0, mfu=0.1, memory_per_gpu_bytes=1e9,
                             memory_capacity_bytes=16e9, peak_stage=0,
-                            memory_breakdown=MemoryBreakdownJSON(params_bytes=0.0, grads_bytes=0.0,
+                            memory_breakdown=MemoryBreakdown(params_bytes=0.0, grads_bytes=0.0,
                                 optimizer_bytes=0.0, activations_bytes=0.0, other_bytes=0.0),
-                            time_breakdown=TimeBreakdownJSON(compute_s=0.0, recompute_s=0.0,
+                            time_breakdown=TimeBreakdown(compute_s=0.0, recompute_s=0.0,
                                 comm_s=0.0, bubble_s=0.0, optimizer_s=0.0),
                             bubble_fraction=0.0, exposed_comm_s=0.0,
                             recompute_saved_bytes=0.0),

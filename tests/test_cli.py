@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from paraplan.cli import main
-from paraplan.planner.plan import SCHEMA_VERSION, load_plan
+from paraplan.planner.plan import SCHEMA_VERSION
+from paraplan.planner.plan_io import load_plan
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -137,7 +138,7 @@ def test_explain_says_what_bounds_the_plan(capsys, tmp_path: Path) -> None:
 def test_planner_and_cli_do_not_import_torch() -> None:
     code = (
         "import sys, paraplan.cli, paraplan.planner.search, paraplan.planner.api;"
-        "paraplan.cli._parser();"
+        "paraplan.cli.build_parser();"
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

@@ -11,11 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from paraplan import cli, memory_cli
-from paraplan.memory_cli import format_bytes, load_schedule, parse_bytes
+from paraplan.cli import main
+from paraplan.cli.common import format_bytes, parse_bytes
 from paraplan.planner.hardware import get_accelerator
 from paraplan.planner.model_spec import PRESETS
 from paraplan.planner.profile_io import save_profile
+from paraplan.planner.remat_schedule import (
+    CheckpointSchedule,
+    RematSolver,
+    StepOp,
+    load_schedule,
+    save_schedule,
+)
 from paraplan.planner.solvers import Backward, Forward, simulate, solve_checkpoint_dp
 from paraplan.planner.solvers.tradeoff import baseline_schedule, profiled_chain
 
@@ -24,23 +31,9 @@ from .profiler_models import HF_TINY
 SEQ = 128
 
 
-def _registered() -> bool:
-    """Whether paraplan.cli already has the `checkpoint` command."""
-    parser = cli._parser()
-    return any(
-        isinstance(a, argparse._SubParsersAction) and "checkpoint" in a.choices
-        for a in parser._actions
-    )
-
-
 def checkpoint(*argv: str) -> int:
-    """`paraplan checkpoint ARGV`: through paraplan.cli.main once it is wired there, else a
-    parser built the same way (add_parser on a subparsers object, then run)."""
-    if _registered():
-        return cli.main(["checkpoint", *argv])
-    parser = argparse.ArgumentParser(prog="paraplan")
-    memory_cli.add_parser(parser.add_subparsers(dest="command", required=True))
-    return memory_cli.run(parser.parse_args(["checkpoint", *argv]))
+    """`paraplan checkpoint ARGV` through the command line's entry point."""
+    return main(["checkpoint", *argv])
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +50,6 @@ def chain_for(micro_batch: int = 1):  # type: ignore[no-untyped-def]
     spf = 1 / (acc.peak_flops_for("bf16") * acc.matmul_efficiency)
     return profiled_chain(PRESETS["gpt2"].to_profile(SEQ), micro_batch_size=micro_batch,
                           seconds_per_flop=spf)  # fmt: skip
-
-
-def test_exit_status_matches_the_main_cli() -> None:
-    assert memory_cli.EXIT_BAD_INPUT == cli.EXIT_BAD_INPUT
 
 
 def test_schedule_fits_the_budget_and_round_trips(capsys, profile_path: Path, tmp_path: Path
@@ -91,7 +80,7 @@ def test_schedule_fits_the_budget_and_round_trips(capsys, profile_path: Path, tm
             for i in range(len(chain))]  # fmt: skip
     assert schedule.recomputed == tuple(r - 1 for r in runs)
     # Strict load: re-saving gives the same file; an unknown key is refused.
-    memory_cli.save_schedule(schedule, tmp_path / "again.json")
+    save_schedule(schedule, tmp_path / "again.json")
     assert (tmp_path / "again.json").read_text() == out.read_text()
     data = json.loads(out.read_text())
     data["schedule"]["surprise"] = 1
@@ -198,3 +187,59 @@ def test_traces_a_hugging_face_config(capsys, tmp_path: Path) -> None:
     assert checkpoint("--model", str(config), "--seq-len", "64", "--budget", "1GiB") == 0
     printed = capsys.readouterr().out
     assert "gpt2-tiny: micro-batch 1, seq 64, 4 layers" in printed
+
+
+# ---- the schedule file (planner.remat_schedule): strict load -------------------------------
+@pytest.fixture(scope="module")
+def schedule_doc(profile_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """A schedule file `paraplan checkpoint -o` wrote, parsed."""
+    chain = chain_for()
+    least = solve_checkpoint_dp(chain, 0.0).min_budget_bytes
+    out = tmp_path_factory.mktemp("schedules") / "s.json"
+    assert checkpoint("--model", str(profile_path), "--budget", f"{least * 1.2:.0f}",
+                      "-o", str(out)) == 0  # fmt: skip
+    return json.loads(out.read_text())
+
+
+def test_schedule_loads_typed(schedule_doc: dict, tmp_path: Path) -> None:
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(schedule_doc))
+    schedule = load_schedule(path)
+    assert isinstance(schedule, CheckpointSchedule)
+    assert schedule.solver is RematSolver.DP
+    assert {s.op for s in schedule.steps} == {StepOp.FORWARD, StepOp.BACKWARD}
+    assert any(not s.keep_saved for s in schedule.steps)  # the budget forces recomputation
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("seq_len", 0, ["seq_len", "minimum"]),
+        ("status", "infeasible", ["status", "infeasible"]),
+        ("solver", "rotor", ["solver", "rotor"]),
+        ("peak_bytes", float("nan"), ["peak_bytes", "finite"]),
+        ("makespan_s", float("inf"), ["makespan_s", "finite"]),
+        ("budget_bytes", 1.0, ["peak_bytes", "exceeds budget_bytes"]),
+        ("recomputed", [0], ["recomputed has 1 entries", "14 layers"]),
+    ],
+)
+def test_schedule_load_rejects_bad_values_naming_the_field(
+    schedule_doc: dict, tmp_path: Path, field: str, value: object, words: list[str]
+) -> None:
+    data = json.loads(json.dumps(schedule_doc))
+    data["schedule"][field] = value
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"bad\.json") as info:
+        load_schedule(path)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_schedule_load_rejects_a_step_on_no_layer(schedule_doc: dict, tmp_path: Path) -> None:
+    data = json.loads(json.dumps(schedule_doc))
+    data["schedule"]["steps"][3]["layer"] = 14  # gpt2 at this size has layers 0..13
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"steps\.3\.layer = 14 is not a layer index \(0\.\.13\)"):
+        load_schedule(path)

@@ -151,7 +151,7 @@ def test_groups_straddling_a_node_boundary_are_not_intra_node():
     s = Strategy(dp=3, tp=4, pp=1)
     sizes = {MeshAxis.PP: 1, MeshAxis.DP: 3, MeshAxis.CP: 1, MeshAxis.TP: 4}
     assert _worst_group(sizes, s.mesh_order, 6, MeshAxis.TP) == (2, 2)
-    assert ev.links(s)["tp"].nodes == 2
+    assert ev.links(s).tp.nodes == 2
 
 
 @pytest.mark.parametrize(
@@ -179,12 +179,12 @@ def test_evaluator_links_for_tp_inside_and_dp_across_nodes():
     ev = Evaluator(profile, parse_cluster("32xh100"), TrainConfig(global_batch=32, seq_len=1024))
     # gpt2 has 12 heads: tp=4 inside a node, dp=8 spans the 4 nodes (2 ranks per node).
     links = ev.links(Strategy(dp=8, tp=4, pp=1))
-    assert links["tp"] == AxisLink(4, 4, 1)
-    assert links["dp"] == AxisLink(8, 2, 4)
+    assert links.tp == AxisLink(4, 4, 1)
+    assert links.dp == AxisLink(8, 2, 4)
     # Swapping the order puts dp inside the node and tp across nodes.
     swapped = Strategy(
         dp=8, tp=4, pp=1, mesh_order=(MeshAxis.PP, MeshAxis.TP, MeshAxis.CP, MeshAxis.DP)
     )
     links = ev.links(swapped)
-    assert links["dp"] == AxisLink(8, 8, 1)
-    assert links["tp"] == AxisLink(4, 1, 4)
+    assert links.dp == AxisLink(8, 8, 1)
+    assert links.tp == AxisLink(4, 1, 4)

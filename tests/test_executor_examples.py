@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 from paraplan.cli import main as paraplan_main
 from paraplan.executor.launch import run_plan
-from paraplan.planner.plan import load_plan
+from paraplan.planner.plan_io import load_plan
 from tests.executor_helpers import ROOT
 
 CONFIGS = ROOT / "examples" / "configs"

@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 
 from paraplan.cli import main
 from paraplan.executor.checks import check_module_digest
-from paraplan.planner.plan import load_plan
+from paraplan.planner.plan_io import load_plan
 from paraplan.profiler.hf import build_model, load_config
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "configs" / "gpt2-tiny.json"

@@ -90,11 +90,11 @@ def _expected_layout(kw: dict) -> dict[str, object]:
     wrapper = (
         "DistributedDataParallel"
         if ddp
-        else "FSDPChain"
+        else "FSDPChainModule"
         if fsdp
-        else "ReplicateChain"
+        else "ReplicateChainModule"
         if replicate
-        else "Chain"
+        else "ChainModule"
     )
     return {
         "schedule": SCHEDULE_CLASSES[kw.get("schedule", "none")],

@@ -14,14 +14,16 @@ pytest.importorskip("transformers")
 
 import torch.distributed as dist  # noqa: E402
 
-from paraplan.executor.chain import Chain, to_chain  # noqa: E402
+from paraplan.executor.chain import ChainModule  # noqa: E402
+from paraplan.executor.convert import to_chain_module  # noqa: E402
 from paraplan.executor.checks import check_plan_supported, module_fingerprint  # noqa: E402
 from paraplan.executor.compose import causal_lm_loss, parallelize  # noqa: E402
 from paraplan.executor.data import synthetic_tokens  # noqa: E402
 from paraplan.executor.launch import PLAN_ENV, torchrun_command  # noqa: E402
 from paraplan.executor.recompute import apply_recompute  # noqa: E402
 from paraplan.executor.report import format_report, make_report  # noqa: E402
-from paraplan.planner.plan import Parallelism, save_plan  # noqa: E402
+from paraplan.planner.plan import Parallelism  # noqa: E402
+from paraplan.planner.plan_io import save_plan  # noqa: E402
 from paraplan.planner.strategy import Recompute  # noqa: E402
 from tests.executor_helpers import LAYERS, make_plan, tiny_model  # noqa: E402
 
@@ -34,7 +36,7 @@ def test_chain_matches_hugging_face(family: str) -> None:
     x, y = synthetic_tokens(3, 32, 512, seed=0, step=0)
     ref_loss = causal_lm_loss(ref(x).logits, y)
     ref_loss.backward()
-    chain = to_chain(model)
+    chain = to_chain_module(model)
     loss = causal_lm_loss(chain(x), y)
     loss.backward()
     assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-6)
@@ -47,14 +49,14 @@ def test_chain_matches_hugging_face(family: str) -> None:
 
 
 def test_chain_chunks_keep_names() -> None:
-    chain = to_chain(tiny_model())
+    chain = to_chain_module(tiny_model())
     first, last = chain.chunk(0, 2), chain.chunk(3, LAYERS + 1)
     assert first.head is None and last.embed is None
     assert list(first.blocks) == ["0", "1"] and list(last.blocks) == ["2", "3"]
     with pytest.raises(ValueError, match=r"outside 0\.\.5"):
         chain.chunk(0, 9)
-    with pytest.raises(ValueError, match="Chain"):
-        to_chain(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="ChainModule"):
+        to_chain_module(torch.nn.Linear(2, 2))
 
 
 def test_fingerprint_counts_tied_matrix_once() -> None:
@@ -65,7 +67,7 @@ def test_fingerprint_counts_tied_matrix_once() -> None:
     assert fp.digest != module_fingerprint(tiny_model("llama")).digest
 
 
-def _forward_ops_in_backward(chain: Chain) -> tuple[int, int]:
+def _forward_ops_in_backward(chain: ChainModule) -> tuple[int, int]:
     """(attention kernels, layer norms) run forward during backward, i.e. recomputed."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -97,7 +99,7 @@ def test_recompute_policies() -> None:
     }
     grads = {}
     for policy, counts in expected.items():
-        chain = to_chain(tiny_model())
+        chain = to_chain_module(tiny_model())
         count = apply_recompute(chain, {i: policy for i in range(1, LAYERS + 1)})
         assert count == (0 if policy == Recompute.NONE else LAYERS)
         assert _forward_ops_in_backward(chain) == counts

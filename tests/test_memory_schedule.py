@@ -1,7 +1,7 @@
 """Solver schedules applied to real models: the simulator's peak against MemTracker's.
 
 What is compared (issue 4, "applied for real"). `profile_chain` measures a model's layers into
-a solver `Chain`; `solve_checkpoint_dp` plans a schedule within a budget; the executor runs it
+a solver `LayerChain`; `solve_checkpoint_dp` plans a schedule within a budget; the executor runs it
 (`apply_memory_schedule`); MemTracker (`torch.distributed._tools.mem_tracker`) measures the
 training step (forward + backward, no optimizer step). Predicted: `simulate(chain,
 solution.ops).peak_bytes`, the chain's peak of the model input, activations, what autograd
@@ -37,7 +37,7 @@ from paraplan.executor.memory_schedule import (
 )
 from paraplan.planner.solvers import (
     Backward,
-    Chain,
+    LayerChain,
     ChainLayer,
     Forward,
     Offload,
@@ -128,7 +128,7 @@ GPT2_CONFIGS = {
 """name -> (config, batch, sequence length)."""
 
 
-def gpt2_chain(name: str) -> tuple[list[nn.Module], torch.Tensor]:
+def gpt2_modules(name: str) -> tuple[list[nn.Module], torch.Tensor]:
     """Embedding, the blocks and the head (with the loss) of a random-weight GPT-2, and token
     ids (B, T); checks the chain computes the model's own loss."""
     from paraplan.profiler.hf import build_model, load_config
@@ -148,7 +148,7 @@ def gpt2_chain(name: str) -> tuple[list[nn.Module], torch.Tensor]:
 
 
 def build(name: str) -> tuple[list[nn.Module], torch.Tensor]:
-    return mlp_chain() if name == "mlp" else gpt2_chain(name)
+    return mlp_chain() if name == "mlp" else gpt2_modules(name)
 
 
 # ---- measuring a step -----------------------------------------------------------------------
@@ -173,7 +173,7 @@ def measured_step(module: nn.Module, x: torch.Tensor) -> tuple[float, torch.Tens
     return activation_peak, loss.detach(), [p.grad.clone() for p in params]
 
 
-def budgets(chain: Chain) -> list[float]:
+def budgets(chain: LayerChain) -> list[float]:
     store_all = simulate(chain, uniform_schedule(chain, Policy.STORE_ALL)).peak_bytes
     least = solve_checkpoint_dp(chain, store_all).min_budget_bytes
     return [least + f * (store_all - least) for f in BUDGET_FRACTIONS]
@@ -271,10 +271,10 @@ def test_offload_on_cuda_uses_pinned_host_memory() -> None:
 
 
 # ---- schedules from solver operations -------------------------------------------------------
-def synthetic_chain(num_layers: int = 9) -> Chain:
+def synthetic_chain(num_layers: int = 9) -> LayerChain:
     """A heterogeneous chain (sizes in bytes, times in seconds) for the parser tests."""
     sizes = [10.0 + 7 * (i % 4) for i in range(num_layers + 1)]
-    return Chain(layers=tuple(
+    return LayerChain(layers=tuple(
         ChainLayer(name=f"l{i}", fwd_s=1.0 + i % 3, bwd_s=2.0 + i % 2, input_bytes=sizes[i],
                    saved_bytes=sizes[i] * (2 + i % 3), output_bytes=sizes[i + 1],
                    fwd_tmp_bytes=3.0 * (i % 2), bwd_tmp_bytes=5.0 * (i % 3))

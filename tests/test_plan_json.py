@@ -9,7 +9,8 @@ import jsonschema
 import pytest
 
 import paraplan
-from paraplan.planner.plan import Plan, load_plan, save_plan
+from paraplan.planner.plan import Plan
+from paraplan.planner.plan_io import load_plan, save_plan
 from paraplan.planner.schema import plan_schema
 
 DOCS_SCHEMA = Path(__file__).resolve().parents[1] / "docs" / "plan.schema.json"
@@ -93,8 +94,8 @@ def test_failed_write_leaves_old_file(plan: Plan, tmp_path: Path, monkeypatch) -
     def boom(*_args, **_kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("paraplan.planner.plan.os.replace", boom)
+    monkeypatch.setattr("paraplan.planner.jsonio.os.replace", boom)
     with pytest.raises(OSError):
         save_plan(plan, path)
     assert path.read_text() == "previous"
-    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]  # the temporary is removed

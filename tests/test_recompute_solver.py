@@ -17,7 +17,7 @@ from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.cost.recompute import LayerChoice, StageProblem, solve_stage
 from paraplan.planner.explain import format_plan
 from paraplan.planner.model_spec import parse_model
-from paraplan.planner.plan import Plan
+from paraplan.planner.plan_io import plan_from_dict
 from paraplan.planner.search import Search
 from paraplan.planner.strategy import Recompute
 
@@ -118,7 +118,7 @@ def test_per_layer_is_never_slower_than_a_uniform_policy_that_fits() -> None:
     ev = _ev("gpt:layers=12,hidden=2048,heads=16,vocab=32000,seq=4096", "4xl4", 16, 4096)
     checked = wins = 0
     for s in Search(ev, {"tp": 1}).valid():
-        if s.recompute != Recompute.PER_LAYER or ev._single_pass(s):
+        if s.recompute != Recompute.PER_LAYER or ev.single_pass(s):
             continue
         uniform = [ev.evaluate(replace(s, recompute=r)) for r in POLICIES]
         fitting = [e for e in uniform if e.feasible]
@@ -163,6 +163,6 @@ def test_plan_records_per_layer_decisions(tmp_path) -> None:
     assert plan.predicted.recompute_saved_bytes > 0
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan.to_dict()))
-    assert Plan.from_dict(json.loads(path.read_text())) == plan
+    assert plan_from_dict(json.loads(path.read_text())) == plan
     table = format_plan(plan)
     assert "per-layer solver" in table and "saves" in table and "per step" in table

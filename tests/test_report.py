@@ -4,7 +4,6 @@ JSONs. Fast CPU tests on small analytic models (no torch)."""
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 from html.parser import HTMLParser
@@ -13,12 +12,13 @@ from pathlib import Path
 import pytest
 
 from paraplan.api import model_profile
-from paraplan.compare_cli import add_parser, main
+from paraplan.cli import build_parser, main
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.memory import in_flight_microbatches
-from paraplan.planner.plan import load_plan
-from paraplan.planner.report import (
+from paraplan.planner.plan_io import load_plan
+from paraplan.planner.strategy import Schedule
+from paraplan.report import (
     ReportOptions,
     Status,
     build_report,
@@ -28,21 +28,25 @@ from paraplan.planner.report import (
     parse_tradeoff,
     simulate_pipeline,
 )
-from paraplan.planner.report.colors import (
+from paraplan.report.colors import (
     RUNNER_UP_COLORS,
     STRATEGY_COLORS,
     schedule_color,
     strategy_color,
 )
-from paraplan.planner.report.render import COLUMNS, field_value, layout_summary
-from paraplan.planner.report.timeline import Phase, stage_times
-from paraplan.planner.strategy import Schedule
+from paraplan.report.render import COLUMNS, field_value, layout_summary
+from paraplan.report.timeline import Phase, stage_times
 
 matplotlib = pytest.importorskip("matplotlib")
 
 # A 3.3B-parameter GPT that fits on 8 L4s only sharded: DP + full recompute (ZeRO-1) does not.
 MID_MODEL = "gpt:layers=24,hidden=4096,heads=32,vocab=32000,seq=4096"
 SMALL_MODEL = "gpt:layers=8,hidden=1024,heads=16,vocab=32000,seq=2048"
+
+
+def compare(argv: list[str]) -> int:
+    """`paraplan compare ARGV` through the command line's entry point."""
+    return main(["compare", *argv])
 
 
 def _inputs(model: str, cluster: str, batch: int, seq: int):
@@ -196,9 +200,9 @@ def test_named_strategies_pin_what_they_say(mid_report) -> None:
 
 
 def test_nothing_fits_is_a_report_not_a_crash(tmp_path: Path, capsys) -> None:
-    code = main(["--model", "llama3-405b", "--model-source", "spec", "--cluster", "8xl4",
-                 "--global-batch", "8", "--seq-len", "8192", "--strategies", "plan,fsdp",
-                 "--tradeoff", "none", "-o", str(tmp_path / "r"), "--no-progress"])  # fmt: skip
+    code = compare(["--model", "llama3-405b", "--model-source", "spec", "--cluster", "8xl4",
+                    "--global-batch", "8", "--seq-len", "8192", "--strategies", "plan,fsdp",
+                    "--tradeoff", "none", "-o", str(tmp_path / "r"), "--no-progress"])  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 2 and "no compared strategy fits" in err
     readme = (tmp_path / "r" / "README.md").read_text()
@@ -231,13 +235,13 @@ def _hex(rgba) -> str:
 
 
 def test_figures_label_axes_with_units_and_keep_colours(mid_report) -> None:
-    from paraplan.planner.report.plots import (
+    from paraplan.planner.solvers.tradeoff import TradeoffCurve, TradeoffPoint
+    from paraplan.report.plots import (
         gantt_figure,
         memory_figure,
         time_figure,
         tradeoff_figure,
     )
-    from paraplan.planner.solvers.tradeoff import TradeoffCurve, TradeoffPoint
 
     entries = mid_report.entries
     context = "gpt on 8xl4, global batch 16 x 4096 tokens"
@@ -361,10 +365,9 @@ def test_html_table_equals_plan_jsons(mid_report) -> None:
 
 # ---- the command ---------------------------------------------------------------------------
 def test_cli_parser_plugs_into_paraplan() -> None:
-    parser = argparse.ArgumentParser(prog="paraplan")
-    add_parser(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["compare", "--model", "gpt2", "--cluster", "8xh100",
-                              "--global-batch", "16K", "-o", "r"])  # fmt: skip
+    args = build_parser().parse_args(
+        ["compare", "--model", "gpt2", "--cluster", "8xh100", "--global-batch", "16K", "-o", "r"]
+    )
     assert args.global_batch == 16 * 1024 and args.output == "r"
     assert args.strategies == "plan,fsdp,megatron,dp-recompute,runners-up"
 
@@ -372,16 +375,16 @@ def test_cli_parser_plugs_into_paraplan() -> None:
 def test_cli_bad_input_exits_2(tmp_path: Path, capsys) -> None:
     base = ["--model", SMALL_MODEL, "--cluster", "8xh100", "--global-batch", "64",
             "--tradeoff", "none", "--no-progress"]  # fmt: skip
-    assert main([*base, "--strategies", "plan,zero3", "-o", str(tmp_path / "a")]) == 2
+    assert compare([*base, "--strategies", "plan,zero3", "-o", str(tmp_path / "a")]) == 2
     assert "unknown strategy 'zero3'" in capsys.readouterr().err
-    assert main([*base, "--tradeoff", "rotor", "-o", str(tmp_path / "a")]) == 2
+    assert compare([*base, "--tradeoff", "rotor", "-o", str(tmp_path / "a")]) == 2
     assert "--tradeoff: unknown strategy 'rotor'" in capsys.readouterr().err
-    assert main([*base, "--cluster", "8xfoo", "-o", str(tmp_path / "a")]) == 2
+    assert compare([*base, "--cluster", "8xfoo", "-o", str(tmp_path / "a")]) == 2
     assert "paraplan: error:" in capsys.readouterr().err
     other = tmp_path / "notes"
     other.mkdir()
     (other / "mine.txt").write_text("keep me")
-    assert main([*base, "-o", str(other)]) == 2
+    assert compare([*base, "-o", str(other)]) == 2
     assert "not replacing it" in capsys.readouterr().err
     assert (other / "mine.txt").read_text() == "keep me"
     assert not (tmp_path / "a").exists()
@@ -392,7 +395,7 @@ def test_cli_writes_then_replaces_a_report(tmp_path: Path, capsys) -> None:
     argv = ["--model", SMALL_MODEL, "--cluster", "8xh100", "--global-batch", "64",
             "--strategies", "plan,megatron", "--top", "1", "--tradeoff", "sqrt-L,paraplan-dp",
             "--tradeoff-budgets", "3", "-o", str(out), "--no-progress"]  # fmt: skip
-    assert main(argv) == 0
+    assert compare(argv) == 0
     first = capsys.readouterr().out
     assert "report written to" in first and "Megatron TP x PP" in first
     assert sorted(p.name for p in (out / "plans").iterdir()) == ["megatron.json", "plan.json"]
@@ -401,14 +404,14 @@ def test_cli_writes_then_replaces_a_report(tmp_path: Path, capsys) -> None:
     (out / "stale.txt").write_text("from an earlier report")
     again = [*argv[: argv.index("--strategies")], "--strategies", "plan", "--top", "0",
              "--tradeoff", "none", "-o", str(out)]  # fmt: skip
-    assert main(again) == 0
+    assert compare(again) == 0
     assert not (out / "stale.txt").exists()
     assert [p.name for p in (out / "plans").iterdir()] == ["plan.json"]
     assert [p.name for p in tmp_path.iterdir()] == ["rep"]  # no temporary folder left behind
 
 
 def test_failed_report_leaves_nothing_half_written(tmp_path: Path, monkeypatch) -> None:
-    import paraplan.planner.report.plots as plots
+    import paraplan.report.plots as plots
 
     def broken(*args, **kwargs):
         raise RuntimeError("drawing failed")

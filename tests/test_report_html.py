@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from paraplan.compare_cli import main
-from paraplan.planner.report.render import COLUMNS
+from paraplan.cli import main as paraplan_main
+from paraplan.report.render import COLUMNS
 
 from .test_report import check_table_against_plans, table_cells
 
@@ -50,8 +50,10 @@ window.addEventListener('load', () => {
 def readme_report(tmp_path_factory) -> Path:
     """`paraplan compare` on the README's example, as a user runs it (default model source)."""
     folder = tmp_path_factory.mktemp("compare") / "report"
-    code = main(["--model", "llama3-8b", "--cluster", "8xh100", "--global-batch", "256",
-                 "--seq-len", "8192", "-o", str(folder), "--no-progress"])  # fmt: skip
+    code = paraplan_main(
+        ["compare", "--model", "llama3-8b", "--cluster", "8xh100", "--global-batch", "256",
+         "--seq-len", "8192", "-o", str(folder), "--no-progress"]
+    )  # fmt: skip
     assert code == 0
     return folder
 

@@ -11,8 +11,9 @@ from paraplan.planner.cluster import cluster_from_dict, parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.model_spec import parse_model
-from paraplan.planner.search import Search, brute_force, parse_fix, rank_key
-from paraplan.planner.strategy import Recompute, Schedule
+from paraplan.planner.pins import Pins
+from paraplan.planner.search import Search, brute_force, rank_key
+from paraplan.planner.strategy import Recompute, Schedule, Strategy
 
 
 def _evaluator(
@@ -101,16 +102,16 @@ CASES = [(name, name, "") for name in SMALL_SPACES] + [
 @pytest.mark.parametrize(("space", "fix"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_search_finds_the_brute_force_optimum(space, fix):
     ev = _evaluator(**SMALL_SPACES[space])
-    fixed = parse_fix(fix)
-    result = Search(ev, fixed).run(top_k=3)
-    everything = brute_force(ev, fixed)
+    pins = Pins.parse(fix)
+    result = Search(ev, pins).run(top_k=3)
+    everything = brute_force(ev, pins)
     assert everything, "the case should have feasible strategies"
     assert result.best is not None
     assert result.best.strategy == everything[0].strategy  # mesh order included
     assert result.best.step_time_s == everything[0].step_time_s
     assert result.best.memory.total_bytes == everything[0].memory.total_bytes
-    for key, value in fixed.items():
-        assert getattr(result.best.strategy, key) == value
+    for key in pins.pinned():
+        assert getattr(result.best.strategy, key) == getattr(pins, key)
     # The ranked list: at most top_k + 1, sorted by the shared ranking, all fitting.
     assert 1 <= len(result.ranked) <= 4
     keys = [rank_key(e) for e in result.ranked]
@@ -118,7 +119,7 @@ def test_search_finds_the_brute_force_optimum(space, fix):
     for est in result.ranked:
         assert est.feasible
         assert est.memory.total_bytes <= ev.capacity_bytes
-        assert ev.violation(est.strategy) == ""
+        assert ev.violation(est.strategy) is None
     assert result.evaluated > 0
 
 
@@ -177,38 +178,46 @@ def test_model_that_fits_nowhere():
     assert least.memory.total_bytes == min(ev.memory(s)[0].total_bytes for s in valid)
 
 
-# --- parse_fix -------------------------------------------------------------------------------
+# --- Pins.parse ------------------------------------------------------------------------------
 
 
-def test_parse_fix_aliases_and_types():
-    fixed = parse_fix("zero=1, sp=true, vpp=2, mbs=4, offload=yes, tp=8, pp=16, dp=24")
-    assert fixed == {
-        "zero_stage": 1,
-        "sequence_parallel": True,
-        "virtual_stages": 2,
-        "micro_batch_size": 4,
-        "offload_optimizer": True,
-        "tp": 8,
-        "pp": 16,
-        "dp": 24,
-    }
+def test_parse_aliases_and_types():
+    pins = Pins.parse("zero=1, sp=true, vpp=2, mbs=4, offload=yes, tp=8, pp=16, dp=24")
+    assert pins == Pins(
+        zero_stage=1,
+        sequence_parallel=True,
+        virtual_stages=2,
+        micro_batch_size=4,
+        offload_optimizer=True,
+        tp=8,
+        pp=16,
+        dp=24,
+    )
     for key in ("zero_stage", "virtual_stages", "micro_batch_size", "tp", "pp", "dp"):
-        assert type(fixed[key]) is int
-    assert fixed["sequence_parallel"] is True
+        assert type(getattr(pins, key)) is int
+    assert pins.sequence_parallel is True
+    assert pins.pinned() == (
+        "dp", "tp", "pp", "zero_stage", "sequence_parallel", "virtual_stages",
+        "micro_batch_size", "offload_optimizer",
+    )  # fmt: skip
+    assert pins.cp is None and pins.schedule is None
 
 
-def test_parse_fix_schedules_and_recompute_are_enums():
-    fixed = parse_fix("schedule=1F1B,recompute=Full,sequence_parallel=off,zero_stage=0")
-    assert fixed["schedule"] is Schedule.ONE_F_ONE_B
-    assert fixed["recompute"] is Recompute.FULL
-    assert fixed["sequence_parallel"] is False
-    assert fixed["zero_stage"] == 0
-    assert parse_fix("schedule=interleaved_1f1b")["schedule"] is Schedule.INTERLEAVED_1F1B
+def test_parse_schedules_and_recompute_are_enums():
+    pins = Pins.parse("schedule=1F1B,recompute=Full,sequence_parallel=off,zero_stage=0")
+    assert pins.schedule is Schedule.ONE_F_ONE_B
+    assert pins.recompute is Recompute.FULL
+    assert pins.sequence_parallel is False
+    assert pins.zero_stage == 0
+    assert Pins.parse("schedule=interleaved_1f1b").schedule is Schedule.INTERLEAVED_1F1B
 
 
-def test_parse_fix_empty_is_nothing_pinned():
-    assert parse_fix("") == {}
-    assert parse_fix(" , ") == {}
+def test_parse_empty_is_nothing_pinned():
+    assert Pins.parse("") == Pins()
+    assert Pins.parse(" , ") == Pins()
+    assert Pins().pinned() == ()
+    assert Pins().describe() == ""
+    assert not Pins().all_pinned
 
 
 @pytest.mark.parametrize(
@@ -219,22 +228,69 @@ def test_parse_fix_empty_is_nothing_pinned():
         ("tp=two", "tp=two"),
         ("mbs=1.5", "mbs=1.5"),
         ("tp=0", "tp=0"),
+        ("tp=-2", "tp=-2"),
+        ("zero=4", "zero=4"),
         ("tp=2,pp", "'pp'"),
         ("sp=maybe", "sp=maybe"),
         ("recompute=some", "recompute=some"),
         ("tp=", "'tp='"),
     ],
 )
-def test_parse_fix_errors_name_the_bad_token(text, named):
+def test_parse_errors_name_the_bad_token(text, named):
     with pytest.raises(ValueError) as err:
-        parse_fix(text)
+        Pins.parse(text)
     assert named in str(err.value)
 
 
-def test_parse_fix_rejects_contradictory_repeats():
-    assert parse_fix("tp=2,tp=2") == {"tp": 2}
+def test_parse_rejects_contradictory_repeats():
+    assert Pins.parse("tp=2,tp=2") == Pins(tp=2)
     with pytest.raises(ValueError, match="tp given twice"):
-        parse_fix("tp=2,tp=4")
+        Pins.parse("tp=2,tp=4")
+
+
+def test_describe_round_trips_through_parse():
+    pins = Pins.parse("offload=false,mbs=2,schedule=interleaved_1f1b,vpp=3,tp=4,recompute=full")
+    text = pins.describe()
+    assert text == (
+        "tp=4,virtual_stages=3,micro_batch_size=2,schedule=interleaved_1f1b,recompute=full,"
+        "offload_optimizer=false"
+    )
+    assert Pins.parse(text) == pins
+    assert pins.describe(("tp", "dp", "recompute")) == "tp=4,recompute=full"
+
+
+def test_all_pinned_needs_every_main_dimension():
+    main = "dp=8,tp=1,pp=1,zero=0,mbs=1,schedule=none"
+    assert not Pins.parse(main).all_pinned
+    assert Pins.parse(main + ",recompute=full").all_pinned
+
+
+def test_of_pins_every_dimension_of_a_strategy():
+    s = Strategy(dp=2, tp=2, pp=2, zero_stage=1, schedule=Schedule.ONE_F_ONE_B,
+                 micro_batch_size=4, recompute=Recompute.SELECTIVE)  # fmt: skip
+    pins = Pins.of(s)
+    assert len(pins.pinned()) == 12
+    assert (pins.dp, pins.pp, pins.cp, pins.micro_batch_size) == (2, 2, 1, 4)
+    assert pins.schedule is Schedule.ONE_F_ONE_B and pins.recompute is Recompute.SELECTIVE
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"tp": 0}, "tp=0"),
+        ({"dp": -1}, "dp=-1"),
+        ({"zero_stage": 4}, "zero_stage=4"),
+        ({"pp": 2.0}, "pp=2.0"),
+        ({"cp": True}, "cp=True"),
+        ({"sequence_parallel": 1}, "sequence_parallel=1"),
+        ({"schedule": "1f1b"}, "schedule='1f1b'"),
+        ({"recompute": "full"}, "recompute='full'"),
+    ],
+)
+def test_pins_reject_bad_values(kwargs, named):
+    with pytest.raises(ValueError) as err:
+        Pins(**kwargs)
+    assert named in str(err.value)
 
 
 # --- pins nothing satisfies -----------------------------------------------------------------
@@ -249,7 +305,7 @@ def gpt2_ev() -> Evaluator:
     ("fix", "rule"),
     [
         ("tp=3", "tp must divide the 8 GPUs"),
-        ("tp=8", "tp must divide heads=12"),  # gpt2 has 12 heads
+        ("tp=8", "tp=8 must divide heads=12"),  # gpt2 has 12 heads
         ("pp=16", "pp must divide the 8 GPUs"),
         ("cp=3", "cp must divide the 8 GPUs"),
         ("ep=2", "needs a MoE model"),
@@ -261,9 +317,9 @@ def gpt2_ev() -> Evaluator:
 )
 def test_unsatisfiable_pins_raise_naming_the_rule(gpt2_ev, fix, rule):
     with pytest.raises(ValueError, match=re.escape(rule)):
-        Search(gpt2_ev, parse_fix(fix)).run()
+        Search(gpt2_ev, Pins.parse(fix)).run()
 
 
-def test_unknown_fixed_dimension_is_rejected(gpt2_ev):
-    with pytest.raises(ValueError, match="width"):
-        Search(gpt2_ev, {"width": 2})
+def test_unknown_pin_is_rejected():
+    with pytest.raises(TypeError, match="width"):
+        Pins(width=2)  # type: ignore[call-arg]

@@ -11,7 +11,7 @@ import pytest
 
 from paraplan.planner.solvers import (
     Backward,
-    Chain,
+    LayerChain,
     ChainLayer,
     Forward,
     Op,
@@ -24,14 +24,14 @@ from paraplan.planner.solvers import (
 )
 
 
-def random_chain(n: int, rng: random.Random, *, integer: bool = True) -> Chain:
+def random_chain(n: int, rng: random.Random, *, integer: bool = True) -> LayerChain:
     """Heterogeneous costs: sizes in small integers (exact for 1-byte units) or floats."""
 
     def size(lo: int, hi: int) -> float:
         return float(rng.randint(lo, hi)) if integer else rng.uniform(lo, hi)
 
     xs = [size(1, 6) for _ in range(n + 1)]
-    return Chain(
+    return LayerChain(
         layers=tuple(
             ChainLayer(
                 name=f"l{i}", fwd_s=rng.uniform(1, 3), bwd_s=rng.uniform(2, 5),
@@ -61,7 +61,7 @@ def persistent_schedules(s: int, t: int) -> Iterator[list[Op]]:
                 yield run + right + left
 
 
-def brute_force(chain: Chain) -> list[tuple[float, float]]:
+def brute_force(chain: LayerChain) -> list[tuple[float, float]]:
     """(peak, makespan) of every schedule, replayed by the simulator."""
     graph = chain_to_graph(chain)
     out = []
@@ -71,7 +71,7 @@ def brute_force(chain: Chain) -> list[tuple[float, float]]:
     return out
 
 
-def check_against_brute_force(chain: Chain) -> None:
+def check_against_brute_force(chain: LayerChain) -> None:
     results = brute_force(chain)
     least = min(peak for peak, _ in results)
     most = max(peak for peak, _ in results)

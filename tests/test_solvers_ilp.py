@@ -10,7 +10,7 @@ import pytest
 
 from paraplan.planner.solvers import (
     Backward,
-    Chain,
+    LayerChain,
     ChainLayer,
     Forward,
     SolveStatus,
@@ -21,9 +21,9 @@ from paraplan.planner.solvers import (
 )
 
 
-def random_chain(n: int, rng: random.Random) -> Chain:
+def random_chain(n: int, rng: random.Random) -> LayerChain:
     xs = [float(rng.randint(1, 6)) for _ in range(n + 1)]
-    return Chain(
+    return LayerChain(
         layers=tuple(
             ChainLayer(
                 name=f"l{i}", fwd_s=rng.uniform(1, 3), bwd_s=rng.uniform(2, 5),
@@ -42,7 +42,7 @@ def assert_replays(model, solution, bw: float | None = None) -> None:  # type: i
     assert replay.peak_bytes <= solution.budget_bytes * (1 + 1e-9)
 
 
-def budgets(chain: Chain) -> list[float]:
+def budgets(chain: LayerChain) -> list[float]:
     least = solve_checkpoint_dp(chain, 1.0).min_budget_bytes
     top = simulate(chain, [Forward(node=i) for i in range(1, len(chain) + 1)]
                    + [Backward(node=i) for i in range(len(chain), 0, -1)]).peak_bytes  # fmt: skip

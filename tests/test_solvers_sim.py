@@ -8,12 +8,12 @@ import pytest
 from paraplan.planner.model_spec import PRESETS
 from paraplan.planner.solvers import (
     Backward,
-    Chain,
+    LayerChain,
     ChainLayer,
     Forward,
     Offload,
     OpGraph,
-    OpNode,
+    GraphOp,
     Prefetch,
     TensorPart,
     Wait,
@@ -32,8 +32,8 @@ def _layer(name: str, **kw: float) -> ChainLayer:
     return ChainLayer(name=name, **base)
 
 
-def _uniform3() -> Chain:
-    return Chain(layers=tuple(_layer(f"l{i}") for i in range(3)))
+def _uniform3() -> LayerChain:
+    return LayerChain(layers=tuple(_layer(f"l{i}") for i in range(3)))
 
 
 # ---- validation ---------------------------------------------------------------------------
@@ -55,19 +55,19 @@ def test_chain_layer_rejects_bad_values_naming_them(kw: dict, words: list[str]) 
 
 def test_chain_rejects_empty_and_mismatched_layers() -> None:
     with pytest.raises(ValueError, match=r"non-empty tuple.*pass at least one layer"):
-        Chain(layers=())
+        LayerChain(layers=())
     with pytest.raises(ValueError, match=r"input_bytes=20.0.*output_bytes=10.0.*make them equal"):
-        Chain(layers=(_layer("a"), _layer("b", input_bytes=20.0, saved_bytes=20.0)))
+        LayerChain(layers=(_layer("a"), _layer("b", input_bytes=20.0, saved_bytes=20.0)))
 
 
 def test_graph_rejects_forward_references_and_foreign_bwd_inputs() -> None:
-    x = OpNode(name="x", output_bytes=1.0, is_input=True)
+    x = GraphOp(name="x", output_bytes=1.0, is_input=True)
     with pytest.raises(ValueError, match=r"earlier node.*topological order"):
-        OpGraph(nodes=(x, OpNode(name="a", output_bytes=1.0, inputs=(1,))))
+        OpGraph(nodes=(x, GraphOp(name="a", output_bytes=1.0, inputs=(1,))))
     with pytest.raises(ValueError, match=r"bwd_inputs has 0.*not among inputs"):
-        OpGraph(nodes=(x, OpNode(name="a", output_bytes=1.0, inputs=(), bwd_inputs=(0,))))
+        OpGraph(nodes=(x, GraphOp(name="a", output_bytes=1.0, inputs=(), bwd_inputs=(0,))))
     with pytest.raises(ValueError, match="has no inputs"):
-        OpGraph(nodes=(x, OpNode(name="a", output_bytes=1.0)))
+        OpGraph(nodes=(x, GraphOp(name="a", output_bytes=1.0)))
 
 
 def test_chain_from_profile_scales_gpt2_by_micro_batch() -> None:
@@ -125,8 +125,8 @@ def test_checkpointing_peak_and_time_by_hand() -> None:
     assert result.recompute_s == 2.0
 
 
-def _offload_chain() -> Chain:
-    return Chain(layers=(_layer("l1", saved_bytes=50.0), _layer("l2", saved_bytes=10.0)))
+def _offload_chain() -> LayerChain:
+    return LayerChain(layers=(_layer("l1", saved_bytes=50.0), _layer("l2", saved_bytes=10.0)))
 
 
 def test_offload_frees_after_the_wait_and_prefetch_stalls_by_hand() -> None:

@@ -13,12 +13,12 @@ import pytest
 from paraplan.planner.model_spec import PRESETS
 from paraplan.planner.solvers import (
     Backward,
-    Chain,
+    LayerChain,
     ChainLayer,
     Forward,
     Op,
     chain_from_profile,
-    gpt2_chain,
+    gpt2_layer_chain,
     simulate,
     solve_checkpoint_dp,
     sqrt_segment_starts,
@@ -38,11 +38,11 @@ from paraplan.planner.solvers.tradeoff import (
 TOL = 1e-9
 
 
-def small_chain(n: int = 6, seed: int = 0) -> Chain:
+def small_chain(n: int = 6, seed: int = 0) -> LayerChain:
     """A heterogeneous chain small enough for the ILP to prove optimality in well under 1 s."""
     rng = random.Random(seed)
     xs = [rng.uniform(1, 5) * 1e6 for _ in range(n + 1)]
-    return Chain(
+    return LayerChain(
         layers=tuple(
             ChainLayer(
                 name=f"l{i}", fwd_s=rng.uniform(1, 2) * 1e-3, bwd_s=rng.uniform(2, 4) * 1e-3,
@@ -76,8 +76,8 @@ def check_invariants(curves: tuple[TradeoffCurve, ...], budgets: list[float]) ->
             assert mine <= min(fitting) + TOL, (s, budget, mine, fitting)
 
 
-@pytest.mark.parametrize("chain", [gpt2_chain(), vgg16_chain()], ids=["gpt2", "vgg16"])
-def test_dp_never_worse_than_a_fitting_baseline(chain: Chain) -> None:
+@pytest.mark.parametrize("chain", [gpt2_layer_chain(), vgg16_chain()], ids=["gpt2", "vgg16"])
+def test_dp_never_worse_than_a_fitting_baseline(chain: LayerChain) -> None:
     budgets = default_budgets(chain, 8)
     strategies = ("store-all", "sqrt-L", "full-recompute", "paraplan-dp")
     curves = tradeoff_curves(chain, budgets, strategies=strategies)
@@ -103,9 +103,9 @@ def test_dp_and_ilp_never_worse_than_a_fitting_baseline(layers: int, pcie: float
             assert ilp.makespan_s <= dp.makespan_s * (1 + 1e-6)
 
 
-@pytest.mark.parametrize("chain", [gpt2_chain(), vgg16_chain(), small_chain()],
+@pytest.mark.parametrize("chain", [gpt2_layer_chain(), vgg16_chain(), small_chain()],
                          ids=["gpt2", "vgg16", "small"])  # fmt: skip
-def test_a_baseline_fits_exactly_when_its_simulated_peak_does(chain: Chain) -> None:
+def test_a_baseline_fits_exactly_when_its_simulated_peak_does(chain: LayerChain) -> None:
     sims = {s: simulate(chain, baseline_schedule(chain, s)) for s in BASELINES}
     peaks = sorted(r.peak_bytes for r in sims.values())
     # Just below, at and just above each baseline's peak, and the curve's own budgets.
@@ -157,7 +157,7 @@ def test_sqrt_segments_are_checkpoint_sequentials(num_layers: int) -> None:
     assert sqrt_segment_starts(num_layers) == starts
     layer = ChainLayer(name="l", fwd_s=1.0, bwd_s=2.0, input_bytes=1.0, saved_bytes=3.0,
                        output_bytes=1.0)  # fmt: skip
-    chain = Chain(layers=(layer,) * num_layers)
+    chain = LayerChain(layers=(layer,) * num_layers)
     ops = baseline_schedule(chain, "sqrt-L")
     runs = recompute_runs(ops)
     # Checkpointed segments are recomputed last to first; the last segment is never recomputed.
@@ -190,7 +190,7 @@ def test_recomputation_order_matches_torch(num_layers: int, segments: int) -> No
                        output_bytes=1.0)  # fmt: skip
     from paraplan.planner.solvers import Policy, uniform_schedule
 
-    ops = uniform_schedule(Chain(layers=(layer,) * num_layers), Policy.SQRT_SEGMENTS,
+    ops = uniform_schedule(LayerChain(layers=(layer,) * num_layers), Policy.SQRT_SEGMENTS,
                            segments=segments)  # fmt: skip
     recomputed = [n for run in recompute_runs(ops) for n in run]
     assert calls[:num_layers] == list(range(1, num_layers + 1))
@@ -246,7 +246,7 @@ def test_bad_arguments_name_the_value(call, words: list[str]) -> None:  # type: 
 def test_a_solver_claim_the_simulator_disagrees_with_is_caught(monkeypatch) -> None:
     real = tradeoff_module.solve_checkpoint_dp
 
-    def lying(chain: Chain, budget: float, **kw):  # type: ignore[no-untyped-def]
+    def lying(chain: LayerChain, budget: float, **kw):  # type: ignore[no-untyped-def]
         sol = real(chain, budget, **kw)
         return dataclasses.replace(sol, makespan_s=sol.makespan_s * 0.5)
 

@@ -1,1 +1,1 @@
-"""Adapters from Hugging Face models to `Chain`s with tensor-parallel plans for their blocks."""
+"""Adapters from Hugging Face models to `ChainModule`s with tensor-parallel plans for their blocks."""

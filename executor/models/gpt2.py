@@ -1,4 +1,4 @@
-"""Hugging Face GPT-2 as a `Chain`, ready for tensor parallelism.
+"""Hugging Face GPT-2 as a `ChainModule`, ready for tensor parallelism.
 
 GPT-2 stores its projections as `Conv1D` (y = x @ W + b, W of shape (in, out)) and fuses
 q, k and v in one `c_attn`. A column split of the fused matrix would hand each rank a mix of
@@ -25,7 +25,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
-from ..chain import Chain
+from ..chain import ChainModule
 
 _QKV = ("q_proj", "k_proj", "v_proj")
 
@@ -169,7 +169,7 @@ def gpt2_hf_names(
     return out
 
 
-def gpt2_chain(model: Any) -> Chain:
+def gpt2_chain_module(model: Any) -> ChainModule:
     """Convert a `GPT2LMHeadModel` in place and return its chain."""
     cfg = model.config
     if getattr(cfg, "add_cross_attention", False):
@@ -181,7 +181,7 @@ def gpt2_chain(model: Any) -> Chain:
             block.mlp.c_fc = linear_from_conv1d(block.mlp.c_fc)
             block.mlp.c_proj = linear_from_conv1d(block.mlp.c_proj)
     tied = model.lm_head.weight is tr.wte.weight
-    chain = Chain(
+    chain = ChainModule(
         GPT2Embedding(tr.wte, tr.wpe, tr.drop),
         list(tr.h),
         GPT2Head(tr.ln_f, model.lm_head),

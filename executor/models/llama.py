@@ -1,4 +1,4 @@
-"""Hugging Face Llama as a `Chain`.
+"""Hugging Face Llama as a `ChainModule`.
 
 Llama's projections are already separate `nn.Linear`s, so the tensor-parallel plan is
 torchtitan's: q/k/v and gate/up by columns, o/down by rows, RMSNorms on sequence shards under
@@ -25,7 +25,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
-from ..chain import Chain
+from ..chain import ChainModule
 
 
 class LlamaBlock(nn.Module):
@@ -123,7 +123,7 @@ def llama_hf_names(
     return out
 
 
-def llama_chain(model: Any) -> Chain:
+def llama_chain_module(model: Any) -> ChainModule:
     """Wrap a `LlamaForCausalLM`'s parts (no copy of parameters) as a chain."""
     impl = model.config._attn_implementation
     if impl != "sdpa":
@@ -135,7 +135,7 @@ def llama_chain(model: Any) -> Chain:
     inner = model.model
     blocks = [LlamaBlock(layer, inner.rotary_emb) for layer in inner.layers]
     tied = model.lm_head.weight is inner.embed_tokens.weight
-    chain = Chain(
+    chain = ChainModule(
         LlamaEmbedding(inner.embed_tokens),
         blocks,
         LlamaHead(inner.norm, model.lm_head),

@@ -10,7 +10,7 @@ all-reduce do (Sergeev & Del Balso 2018).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cache
 from math import ceil, lcm
 
@@ -76,6 +76,58 @@ def merge_links(a: AxisLink, b: AxisLink) -> AxisLink:
     size = a.size * b.size
     per_node = max(1, a.per_node * b.per_node)
     return AxisLink(size, min(size, per_node), ceil(size / max(1, per_node)))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Links:
+    """Where each communication group of a strategy lies: one link per mesh axis, plus the
+    groups made of parts of axes."""
+
+    pp: AxisLink
+    """Pipeline neighbours."""
+    dp: AxisLink
+    """Data-parallel replicas (or FSDP shards)."""
+    cp: AxisLink
+    """Context-parallel ring."""
+    tp: AxisLink
+    """Tensor-parallel group."""
+    ep: AxisLink
+    """Expert-parallel group (the innermost part of dp)."""
+    dpcp: AxisLink
+    """Gradient group of the dense parameters: dp x cp."""
+    edp: AxisLink
+    """Gradient group of the experts: the expert-data-parallel part of dp, x cp."""
+
+    def axis(self, axis: MeshAxis) -> AxisLink:
+        """The link of one mesh axis."""
+        return {MeshAxis.PP: self.pp, MeshAxis.DP: self.dp, MeshAxis.CP: self.cp,
+                MeshAxis.TP: self.tp}[axis]  # fmt: skip
+
+    def ideal(self) -> Links:
+        """Every group inside one node (a lower bound on any placement's time when priced
+        with `Collectives(acc, lower_bound=True)`)."""
+        ideal = {f.name: AxisLink(getattr(self, f.name).size, getattr(self, f.name).size, 1)
+                 for f in fields(self)}  # fmt: skip
+        return Links(**ideal)
+
+
+def links_for(
+    sizes: dict[MeshAxis, int], order: tuple[MeshAxis, ...], ep: int, gpus_per_node: int
+) -> Links:
+    """The links of a strategy's groups under its mesh order."""
+    placed = place_axes(sizes, order, gpus_per_node)
+    per_axis = {a: link_of(n, stride, gpus_per_node) for a, (n, stride) in placed.items()}
+    dp_n, dp_stride = placed[MeshAxis.DP]
+    expert_dp = link_of(dp_n // ep, dp_stride * ep, gpus_per_node)
+    return Links(
+        pp=per_axis[MeshAxis.PP],
+        dp=per_axis[MeshAxis.DP],
+        cp=per_axis[MeshAxis.CP],
+        tp=per_axis[MeshAxis.TP],
+        ep=link_of(ep, dp_stride, gpus_per_node),  # experts split the innermost part of dp
+        dpcp=merge_links(per_axis[MeshAxis.DP], per_axis[MeshAxis.CP]),
+        edp=merge_links(expert_dp, per_axis[MeshAxis.CP]),
+    )
 
 
 class Collectives:

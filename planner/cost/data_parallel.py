@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..config import TrainConfig
 from ..hardware import Accelerator
 from ..strategy import Strategy
-from .comm import AxisLink, Collectives
+from .comm import Collectives, Links
 from .layout import Stage
 
 HOST_OPTIMIZER_BYTES_PER_S = 20e9
@@ -17,7 +17,7 @@ assumption in line with ZeRO-Offload's CPU-Adam (Ren et al. 2021 §4.2, ~1.5 s p
 def dp_comm(
     s: Strategy,
     stage: Stage,
-    links: dict[str, AxisLink],
+    links: Links,
     coll: Collectives,
     t: TrainConfig,
     fwd: float,
@@ -28,8 +28,8 @@ def dp_comm(
     gathers with the forward pass (DDP buckets, Li et al. 2020; FSDP prefetch, Zhao 2023)."""
     per_mb = tail = 0.0
     groups = (
-        (stage.dense_params / s.tp, links["dpcp"]),
-        (stage.expert_params / (s.tp * s.ep), links["edp"]),
+        (stage.dense_params / s.tp, links.dpcp),
+        (stage.expert_params / (s.tp * s.ep), links.edp),
     )
     for count, link in groups:
         if not count or link.size <= 1:

@@ -1,10 +1,52 @@
-"""Pipeline layout: which chain layers each stage (and each interleaved chunk) runs."""
+"""Pipeline layout: which chain layers each stage (and each interleaved chunk) runs.
+
+Stages are cut by cost, not by count: `balanced_cuts` splits the blocks into contiguous chunks
+minimizing the slowest chunk's seconds (the linear-partition problem that PipeDream, Narayanan
+et al. 2019 §3.1, and Megatron-LM's uneven split solve), with the embedding joined to the first
+block and the head and loss to the last, so a heavy head or embedding pulls blocks off its
+stage. Among the splits that reach the optimum, the one closest to an even count is taken.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
-from ..model import ModelProfile
+from ..strategy import Recompute
+
+_REL = 1e-9
+"""Relative slack when comparing a chunk's seconds with the bottleneck."""
+_BISECTIONS = 200
+"""Bisection steps for the bottleneck (ends far below float resolution)."""
+
+
+class StageSplit(StrEnum):
+    """How the blocks are split over the pipeline chunks."""
+
+    BALANCED = "balanced"
+    """By cost (`balanced_cuts`): the default."""
+    EVEN = "even"
+    """By count alone (`block_counts`), as Megatron-LM's default split: for comparison and
+    for pricing published configurations that used it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """What a pipeline split is balanced for: its shape, and what weighs a block against the
+    embedding and head (recompute redoes blocks only; each block runs four TP collectives,
+    the embedding and head one each)."""
+
+    pp: int
+    """Pipeline stages."""
+    virtual_stages: int
+    """Chunks per stage."""
+    recompute: Recompute
+    """Uniform recompute of the blocks (none also stands for per-layer policies)."""
+    tp: int
+    """Tensor-parallel degree."""
+    sequence_parallel: bool
+    """Sequence parallelism (its collectives)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,17 +79,81 @@ def block_counts(num_blocks: int, num_chunks: int) -> list[int]:
     return counts
 
 
-def pipeline_chunks(profile: ModelProfile, pp: int, virtual_stages: int) -> tuple[Chunk, ...]:
-    """Chunks in model order; chunk c runs on stage c % pp (Narayanan et al. 2021 §2.2)."""
-    num_chunks = pp * virtual_stages
-    counts = block_counts(profile.num_blocks, num_chunks)
+def _parts_needed(costs: Sequence[float], bound: float, max_units: int) -> int:
+    """Fewest contiguous parts, each at most `bound` seconds and `max_units` units (greedy
+    from the left, optimal as both limits hold for any sub-range of a part that meets them)."""
+    parts, running, units = 1, 0.0, 0
+    for c in costs:
+        if running + c > bound or units == max_units:
+            parts, running, units = parts + 1, c, 1
+        else:
+            running, units = running + c, units + 1
+    return parts
+
+
+def balanced_cuts(unit_costs_s: Sequence[float], num_chunks: int) -> list[int]:
+    """Units per chunk for `num_chunks` contiguous, non-empty chunks minimizing the largest
+    chunk's seconds; among those, the largest chunk's unit count (so the stages that do not
+    bound the time share the blocks evenly); then each cut as close as it can be to the even
+    split's (`block_counts`)."""
+    costs = [float(c) for c in unit_costs_s]
+    n = len(costs)
+    even = block_counts(n, num_chunks)
+    if num_chunks == 1 or any(c < 0 for c in costs) or sum(costs) <= 0:
+        return even
+    lo, hi = max(costs), sum(costs)
+    for _ in range(_BISECTIONS):
+        if hi - lo <= _REL * hi:
+            break
+        mid = (lo + hi) / 2
+        if _parts_needed(costs, mid, n) <= num_chunks:
+            hi = mid
+        else:
+            lo = mid
+    bound = hi * (1 + _REL)
+    low_k, high_k = -(-n // num_chunks), n  # the fewest units the largest chunk can hold
+    while low_k < high_k:
+        mid_k = (low_k + high_k) // 2
+        if _parts_needed(costs, bound, mid_k) <= num_chunks:
+            high_k = mid_k
+        else:
+            low_k = mid_k + 1
+    most = low_k
+    # suffix_parts[p]: fewest parts the units p.. need under both limits
+    suffix_parts = [0] * (n + 1)
+    for p in range(n - 1, -1, -1):
+        suffix_parts[p] = _parts_needed(costs[p:], bound, most)
+    cuts, start, even_end = [], 0, 0
+    for c in range(num_chunks - 1):
+        even_end += even[c]
+        left = num_chunks - c - 1  # chunks still to place after this one
+        reach, total = start, 0.0
+        while reach < n and reach - start < most and total + costs[reach] <= bound:
+            total += costs[reach]
+            reach += 1
+        # the cut must leave `left` non-empty chunks that meet both limits
+        feasible = [
+            e for e in range(start + 1, reach + 1) if n - e >= left and suffix_parts[e] <= left
+        ]
+        if not feasible:  # cannot happen (the optimum is reachable); keep the even split
+            return even
+        end = min(feasible, key=lambda e: (abs(e - even_end), e))
+        cuts.append(end - start)
+        start = end
+    cuts.append(n - start)
+    return cuts
+
+
+def chunks_from_counts(counts: Sequence[int], pp: int) -> tuple[Chunk, ...]:
+    """Chunks in model order from blocks per chunk; chunk c runs on stage c % pp (Narayanan
+    et al. 2021 §2.2); the embedding joins the first chunk and the head the last."""
     chunks = []
     start = 1  # chain index 0 is the embedding, which joins the first chunk
-    last_block = profile.num_blocks
+    last_block = sum(counts)
     for c, count in enumerate(counts):
         first = 0 if c == 0 else start
         end = start + count - 1
-        last = last_block + 1 if c == num_chunks - 1 else end  # the head joins the last chunk
+        last = last_block + 1 if c == len(counts) - 1 else end
         chunks.append(Chunk(stage=c % pp, index=c, first_layer=first, last_layer=last))
         start = end + 1
     return tuple(chunks)
@@ -60,12 +166,22 @@ class Stage:
     index: int
     """Stage index (the first of the stages that look exactly like this one)."""
     layers: tuple[int, ...]
+    """Chain indices of its layers, in model order."""
     dense_params: float
+    """Parameters every tensor-parallel rank shards (tied copy of the embedding included)."""
     expert_params: float
+    """MoE expert parameters."""
     max_block_params: float
+    """Dense parameters of its largest block (an FSDP unit)."""
     max_block_expert_params: float
+    """Expert parameters of its largest block."""
     n_blocks: int
+    """Blocks it runs."""
     n_moe_blocks: int
+    """Of which hold experts."""
     has_embedding: bool
+    """Whether it runs the embedding."""
     has_head: bool
+    """Whether it runs the head and loss."""
     chunks: tuple[Chunk, ...]
+    """Its model chunks."""

@@ -1,57 +1,342 @@
-"""Structural rules a strategy must satisfy before the cost model can price it."""
+"""Structural rules a strategy must satisfy before the cost model can price it.
+
+One rule list judges both the candidates of the search and the user's `--fix` pins. A rule
+reads an `Assignment`: a `Strategy` (every dimension set) or `Pins` (None: left to the search).
+It fires only when no way of filling in the unset dimensions satisfies it, so a complete
+strategy is judged exactly and a pin is rejected as soon as the pinned values alone break a
+rule (the search still checks each completed strategy against every rule).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from math import prod
+from typing import Protocol
 
-from ..strategy import MeshAxis, Schedule, Strategy
-
-if TYPE_CHECKING:
-    from .evaluate import Evaluator
+from ..cluster import Cluster
+from ..config import TrainConfig
+from ..model import ModelProfile
+from ..strategy import MeshAxis, Recompute, Schedule
 
 _ALL_AXES = frozenset(MeshAxis)
+_ZERO_STAGES = (0, 1, 2, 3)
 
 
-def violation(s: Strategy, ev: Evaluator) -> str:
-    """The first structural rule `s` breaks for this model, cluster and batch ('' if none)."""
-    p, t, n = ev.profile, ev.train, ev.cluster.num_gpus
-    if s.world_size != n:
+class Rule(StrEnum):
+    """The structural rules, in the order they are checked (the first broken one is named)."""
+
+    WORLD_SIZE = "world_size"
+    """dp*tp*pp*cp equals the GPUs of the cluster."""
+    TP_DIVIDES_MODEL = "tp_divides_model"
+    """TP divides the attention heads and the MLP width."""
+    TP_FITS_KV_HEADS = "tp_fits_kv_heads"
+    """TP divides the key/value heads or is a multiple of them (GQA heads are replicated)."""
+    SP_NEEDS_TP = "sp_needs_tp"
+    """Sequence parallelism splits along the TP group: it needs tp > 1."""
+    CP_SPLITS_SEQUENCE = "cp_splits_sequence"
+    """The sequence splits into 2*cp equal chunks (causal load balancing)."""
+    EP_NEEDS_MOE = "ep_needs_moe"
+    """Expert parallelism needs a mixture-of-experts model."""
+    EP_DIVIDES = "ep_divides"
+    """EP divides the experts and the data-parallel degree (EP lives inside the dp axis)."""
+    ZERO_STAGE = "zero_stage"
+    """ZeRO stage is 0, 1, 2 or 3."""
+    OFFLOAD_NEEDS_ZERO = "offload_needs_zero"
+    """Optimizer offload needs ZeRO >= 1 (ZeRO-Offload partitions the states)."""
+    BATCH_DIVIDES = "batch_divides"
+    """dp * micro_batch_size divides the global batch."""
+    SCHEDULE_MATCHES_PP = "schedule_matches_pp"
+    """Schedule `none` exactly when there is no pipeline (pp = 1)."""
+    VIRTUAL_STAGES_MATCH_SCHEDULE = "virtual_stages_match_schedule"
+    """More than one virtual stage exactly with the interleaved 1F1B schedule."""
+    STAGES_WITHIN_BLOCKS = "stages_within_blocks"
+    """pp * virtual_stages chunks, each with at least one block."""
+    INTERLEAVED_MICROBATCHES = "interleaved_microbatches"
+    """Interleaved 1F1B runs micro-batches in groups of pp (Narayanan et al. 2021 §2.2)."""
+    MESH_ORDER = "mesh_order"
+    """The mesh order names each mesh axis once."""
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The strategy dimensions the rule reads."""
+        return _FIELDS[self]
+
+
+_FIELDS: dict[Rule, tuple[str, ...]] = {
+    Rule.WORLD_SIZE: ("dp", "tp", "pp", "cp"),
+    Rule.TP_DIVIDES_MODEL: ("tp",),
+    Rule.TP_FITS_KV_HEADS: ("tp",),
+    Rule.SP_NEEDS_TP: ("sequence_parallel", "tp"),
+    Rule.CP_SPLITS_SEQUENCE: ("cp",),
+    Rule.EP_NEEDS_MOE: ("ep",),
+    Rule.EP_DIVIDES: ("ep", "dp"),
+    Rule.ZERO_STAGE: ("zero_stage",),
+    Rule.OFFLOAD_NEEDS_ZERO: ("offload_optimizer", "zero_stage"),
+    Rule.BATCH_DIVIDES: ("dp", "micro_batch_size"),
+    Rule.SCHEDULE_MATCHES_PP: ("schedule", "pp"),
+    Rule.VIRTUAL_STAGES_MATCH_SCHEDULE: ("virtual_stages", "schedule"),
+    Rule.STAGES_WITHIN_BLOCKS: ("pp", "virtual_stages"),
+    Rule.INTERLEAVED_MICROBATCHES: ("schedule", "dp", "micro_batch_size", "pp"),
+    Rule.MESH_ORDER: ("mesh_order",),
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Violation:
+    """A structural rule broken, and why."""
+
+    rule: Rule
+    """Which rule."""
+    message: str
+    """The values that break it, the rule and the fix."""
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProblemShape:
+    """What the rules need to know of the model, cluster and batch."""
+
+    heads: int
+    """Attention heads."""
+    kv_heads: int
+    """Key/value heads (GQA)."""
+    ffn: int
+    """MLP hidden width."""
+    experts: int
+    """MoE experts per block (0 for a dense model)."""
+    is_moe: bool
+    """Whether the blocks hold MoE experts."""
+    num_blocks: int
+    """Transformer blocks (pipeline chunks need at least one each)."""
+    num_gpus: int
+    """GPUs of the cluster."""
+    seq_len: int
+    """Tokens per sequence."""
+    global_batch: int
+    """Sequences per optimizer step."""
+
+    @classmethod
+    def of(cls, profile: ModelProfile, cluster: Cluster, train: TrainConfig) -> ProblemShape:
+        """The shape of one planning problem."""
+        return cls(
+            heads=profile.heads, kv_heads=profile.kv_heads, ffn=profile.ffn,
+            experts=profile.experts, is_moe=profile.is_moe, num_blocks=profile.num_blocks,
+            num_gpus=cluster.num_gpus, seq_len=train.seq_len, global_batch=train.global_batch,
+        )  # fmt: skip
+
+
+class Assignment(Protocol):
+    """Strategy dimensions, possibly partial (None: not yet chosen). `Strategy` sets them all;
+    `Pins` sets those the user fixed."""
+
+    @property
+    def dp(self) -> int | None: ...
+    @property
+    def tp(self) -> int | None: ...
+    @property
+    def pp(self) -> int | None: ...
+    @property
+    def cp(self) -> int | None: ...
+    @property
+    def ep(self) -> int | None: ...
+    @property
+    def zero_stage(self) -> int | None: ...
+    @property
+    def sequence_parallel(self) -> bool | None: ...
+    @property
+    def virtual_stages(self) -> int | None: ...
+    @property
+    def micro_batch_size(self) -> int | None: ...
+    @property
+    def schedule(self) -> Schedule | None: ...
+    @property
+    def recompute(self) -> Recompute | None: ...
+    @property
+    def offload_optimizer(self) -> bool | None: ...
+    @property
+    def mesh_order(self) -> tuple[MeshAxis, ...] | None: ...
+
+
+def _set(a: Assignment, keys: tuple[str, ...]) -> list[tuple[str, int]]:
+    """The set integer dimensions among `keys`, with their values."""
+    return [(k, v) for k in keys if (v := getattr(a, k)) is not None]
+
+
+def _product_text(pairs: list[tuple[str, int]]) -> str:
+    """``tp=3`` for one dimension, ``dp*tp = 2*3 = 6`` for several."""
+    if len(pairs) == 1:
+        return f"{pairs[0][0]}={pairs[0][1]}"
+    names = "*".join(k for k, _ in pairs)
+    values = "*".join(str(v) for _, v in pairs)
+    return f"{names} = {values} = {prod(v for _, v in pairs)}"
+
+
+def _world_size(sh: ProblemShape, a: Assignment) -> str | None:
+    pairs = _set(a, _FIELDS[Rule.WORLD_SIZE])
+    if not pairs:
+        return None
+    n, total = sh.num_gpus, prod(v for _, v in pairs)
+    if len(pairs) == 4:
+        if total == n:
+            return None
         return (
-            f"dp*tp*pp*cp = {s.dp}*{s.tp}*{s.pp}*{s.cp} = {s.world_size} GPUs, "
-            f"but the cluster has {n}"
+            f"{_product_text(pairs)} GPUs, but the cluster has {n}; use degrees whose product "
+            f"is {n}"
         )
-    if p.heads % s.tp or p.ffn % s.tp:
-        return f"tp={s.tp} must divide heads={p.heads} and ffn={p.ffn}"
-    if p.kv_heads % s.tp and s.tp % p.kv_heads:
-        return f"tp={s.tp} must divide kv_heads={p.kv_heads} or be a multiple of it"
-    if s.sequence_parallel and s.tp == 1:
-        return "sequence_parallel needs tp > 1"
-    if s.cp > 1 and t.seq_len % (2 * s.cp):
-        return f"cp={s.cp} needs seq_len={t.seq_len} divisible by 2*cp (causal load balance)"
-    if s.ep > 1 and not p.is_moe:
-        return f"ep={s.ep} needs a mixture-of-experts model"
-    if s.ep > 1 and (p.experts % s.ep or s.dp % s.ep):
-        return f"ep={s.ep} must divide experts={p.experts} and dp={s.dp}"
-    if s.zero_stage not in (0, 1, 2, 3):
-        return f"zero_stage={s.zero_stage} must be 0, 1, 2 or 3"
-    if s.offload_optimizer and s.zero_stage == 0:
-        return "offload_optimizer needs zero_stage >= 1 (ZeRO-Offload partitions the states)"
-    if s.micro_batch_size < 1 or t.global_batch % (s.dp * s.micro_batch_size):
+    if total >= 1 and n % total == 0:
+        return None
+    if len(pairs) == 1:
+        key = pairs[0][0]
+        return f"{key} must divide the {n} GPUs of the cluster; use a divisor of {n}"
+    return f"{_product_text(pairs)} must divide the {n} GPUs of the cluster"
+
+
+def _tp_divides_model(sh: ProblemShape, a: Assignment) -> str | None:
+    tp = a.tp
+    if tp is None or (tp >= 1 and sh.heads % tp == 0 and sh.ffn % tp == 0):
+        return None
+    return f"tp={tp} must divide heads={sh.heads} and ffn={sh.ffn}; use a common divisor"
+
+
+def _tp_fits_kv_heads(sh: ProblemShape, a: Assignment) -> str | None:
+    tp, kv = a.tp, sh.kv_heads
+    if tp is None or tp < 1 or kv % tp == 0 or tp % kv == 0:
+        return None
+    return f"tp={tp} must divide kv_heads={kv} or be a multiple of it"
+
+
+def _sp_needs_tp(sh: ProblemShape, a: Assignment) -> str | None:
+    if a.sequence_parallel and a.tp == 1:
+        return "sequence_parallel needs tp > 1; use tp > 1 or sequence_parallel=false"
+    return None
+
+
+def _cp_splits_sequence(sh: ProblemShape, a: Assignment) -> str | None:
+    cp = a.cp
+    if cp is None or cp <= 1 or sh.seq_len % (2 * cp) == 0:
+        return None
+    return f"cp={cp} needs seq_len={sh.seq_len} divisible by 2*cp (causal load balance)"
+
+
+def _ep_needs_moe(sh: ProblemShape, a: Assignment) -> str | None:
+    if a.ep is None or a.ep <= 1 or sh.is_moe:
+        return None
+    return f"ep={a.ep} needs a MoE model (mixture of experts); this one is dense: use ep=1"
+
+
+def _ep_divides(sh: ProblemShape, a: Assignment) -> str | None:
+    ep, dp = a.ep, a.dp
+    if ep is None or ep <= 1 or not sh.is_moe:
+        return None
+    if sh.experts % ep == 0 and (dp is None or dp % ep == 0):
+        return None
+    with_dp = "" if dp is None else f" and dp={dp}"
+    return f"ep={ep} must divide experts={sh.experts}{with_dp}"
+
+
+def _zero_stage(sh: ProblemShape, a: Assignment) -> str | None:
+    if a.zero_stage is None or a.zero_stage in _ZERO_STAGES:
+        return None
+    return f"zero_stage={a.zero_stage} must be 0, 1, 2 or 3"
+
+
+def _offload_needs_zero(sh: ProblemShape, a: Assignment) -> str | None:
+    if a.offload_optimizer and a.zero_stage == 0:
         return (
-            f"global_batch={t.global_batch} must be divisible by dp*micro_batch_size = "
-            f"{s.dp}*{s.micro_batch_size}"
+            "offload_optimizer needs zero_stage >= 1 (ZeRO-Offload partitions the states); "
+            "use zero_stage >= 1 or offload_optimizer=false"
         )
-    if (s.pp == 1) != (s.schedule == Schedule.NONE):
-        return f"schedule={s.schedule} with pp={s.pp}: use 'none' exactly when pp=1"
-    if (s.schedule == Schedule.INTERLEAVED_1F1B) != (s.virtual_stages > 1):
-        return f"virtual_stages={s.virtual_stages} > 1 exactly with interleaved_1f1b"
-    if s.pp * s.virtual_stages > ev.num_blocks:
-        return f"pp*virtual_stages = {s.pp * s.virtual_stages} exceeds {ev.num_blocks} blocks"
-    if s.schedule == Schedule.INTERLEAVED_1F1B and ev.num_microbatches(s) % s.pp:
-        return (
-            f"interleaved_1f1b needs the {ev.num_microbatches(s)} micro-batches to be a "
-            f"multiple of pp={s.pp}"
-        )
-    if len(s.mesh_order) != len(MeshAxis) or set(s.mesh_order) != _ALL_AXES:
-        return f"mesh_order {list(s.mesh_order)} must order each of pp, dp, cp, tp once"
-    return ""
+    return None
+
+
+def _batch_divides(sh: ProblemShape, a: Assignment) -> str | None:
+    pairs = _set(a, _FIELDS[Rule.BATCH_DIVIDES])
+    if not pairs:
+        return None
+    total, gb = prod(v for _, v in pairs), sh.global_batch
+    if total >= 1 and all(v >= 1 for _, v in pairs) and gb % total == 0:
+        return None
+    return (
+        f"{_product_text(pairs)} must divide the global batch of {gb}; use divisors of "
+        f"global_batch={gb}"
+    )
+
+
+def _schedule_matches_pp(sh: ProblemShape, a: Assignment) -> str | None:
+    pp, schedule = a.pp, a.schedule
+    if pp is None or schedule is None or (pp == 1) == (schedule == Schedule.NONE):
+        return None
+    return f"schedule={schedule} with pp={pp}: use 'none' exactly when pp=1"
+
+
+def _virtual_stages_match_schedule(sh: ProblemShape, a: Assignment) -> str | None:
+    v, schedule = a.virtual_stages, a.schedule
+    if v is None or schedule is None or (schedule == Schedule.INTERLEAVED_1F1B) == (v > 1):
+        return None
+    return (
+        f"virtual_stages={v} with schedule={schedule}: use virtual_stages > 1 exactly with "
+        "interleaved_1f1b"
+    )
+
+
+def _stages_within_blocks(sh: ProblemShape, a: Assignment) -> str | None:
+    pairs = _set(a, _FIELDS[Rule.STAGES_WITHIN_BLOCKS])
+    if not pairs or prod(v for _, v in pairs) <= sh.num_blocks:
+        return None
+    return f"{_product_text(pairs)} exceeds the {sh.num_blocks} blocks; use fewer stages"
+
+
+def _interleaved_microbatches(sh: ProblemShape, a: Assignment) -> str | None:
+    dp, mbs, pp = a.dp, a.micro_batch_size, a.pp
+    if a.schedule != Schedule.INTERLEAVED_1F1B or dp is None or mbs is None or pp is None:
+        return None
+    if dp < 1 or mbs < 1 or pp < 1:
+        return None  # the world size and batch rules name these
+    m = sh.global_batch // (dp * mbs)
+    if m % pp == 0:
+        return None
+    return (
+        f"interleaved_1f1b needs the {m} micro-batches to be a multiple of pp={pp}; "
+        "change micro_batch_size or the schedule"
+    )
+
+
+def _mesh_order(sh: ProblemShape, a: Assignment) -> str | None:
+    order = a.mesh_order
+    if order is None or (len(order) == len(MeshAxis) and set(order) == _ALL_AXES):
+        return None
+    return f"mesh_order {[str(x) for x in order]} must order each of pp, dp, cp, tp once"
+
+
+RULES: tuple[tuple[Rule, Callable[[ProblemShape, Assignment], str | None]], ...] = (
+    (Rule.WORLD_SIZE, _world_size),
+    (Rule.TP_DIVIDES_MODEL, _tp_divides_model),
+    (Rule.TP_FITS_KV_HEADS, _tp_fits_kv_heads),
+    (Rule.SP_NEEDS_TP, _sp_needs_tp),
+    (Rule.CP_SPLITS_SEQUENCE, _cp_splits_sequence),
+    (Rule.EP_NEEDS_MOE, _ep_needs_moe),
+    (Rule.EP_DIVIDES, _ep_divides),
+    (Rule.ZERO_STAGE, _zero_stage),
+    (Rule.OFFLOAD_NEEDS_ZERO, _offload_needs_zero),
+    (Rule.BATCH_DIVIDES, _batch_divides),
+    (Rule.SCHEDULE_MATCHES_PP, _schedule_matches_pp),
+    (Rule.VIRTUAL_STAGES_MATCH_SCHEDULE, _virtual_stages_match_schedule),
+    (Rule.STAGES_WITHIN_BLOCKS, _stages_within_blocks),
+    (Rule.INTERLEAVED_MICROBATCHES, _interleaved_microbatches),
+    (Rule.MESH_ORDER, _mesh_order),
+)
+"""Every rule with its check (message, or None when it can still hold), in `Rule` order."""
+
+
+def violation(shape: ProblemShape, a: Assignment) -> Violation | None:
+    """The first rule `a` breaks for this problem (None if none). For partial pins: the first
+    rule that no choice of the unset dimensions can satisfy."""
+    for rule, check in RULES:
+        message = check(shape, a)
+        if message is not None:
+            return Violation(rule=rule, message=message)
+    return None

@@ -5,10 +5,10 @@ Pure Python; numpy and PuLP are imported inside the functions that need them, so
 this package stays cheap. The models and their sources are in docs/cost-model.md.
 """
 
-from .chain import Chain, ChainLayer, chain_from_profile
+from .chain import LayerChain, ChainLayer, chain_from_profile
 from .checkpoint_dp import ChainSolution, solve_checkpoint_dp, sqrt_segment_starts
-from .examples import gpt2_block_graph, gpt2_chain, vgg16_chain
-from .graph import OpGraph, OpNode, TensorPart, chain_to_graph
+from .examples import gpt2_block_graph, gpt2_layer_chain, vgg16_chain
+from .graph import OpGraph, GraphOp, TensorPart, chain_to_graph
 from .partition import PartitionSolution, in_flight_per_stage, partition_layers
 from .policies import Policy, uniform_schedule
 from .remat_ilp import RematSolution, solve_remat_ilp
@@ -24,10 +24,10 @@ from .tradeoff import (
 )
 
 __all__ = [
-    "STRATEGIES", "Backward", "Chain", "ChainLayer", "ChainSolution", "Forward", "Offload", "Op",
-    "OpGraph", "OpNode", "PartitionSolution", "Policy", "Prefetch", "RematSolution", "SimResult",
+    "STRATEGIES", "Backward", "LayerChain", "ChainLayer", "ChainSolution", "Forward", "Offload", "Op",
+    "OpGraph", "GraphOp", "PartitionSolution", "Policy", "Prefetch", "RematSolution", "SimResult",
     "SolveStatus", "TensorPart", "TradeoffCurve", "TradeoffPoint", "Wait", "chain_from_profile",
-    "chain_to_graph", "default_budgets", "format_schedule", "gpt2_block_graph", "gpt2_chain",
+    "chain_to_graph", "default_budgets", "format_schedule", "gpt2_block_graph", "gpt2_layer_chain",
     "in_flight_per_stage", "partition_layers", "profiled_chain", "simulate",
     "solve_checkpoint_dp", "solve_remat_ilp", "sqrt_segment_starts", "tradeoff_curves",
     "uniform_schedule", "vgg16_chain",

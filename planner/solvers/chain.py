@@ -79,7 +79,7 @@ class ChainLayer:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class Chain:
+class LayerChain:
     """A sequence of layers, each reading the previous one's output."""
 
     layers: tuple[ChainLayer, ...]
@@ -129,8 +129,8 @@ def chain_from_profile(
     micro_batch_size: int = 1,
     seconds_per_flop: float,
     name: str | None = None,
-) -> Chain:
-    """The planner's layer chain (`ModelProfile`, per sequence) as a solver `Chain` for one
+) -> LayerChain:
+    """The planner's layer chain (`ModelProfile`, per sequence) as a solver `LayerChain` for one
     micro-batch on one GPU without tensor/sequence/context parallelism (tp=1).
 
     Times come from FLOPs: ``flops * micro_batch_size * seconds_per_flop`` (pass
@@ -163,4 +163,4 @@ def chain_from_profile(
         )
         for layer in profile.layers
     )
-    return Chain(layers=layers, name=name or f"{profile.name} (micro-batch {b})")
+    return LayerChain(layers=layers, name=name or f"{profile.name} (micro-batch {b})")

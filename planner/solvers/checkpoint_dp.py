@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .chain import Chain
+from .chain import LayerChain
 from .schedule import Backward, Forward, Op, SolveStatus, overhead
 
 Tree = tuple[Any, ...]
@@ -78,7 +78,7 @@ class ChainSolution:
 class _Sizes:
     """Per-layer figures, 1-based (index 0 of x is the chain input), as Python lists."""
 
-    def __init__(self, chain: Chain, unit: float | None) -> None:
+    def __init__(self, chain: LayerChain, unit: float | None) -> None:
         def q(v: float) -> float:
             return v if unit is None else math.ceil(v / unit - _EPS)
 
@@ -322,7 +322,7 @@ def _read_back(tab: list[Any], sz: _Sizes, g: list[list[float]], s: int, t: int,
 
 
 def solve_checkpoint_dp(
-    chain: Chain, budget_bytes: float, *, num_units: int = 500, unit_bytes: float | None = None
+    chain: LayerChain, budget_bytes: float, *, num_units: int = 500, unit_bytes: float | None = None
 ) -> ChainSolution:
     """Fastest schedule of `chain` whose peak memory stays within `budget_bytes`.
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from ..hardware import Accelerator, get_accelerator
 from ..model_spec import PRESETS
-from .chain import Chain, ChainLayer, chain_from_profile
-from .graph import OpGraph, OpNode
+from .chain import LayerChain, ChainLayer, chain_from_profile
+from .graph import OpGraph, GraphOp
 
 MASK_BYTES = 1
 """A dropout mask keeps one byte per element (torch.bool)."""
@@ -49,14 +49,14 @@ def gpt2_block_graph(
     roof = _Roofline(get_accelerator(accelerator), "bf16" if p == 2 else "fp32")
     bsh, bass = b * s * h * p, b * a * s * s * p
     stats = 2 * b * s * STAT_BYTES
-    nodes: list[OpNode] = [OpNode(name="x", output_bytes=bsh, is_input=True)]
+    nodes: list[GraphOp] = [GraphOp(name="x", output_bytes=bsh, is_input=True)]
 
     def add(name: str, inputs: tuple[int, ...], out: float, *, flops: float = 0.0,
             moved: float | None = None, reads: tuple[int, ...] = (), own: bool = False,
             extra: float = 0.0) -> int:  # fmt: skip
         moved = sum(nodes[i].output_bytes for i in inputs) + out if moved is None else moved
         fwd = roof.time(flops, moved)
-        nodes.append(OpNode(
+        nodes.append(GraphOp(
             name=name, inputs=inputs, output_bytes=out, fwd_s=fwd, bwd_s=2 * fwd,
             bwd_inputs=reads, bwd_output=own, saved_extra_bytes=extra,
         ))  # fmt: skip
@@ -82,8 +82,8 @@ def gpt2_block_graph(
     return OpGraph(nodes=tuple(nodes), name=f"gpt2 block (b={b}, s={s}, h={h}, a={a})")
 
 
-def gpt2_chain(*, micro_batch_size: int = 1, seq: int = 1024, accelerator: str = "a100-80gb"
-               ) -> Chain:  # fmt: skip
+def gpt2_layer_chain(*, micro_batch_size: int = 1, seq: int = 1024, accelerator: str = "a100-80gb"
+               ) -> LayerChain:  # fmt: skip
     """GPT-2 small (embedding, 12 blocks, head) from the planner's preset, timed at the
     accelerator's bf16 peak times its matmul efficiency."""
     acc = get_accelerator(accelerator)
@@ -100,7 +100,7 @@ VGG16_CONFIG: tuple[int | str, ...] = (64, 64, "M", 128, 128, "M", 256, 256, 256
 
 
 def vgg16_chain(*, batch: int = 32, image: int = 224, act_bytes: int = 2,
-                accelerator: str = "a100-80gb") -> Chain:  # fmt: skip
+                accelerator: str = "a100-80gb") -> LayerChain:  # fmt: skip
     """VGG-16 as a heterogeneous chain: conv+ReLU layers (the conv keeps its input, the ReLU its
     output), max-pools (keep their input), then three linear layers, the last one with the
     loss (output: a 4-byte scalar). Early layers hold large activations and cost little per
@@ -139,4 +139,4 @@ def vgg16_chain(*, batch: int = 32, image: int = 224, act_bytes: int = 2,
                                  bwd_s=2 * fwd, input_bytes=in_bytes, saved_bytes=saved,
                                  output_bytes=out))  # fmt: skip
         in_bytes = out
-    return Chain(layers=tuple(layers), name=f"vgg16 (batch {batch}, {image}x{image})")
+    return LayerChain(layers=tuple(layers), name=f"vgg16 (batch {batch}, {image}x{image})")

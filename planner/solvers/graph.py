@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .chain import Chain, check_nonnegative
+from .chain import LayerChain, check_nonnegative
 
 
 class TensorPart(StrEnum):
@@ -30,7 +30,7 @@ class TensorPart(StrEnum):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class OpNode:
+class GraphOp:
     """One forward operation of an op graph."""
 
     name: str
@@ -66,9 +66,9 @@ class OpNode:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OpGraph:
-    """A DAG of `OpNode`s in topological order."""
+    """A DAG of `GraphOp`s in topological order."""
 
-    nodes: tuple[OpNode, ...]
+    nodes: tuple[GraphOp, ...]
     """The nodes; a node's `inputs` index earlier nodes."""
     name: str = "graph"
     """Human name for messages and reports."""
@@ -77,7 +77,7 @@ class OpGraph:
         if not isinstance(self.nodes, tuple) or not self.nodes:
             raise ValueError(
                 f"graph {self.name!r}: nodes={self.nodes!r} must be a non-empty tuple of "
-                "OpNode; pass at least one node"
+                "GraphOp; pass at least one node"
             )
         for i, node in enumerate(self.nodes):
             _check_node(self.name, i, node)
@@ -139,7 +139,7 @@ class OpGraph:
         return sum(n.fwd_s + n.bwd_s for n in self.nodes)
 
 
-def _check_node(graph: str, index: int, node: OpNode) -> None:
+def _check_node(graph: str, index: int, node: GraphOp) -> None:
     owner = f"graph {graph!r} node {index} ({node.name!r})"
     for field, unit in (("output_bytes", "bytes"), ("fwd_s", "seconds"), ("bwd_s", "seconds"),
                         ("saved_extra_bytes", "bytes"), ("fwd_tmp_bytes", "bytes"),
@@ -170,7 +170,7 @@ def _check_node(graph: str, index: int, node: OpNode) -> None:
         )
 
 
-def chain_to_graph(chain: Chain) -> OpGraph:
+def chain_to_graph(chain: LayerChain) -> OpGraph:
     """A chain as a path graph: node 0 is the chain's input, node l (1-based) is layer l-1.
 
     Each layer's backward reads its input (`saved_bytes` includes it) and its private tensor of
@@ -178,10 +178,10 @@ def chain_to_graph(chain: Chain) -> OpGraph:
     layer's autograd state (`autograd_state`): the backward needs it even when it has 0 bytes
     and it holds the input, so "store all" keeps the input too, as in Rotor.
     """
-    nodes = [OpNode(name="input", output_bytes=chain.input_bytes, is_input=True)]
+    nodes = [GraphOp(name="input", output_bytes=chain.input_bytes, is_input=True)]
     for index, layer in enumerate(chain.layers):
         nodes.append(
-            OpNode(
+            GraphOp(
                 name=layer.name,
                 output_bytes=layer.output_bytes,
                 inputs=(index,),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 from enum import StrEnum
 
-from .chain import Chain
+from .chain import LayerChain
 from .checkpoint_dp import sqrt_segment_starts
 from .schedule import Backward, Forward, Op
 
@@ -30,7 +30,7 @@ class Policy(StrEnum):
     SQRT_SEGMENTS = "sqrt-segments"
 
 
-def uniform_schedule(chain: Chain, policy: Policy, *, segments: int | None = None) -> list[Op]:
+def uniform_schedule(chain: LayerChain, policy: Policy, *, segments: int | None = None) -> list[Op]:
     """The schedule of a uniform `policy` (`segments` only for SQRT_SEGMENTS; default √L)."""
     L = len(chain)
     if policy == Policy.STORE_ALL:

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .chain import Chain
+from .chain import LayerChain
 from .graph import OpGraph, TensorPart, chain_to_graph
 from .ilp_model import Key, Model, structure
 from .schedule import (
@@ -180,7 +180,7 @@ def _peak(model: Model) -> float:
 
 
 def solve_remat_ilp(
-    model: OpGraph | Chain,
+    model: OpGraph | LayerChain,
     budget_bytes: float,
     *,
     pcie_bytes_per_s: float | None = None,
@@ -216,7 +216,7 @@ def solve_remat_ilp(
         raise ValueError(
             f"time_limit_s={time_limit_s!r} must be > 0 and gap_rel={gap_rel!r} in [0, 1)"
         )
-    graph = chain_to_graph(model) if isinstance(model, Chain) else model
+    graph = chain_to_graph(model) if isinstance(model, LayerChain) else model
     st = structure(graph)
     ref = graph.store_all_makespan_s
     ilp = Model(st, float(budget_bytes), None, persistent=persistent)

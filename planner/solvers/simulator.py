@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .chain import Chain
+from .chain import LayerChain
 from .graph import OpGraph, TensorPart, chain_to_graph
 from .schedule import Backward, Forward, Offload, Op, Prefetch, Wait
 
@@ -58,7 +58,7 @@ class SimResult:
 
 
 def simulate(
-    model: OpGraph | Chain, ops: Sequence[Op], *, pcie_bytes_per_s: float | None = None
+    model: OpGraph | LayerChain, ops: Sequence[Op], *, pcie_bytes_per_s: float | None = None
 ) -> SimResult:
     """Replay `ops` on `model` (a chain is replayed as `chain_to_graph(chain)`).
 
@@ -66,7 +66,7 @@ def simulate(
     on the device, a node recomputed while its output is still there, a backward before its
     consumers' or without a forward, a missing backward, or a transfer without a bandwidth.
     """
-    graph = chain_to_graph(model) if isinstance(model, Chain) else model
+    graph = chain_to_graph(model) if isinstance(model, LayerChain) else model
     return _Replay(graph, ops, pcie_bytes_per_s).run()
 
 

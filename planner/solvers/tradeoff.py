@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..model import ModelProfile
-from .chain import Chain, ChainLayer
+from .chain import LayerChain, ChainLayer
 from .checkpoint_dp import ChainSolution, solve_checkpoint_dp
 from .policies import Policy, uniform_schedule
 from .remat_ilp import DEFAULT_TIME_LIMIT_S, RematSolution, solve_remat_ilp
@@ -83,14 +83,14 @@ class TradeoffCurve:
     """One point per budget, in the order the budgets were given."""
 
 
-def baseline_schedule(chain: Chain, strategy: str) -> list[Op]:
+def baseline_schedule(chain: LayerChain, strategy: str) -> list[Op]:
     """The fixed schedule of a baseline strategy ("store-all", "sqrt-L", "full-recompute")."""
     if strategy not in BASELINES:
         raise ValueError(f"strategy={strategy!r} is not a baseline; use one of {tuple(BASELINES)}")
     return uniform_schedule(chain, BASELINES[strategy])
 
 
-def default_budgets(chain: Chain, n: int = 8, *, low_margin: float = LOW_MARGIN) -> list[float]:
+def default_budgets(chain: LayerChain, n: int = 8, *, low_margin: float = LOW_MARGIN) -> list[float]:
     """`n` evenly spaced budgets from the smallest feasible one up to the store-all peak: the
     first is `low_margin` (relative) above the smallest peak any checkpointing schedule
     reaches (the DP's exact minimum; see `LOW_MARGIN`), the last the store-all peak."""
@@ -131,7 +131,7 @@ def _check_claim(strategy: str, budget: float, claimed: tuple[float, float], sim
 
 
 def tradeoff_curves(
-    chain: Chain,
+    chain: LayerChain,
     budgets_bytes: Sequence[float],
     *,
     strategies: Sequence[str] = STRATEGIES,
@@ -190,7 +190,7 @@ def _baseline_point(budget: float, sim: SimResult, ref_s: float) -> TradeoffPoin
                          overhead=_overhead(sim.makespan_s, ref_s))  # fmt: skip
 
 
-def _solver_point(chain: Chain, strategy: str, budget: float, ref_s: float, pcie: float | None,
+def _solver_point(chain: LayerChain, strategy: str, budget: float, ref_s: float, pcie: float | None,
                   time_limit_s: float, num_units: int) -> TradeoffPoint:  # fmt: skip
     sol: ChainSolution | RematSolution
     if strategy == "paraplan-dp":
@@ -214,8 +214,8 @@ def profiled_chain(
     micro_batch_size: int = 1,
     seconds_per_flop: float | None = None,
     name: str | None = None,
-) -> Chain:
-    """A traced profile as a solver `Chain` for one micro-batch, with the profiler's
+) -> LayerChain:
+    """A traced profile as a solver `LayerChain` for one micro-batch, with the profiler's
     measurements where it has them: layer times measured in measure mode (per sequence, times
     the micro-batch) unless `seconds_per_flop` is given (then FLOPs times it, as
     `chain_from_profile`, e.g. to plan for a GPU from a CPU profile), and the transient bytes
@@ -264,4 +264,4 @@ def profiled_chain(
             fwd_tmp_bytes=cost.fwd_tmp_bytes * b, bwd_tmp_bytes=cost.bwd_tmp_bytes * b,
         ))  # fmt: skip
         x_in = cost.output_bytes * b
-    return Chain(layers=tuple(layers), name=name or f"{profile.name} (micro-batch {b})")
+    return LayerChain(layers=tuple(layers), name=name or f"{profile.name} (micro-batch {b})")

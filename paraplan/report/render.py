@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from ..plan import Plan
+from ..planner.plan import Plan
 from .colors import strategy_color
 from .strategies import Compared
 

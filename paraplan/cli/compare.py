@@ -1,8 +1,7 @@
 """`paraplan compare`: plan the chosen strategy and named alternatives, write a report folder.
 
-Thin: parses arguments, builds the model profile, cluster and training config as `paraplan
-plan` does, and calls `planner.report.build_report`. `add_parser` adds the subcommand to the
-`paraplan` parser; `run` executes it. Exit status: 0 when the report is written and at least one
+Thin: reads the model, cluster and training config as `paraplan plan` does, and calls
+`paraplan.report.build_report`. Exit status: 0 when the report is written and at least one
 strategy fits; 2 on bad input (message on stderr), or when no compared strategy fits (the
 report is still written, and says why each does not).
 """
@@ -11,26 +10,30 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .cli import EXIT_BAD_INPUT, add_input_args, read_cluster, read_model
+from .common import (
+    EXIT_BAD_INPUT,
+    EXIT_OK,
+    add_input_args,
+    add_no_progress_arg,
+    progress_bar,
+    read_cluster,
+    read_model,
+)
 
 if TYPE_CHECKING:
-    from .planner.cluster import Cluster
-    from .planner.config import TrainConfig
-    from .planner.model import ModelProfile
-    from .planner.report import ReportResult
+    from ..report import ReportResult
 
 DEFAULT_STRATEGIES = "plan,fsdp,megatron,dp-recompute,runners-up"
 """What `--strategies` compares unless told otherwise (every named strategy)."""
 DEFAULT_TRADEOFF = "store-all,sqrt-L,full-recompute,paraplan-dp"
 """Checkpointing strategies of the trade-off figure unless told otherwise (see
-planner/report/compose.py DEFAULT_TRADEOFF for why the ILP is opt-in)."""
+paraplan/report/compose.py DEFAULT_TRADEOFF for why the ILP is opt-in)."""
 
 
 def add_parser(subparsers: Any) -> None:
-    """Add the ``compare`` subcommand to the `paraplan` parser's subparsers."""
+    """Add the `compare` command to a `parser.add_subparsers()` object."""
     p = subparsers.add_parser(
         "compare",
         help="compare the plan with named alternatives: a report with tables and plots",
@@ -84,60 +87,14 @@ def add_parser(subparsers: Any) -> None:
         metavar="DIR",
         help="report folder (created; an earlier report there is replaced)",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    add_no_progress_arg(p)
+    p.set_defaults(handler=execute)
 
 
-def _inputs(args: argparse.Namespace) -> tuple[ModelProfile, Cluster, TrainConfig, list[str]]:
-    """The profile, cluster and training config the arguments describe (as `paraplan plan`)."""
-    from .planner.config import TrainConfig
-
-    cluster = read_cluster(args)
-    notes: list[str] = []
-    profile, batch = read_model(args, notes)
-    seq = profile.seq_len
-    train = TrainConfig(
-        global_batch=batch,
-        seq_len=seq,
-        precision=args.precision,
-        optimizer=args.optimizer,
-        memory_headroom=args.memory_headroom,
-    )
-    return profile, cluster, train, notes
-
-
-def _summary(result: ReportResult) -> str:
-    """The compared strategies in a short table, and where the report went."""
-    lines = [f"{'strategy':<22}{'step s':>9}{'tokens/s':>12}{'MFU':>7}{'GB/GPU':>8}  status"]
-    for e in result.entries:
-        if e.fits and e.plan is not None:
-            pr = e.plan.predicted
-            lines.append(
-                f"{e.label:<22}{pr.step_time_s:>9.3f}{pr.tokens_per_s:>12,.0f}"
-                f"{pr.mfu:>7.1%}{pr.memory_per_gpu_bytes / 1e9:>8.1f}  fits"
-            )
-        else:
-            lines.append(f"{e.label:<22}{'-':>9}{'-':>12}{'-':>7}{'-':>8}  {e.status}")
-    figures = sum(1 for f in result.files if f.startswith("figures/") and f.endswith(".png"))
-    plans = sum(1 for f in result.files if f.startswith("plans/"))
-    lines += [
-        "",
-        f"report written to {result.folder}/ (README.md, report.html, {plans} plans, "
-        f"{figures} figures)",
-    ]
-    return "\n".join(lines)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Execute ``paraplan compare`` for parsed arguments; returns the exit status."""
-    try:
-        return _run(args)
-    except ValueError as exc:
-        print(f"paraplan: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-
-
-def _run(args: argparse.Namespace) -> int:
-    from .planner.report import (
+def execute(args: argparse.Namespace) -> int:
+    """Run `paraplan compare` on parsed arguments; prints, returns the exit status."""
+    from ..planner.config import TrainConfig
+    from ..report import (
         ReportOptions,
         build_report,
         parse_strategies,
@@ -158,15 +115,17 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"--tradeoff-budgets {options.tradeoff_budgets}: give at least 1")
     if not options.ilp_time_limit_s > 0:
         raise ValueError(f"--ilp-time-limit {options.ilp_time_limit_s}: give seconds > 0")
-    profile, cluster, train, notes = _inputs(args)
-    for note in notes:
-        print(f"paraplan: note: {note}", file=sys.stderr)
-    from tqdm import tqdm
-
-    show = not args.no_progress and sys.stderr.isatty()
-    with tqdm(
-        total=report_step_count(options), desc="compare", unit="step", disable=not show, leave=False
-    ) as bar:
+    cluster = read_cluster(args)
+    notes: list[str] = []
+    profile, batch = read_model(args, notes)
+    train = TrainConfig(
+        global_batch=batch,
+        seq_len=profile.seq_len,
+        precision=args.precision,
+        optimizer=args.optimizer,
+        memory_headroom=args.memory_headroom,
+    )
+    with progress_bar(args, desc="compare", total=report_step_count(options), unit="step") as bar:
 
         def on_step(label: str) -> None:
             bar.set_postfix_str(label)
@@ -181,19 +140,30 @@ def _run(args: argparse.Namespace) -> int:
             notes=notes,
             on_step=on_step,
         )
-    print(_summary(result))
+    print(summary(result))
     if not any(e.fits for e in result.entries):
         print("paraplan: no compared strategy fits; the report says why", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return 0
+    return EXIT_OK
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``paraplan compare`` on its own (``python -m paraplan.compare_cli ...``)."""
-    parser = argparse.ArgumentParser(prog="paraplan")
-    add_parser(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
-    return run(parser.parse_args(["compare", *(argv or sys.argv[1:])]))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def summary(result: ReportResult) -> str:
+    """The compared strategies in a short table, and where the report went."""
+    lines = [f"{'strategy':<22}{'step s':>9}{'tokens/s':>12}{'MFU':>7}{'GB/GPU':>8}  status"]
+    for e in result.entries:
+        if e.fits and e.plan is not None:
+            pr = e.plan.predicted
+            lines.append(
+                f"{e.label:<22}{pr.step_time_s:>9.3f}{pr.tokens_per_s:>12,.0f}"
+                f"{pr.mfu:>7.1%}{pr.memory_per_gpu_bytes / 1e9:>8.1f}  fits"
+            )
+        else:
+            lines.append(f"{e.label:<22}{'-':>9}{'-':>12}{'-':>7}{'-':>8}  {e.status}")
+    figures = sum(1 for f in result.files if f.startswith("figures/") and f.endswith(".png"))
+    plans = sum(1 for f in result.files if f.startswith("plans/"))
+    lines += [
+        "",
+        f"report written to {result.folder}/ (README.md, report.html, {plans} plans, "
+        f"{figures} figures)",
+    ]
+    return "\n".join(lines)

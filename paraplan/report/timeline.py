@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from ..strategy import Schedule
+from ..planner.strategy import Schedule
 
 if TYPE_CHECKING:
-    from ..plan import Plan
+    from ..planner.plan import Plan
 
 BACKWARD_TO_FORWARD = 2.0
 """A backward does about twice the FLOPs of its forward (input and weight gradients; Narayanan

@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..build import GENERATOR
-from ..cluster import Cluster
-from ..config import TrainConfig
-from ..jsonio import to_json, write_atomic
-from ..model import ModelProfile
-from ..plan import Plan, save_plan
-from ..solvers.chain import Chain
+from ..planner.build import GENERATOR
+from ..planner.cluster import Cluster
+from ..planner.config import TrainConfig
+from ..planner.jsonio import to_json, write_atomic
+from ..planner.model import ModelProfile
+from ..planner.plan import Plan
+from ..planner.plan_io import save_plan
+from ..planner.solvers.chain import LayerChain
 from .render import FigureEntry, ReportContent, plan_path, render_html, render_markdown
 from .strategies import STRATEGY_NAMES, Compared, compare_strategies, step_count
 from .timeline import compare_schedules, gantt_microbatches
@@ -137,10 +138,10 @@ def _pipelined(entries: Sequence[Compared]) -> Compared | None:
     return next((e for e in entries if e.fits and e.plan and e.plan.parallelism.pp > 1), None)
 
 
-def _tradeoff_chain(profile: ModelProfile, cluster: Cluster, train: TrainConfig) -> Chain:
+def _tradeoff_chain(profile: ModelProfile, cluster: Cluster, train: TrainConfig) -> LayerChain:
     """One sequence through the whole model on one GPU: measured layer times when the profile
     was measured on this accelerator, else FLOPs at its achievable matmul rate."""
-    from ..solvers.tradeoff import profiled_chain
+    from ..planner.solvers.tradeoff import profiled_chain
 
     acc = cluster.accelerator
     measured = profile.measured_on == acc.name
@@ -224,7 +225,7 @@ def _tradeoff(
     if not opts.tradeoff:
         notes.append("No checkpointing trade-off figure: --tradeoff none.")
         return None
-    from ..solvers.tradeoff import default_budgets, tradeoff_curves
+    from ..planner.solvers.tradeoff import default_budgets, tradeoff_curves
 
     chain = _tradeoff_chain(profile, cluster, train)
     try:

@@ -26,12 +26,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from ..api import NoFeasiblePlanError, make_plan
-from ..cluster import Cluster
-from ..config import TrainConfig
-from ..model import ModelProfile
-from ..plan import Plan, RunnerUp
-from ..strategy import Recompute, Schedule
+from ..planner.api import NoFeasiblePlanError, make_plan
+from ..planner.cluster import Cluster
+from ..planner.config import TrainConfig
+from ..planner.model import ModelProfile
+from ..planner.plan import Plan, RunnerUp
+from ..planner.strategy import Recompute, Schedule
 
 STRATEGY_NAMES = ("plan", "fsdp", "megatron", "dp-recompute", "runners-up")
 """Names `--strategies` accepts, in the default order of the report."""
@@ -137,8 +137,8 @@ def runner_up_pins(r: RunnerUp) -> dict[str, object]:
         "sequence_parallel": p.sequence_parallel,
         "virtual_stages": p.virtual_stages,
         "micro_batch_size": r.micro_batch_size,
-        "schedule": Schedule(r.schedule),
-        "recompute": Recompute(r.recompute),
+        "schedule": r.schedule,
+        "recompute": r.recompute,
         "offload_optimizer": p.offload_optimizer,
     }
 

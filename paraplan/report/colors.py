@@ -71,7 +71,7 @@ def strategy_color(name: str) -> str:
         return RUNNER_UP_COLORS[min(rank, len(RUNNER_UP_COLORS)) - 1]
     raise ValueError(
         f"no colour for strategy {name!r}; known names: {', '.join(STRATEGY_COLORS)} and "
-        "runner-up-<rank>; add it to STRATEGY_COLORS in planner/report/colors.py"
+        "runner-up-<rank>; add it to STRATEGY_COLORS in paraplan/report/colors.py"
     )
 
 

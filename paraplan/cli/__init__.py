@@ -1,0 +1,41 @@
+"""The `paraplan` command line: one module per command, sharing `common` (input arguments,
+argument types, exit codes, error handling, progress bars).
+
+Each command module has `add_parser(subparsers)`, which registers the command with its
+`execute(args) -> int` as the handler; command modules never import each other. Torch,
+matplotlib and the planner are imported inside the commands, so `paraplan --help` is fast.
+Exit status: 0 on success, 2 on bad input or when nothing fits (see `common`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from .. import __version__
+from . import checkpoint, compare, explain, plan, profile, run, show
+from .common import EXIT_BAD_INPUT, run_command
+
+__all__ = ["EXIT_BAD_INPUT", "build_parser", "main"]
+
+_COMMANDS = (plan, profile, explain, run, show, compare, checkpoint)
+"""Command modules in the order `paraplan --help` lists them."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `paraplan` argument parser with every command."""
+    parser = argparse.ArgumentParser(
+        prog="paraplan",
+        description="Plan how to parallelize the training of a large model, and why.",
+    )
+    parser.add_argument("--version", action="version", version=f"paraplan {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in _COMMANDS:
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `paraplan` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    return run_command(args.handler, args)

@@ -1,0 +1,297 @@
+"""What the `paraplan` commands share: exit codes, argument types (counts, memory sizes), the
+model/cluster/training-config input arguments, error handling and progress bars.
+
+Command modules import this one and never each other. Nothing here imports torch, matplotlib
+or the planner at module import time: `paraplan --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+    from ..planner.cluster import Cluster
+    from ..planner.model import ModelProfile
+
+EXIT_OK = 0
+"""The command did what was asked."""
+EXIT_BAD_INPUT = 2
+"""Bad input, or nothing fits (the message on stderr says why and what to change); argparse
+uses the same status for arguments it rejects."""
+EXIT_INTERRUPTED = 130
+"""Stopped by Ctrl-C (128 + SIGINT, as shells report it)."""
+
+Handler = Callable[[argparse.Namespace], int]
+"""A command: parsed arguments in, exit status out."""
+
+_COUNT_SUFFIXES = {"k": 2**10, "m": 2**20, "g": 2**30}
+"""Count suffixes are binary, as token budgets are quoted: 16M tokens = 16 * 2**20."""
+_BYTE_UNITS = {
+    "": 1, "b": 1,
+    "k": 2**10, "kib": 2**10, "kb": 10**3,
+    "m": 2**20, "mib": 2**20, "mb": 10**6,
+    "g": 2**30, "gib": 2**30, "gb": 10**9,
+    "t": 2**40, "tib": 2**40, "tb": 10**12,
+}  # fmt: skip
+"""Memory size suffixes: KiB/MiB/GiB/TiB and bare K/M/G/T are binary (as PyTorch and nvidia-smi
+report memory); KB/MB/GB/TB are decimal (SI)."""
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$")
+
+
+# ---- argument types ---------------------------------------------------------------------------
+def parse_count(text: str) -> int:
+    """An integer with an optional K/M/G suffix (e.g. 16M); argparse reports the error."""
+    raw = text.strip().lower().replace("_", "").replace(",", "")
+    scale = 1
+    if raw and raw[-1] in _COUNT_SUFFIXES:
+        scale, raw = _COUNT_SUFFIXES[raw[-1]], raw[:-1]
+    try:
+        value = float(raw) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a count; use an integer such as 256, 16M or 4096K"
+        ) from None
+    if value < 1 or value != int(value):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive whole number")
+    return int(value)
+
+
+def parse_positive_int(text: str) -> int:
+    """A whole number >= 1 (no suffixes)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number >= 1, e.g. 1")
+    return value
+
+
+def parse_seconds(text: str) -> float:
+    """A finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds > 0, e.g. 10")
+    return value
+
+
+def parse_bytes(text: str) -> float:
+    """A memory size such as ``2GiB``, ``1500MB``, ``3.5G`` or ``1e9`` (bytes), > 0. Raises
+    argparse.ArgumentTypeError (a ValueError) naming the bad value and the accepted forms."""
+    match = _SIZE.match(text.lower().replace("_", ""))
+    if not match or match.group(2) not in _BYTE_UNITS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a memory size; use a number with an optional unit, e.g. 2GiB, "
+            "1500MB or 3.5G (K/M/G/T and KiB/MiB/GiB/TiB are binary, KB/MB/GB/TB decimal)"
+        )
+    value = float(match.group(1)) * _BYTE_UNITS[match.group(2)]
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a memory size > 0, e.g. 2GiB")
+    return value
+
+
+def format_bytes(size_bytes: float, *, round_up: bool = False) -> str:
+    """``1.70 GiB``, ``312.5 MiB``: binary units, the precision shown; `round_up` rounds up at
+    that precision (for "at least ..." advice, so the figure printed is enough)."""
+    for unit, scale, digits in (("GiB", 2**30, 2), ("MiB", 2**20, 1), ("KiB", 2**10, 1)):
+        if size_bytes >= scale:
+            value = size_bytes / scale
+            if round_up:
+                value = math.ceil(value * 10**digits - 1e-9) / 10**digits
+            return f"{value:.{digits}f} {unit}"
+    return f"{math.ceil(size_bytes) if round_up else size_bytes:.0f} B"
+
+
+# ---- the model / cluster / training-config inputs of plan and compare ------------------------
+def add_input_args(parser: argparse.ArgumentParser, verb: str) -> None:
+    """The model, cluster and training-config arguments `plan` and `compare` share."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--model",
+        metavar="M",
+        help="a preset (gpt2, gpt2-xl, gpt3-175b, llama3-8b, llama3-70b, llama3-405b, "
+        "mixtral-8x7b), a Hugging Face config.json, "
+        "'gpt:layers=96,hidden=12288,heads=96,vocab=51200,seq=2048', or a .json spec file",
+    )
+    source.add_argument(
+        "--profile",
+        metavar="PROFILE",
+        help=f"{verb} from a profile JSON written by paraplan profile -o",
+    )
+    parser.add_argument(
+        "--model-source",
+        default="auto",
+        choices=["auto", "trace", "spec"],
+        help="auto (default): trace Hugging Face presets/configs on the meta "
+        "device, analytic spec otherwise; trace; spec (analytic, no torch)",
+    )
+    parser.add_argument(
+        "--cluster",
+        metavar="C",
+        help="'<N>x<accelerator>' (8xh100, 1024xa100-80gb) or a .json/.yaml file",
+    )
+    parser.add_argument("--gpus", type=parse_count, metavar="N", help="GPU count (with --gpu)")
+    parser.add_argument("--gpu", metavar="NAME", help="accelerator name (with --gpus)")
+    parser.add_argument(
+        "--gpus-per-node", type=parse_count, metavar="G", help="GPUs per node (default 8)"
+    )
+    batch = parser.add_mutually_exclusive_group(required=True)
+    batch.add_argument(
+        "--global-batch", type=parse_count, metavar="N", help="sequences per optimizer step"
+    )
+    batch.add_argument(
+        "--global-batch-tokens",
+        type=parse_count,
+        metavar="T",
+        help="tokens per optimizer step (e.g. 16M); must be a multiple of --seq-len",
+    )
+    parser.add_argument(
+        "--seq-len",
+        type=parse_count,
+        metavar="S",
+        help="tokens per sequence (default: the model's context length)",
+    )
+    parser.add_argument(
+        "--precision",
+        default="bf16",
+        choices=["bf16", "fp16", "fp32"],
+        help="training precision (default bf16 mixed precision)",
+    )
+    parser.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=["adamw", "sgd", "adafactor", "adam8bit"],
+        help="default adamw",
+    )
+    parser.add_argument(
+        "--memory-headroom",
+        type=float,
+        default=0.1,
+        metavar="F",
+        help="fraction of GPU memory kept free (default 0.1)",
+    )
+
+
+def add_no_progress_arg(parser: argparse.ArgumentParser) -> None:
+    """`--no-progress`: no progress bar on stderr (there is none off a terminal anyway)."""
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def read_cluster(args: argparse.Namespace) -> Cluster:
+    """The cluster `--cluster` or `--gpus/--gpu` describe."""
+    from ..planner.cluster import make_cluster, parse_cluster
+
+    if args.cluster and (args.gpus or args.gpu):
+        raise ValueError("give either --cluster or --gpus with --gpu, not both")
+    if args.cluster:
+        return parse_cluster(args.cluster, gpus_per_node=args.gpus_per_node)
+    if args.gpus and args.gpu:
+        return make_cluster(args.gpu, args.gpus, gpus_per_node=args.gpus_per_node)
+    raise ValueError("no cluster: give --cluster 8xh100 (or a file), or --gpus N --gpu NAME")
+
+
+def read_model(args: argparse.Namespace, notes: list[str]) -> tuple[ModelProfile, int]:
+    """The model profile (`--profile`, or `--model` traced or analytic) and the global batch in
+    sequences (`--global-batch`, or `--global-batch-tokens` over the sequence length). Notes
+    (e.g. tracing fell back to the analytic spec) are appended to `notes` and printed."""
+    from ..api import model_profile
+    from ..planner.profile_io import load_profile
+
+    if args.profile:
+        profile = load_profile(args.profile)
+        if args.seq_len and args.seq_len != profile.seq_len:
+            raise ValueError(
+                f"--seq-len {args.seq_len} differs from the profile's {profile.seq_len}; "
+                "profile the model at the training sequence length"
+            )
+    else:
+        found: list[str] = []
+        profile = model_profile(
+            args.model,
+            seq_len=args.seq_len,
+            precision=args.precision,
+            source=args.model_source,
+            progress=show_progress(args),
+            notes=found,
+        )
+        print_notes(found)
+        notes += found
+    seq = profile.seq_len
+    tokens = args.global_batch_tokens
+    if not tokens:
+        return profile, args.global_batch
+    if tokens % seq:
+        raise ValueError(
+            f"--global-batch-tokens {tokens} is not a multiple of the sequence length {seq}; "
+            f"use a multiple such as {seq * max(1, tokens // seq)}"
+        )
+    return profile, tokens // seq
+
+
+def print_notes(notes: list[str]) -> None:
+    """Notes for the user (not errors) on stderr."""
+    for note in notes:
+        print(f"paraplan: note: {note}", file=sys.stderr)
+
+
+# ---- progress and errors -----------------------------------------------------------------------
+def show_progress(args: argparse.Namespace) -> bool:
+    """Whether to draw progress: only on a terminal, and not under `--no-progress`."""
+    return not getattr(args, "no_progress", False) and sys.stderr.isatty()
+
+
+@contextmanager
+def progress_bar(
+    args: argparse.Namespace, *, desc: str, total: int, unit: str, enabled: bool = True
+) -> Iterator[tqdm[Any]]:
+    """A tqdm bar on stderr, drawn when `show_progress(args)` and `enabled`, erased when done."""
+    from tqdm import tqdm
+
+    shown = enabled and show_progress(args)
+    with tqdm(total=total, desc=desc, unit=unit, disable=not shown, leave=False) as bar:
+        yield bar
+
+
+def fraction_callback(bar: tqdm[Any]) -> Callable[[float], None] | None:
+    """A `progress(fraction_done)` callback that moves `bar` (None when the bar is off)."""
+    if bar.disable or not bar.total:
+        return None
+    total = bar.total
+
+    def update(fraction: float) -> None:
+        bar.update(max(0, round(total * min(1.0, fraction)) - bar.n))
+
+    return update
+
+
+def run_command(handler: Handler, args: argparse.Namespace) -> int:
+    """Run a command; bad input (ValueError) and file errors (OSError) become one line on
+    stderr and exit status 2, never a traceback."""
+    try:
+        return handler(args)
+    except BrokenPipeError:  # e.g. `paraplan plan ... | head`
+        return EXIT_OK
+    except KeyboardInterrupt:
+        print("paraplan: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (ValueError, OSError) as exc:
+        print(f"paraplan: error: {_message(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _message(exc: Exception) -> str:
+    """The error as one line: a file error names the file and what went wrong."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc)

@@ -1,0 +1,95 @@
+"""`paraplan plan`: search the parallelism space and print (or write) the fastest plan that fits.
+
+Exit status: 0 on success; 2 on bad input or when no plan fits (the message says why and what
+to change); a plan pinned with --fix that does not fit is still written, and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from .common import (
+    EXIT_BAD_INPUT,
+    EXIT_OK,
+    add_input_args,
+    add_no_progress_arg,
+    fraction_callback,
+    progress_bar,
+    read_cluster,
+    read_model,
+)
+
+FIX_HELP = (
+    "pin dimensions, e.g. tp=8,pp=8,dp=24,zero=1,mbs=2,schedule=1f1b,recompute=full (keys: dp "
+    "tp pp cp ep zero_stage|zero sequence_parallel|sp virtual_stages|vpp micro_batch_size|mbs "
+    "schedule recompute offload_optimizer|offload)"
+)
+"""What `--fix` accepts (the keys `planner.pins.Pins.parse` knows)."""
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add the `plan` command to a `parser.add_subparsers()` object."""
+    p = subparsers.add_parser(
+        "plan",
+        help="search the parallelism space and write the fastest plan that fits",
+        description="Search DP x ZeRO x TP(+SP) x PP(schedule) x CP x EP x micro-batch x "
+        "recompute x mesh order; print the chosen plan, its memory and time, and the runners-up.",
+    )
+    add_input_args(p, "plan")
+    p.add_argument("--fix", default="", metavar="K=V,...", help=FIX_HELP)
+    p.add_argument("--top", type=int, default=3, metavar="K", help="runners-up to list (default 3)")
+    p.add_argument("-o", "--output", metavar="PATH", help="write the plan JSON here")
+    p.add_argument(
+        "--json", action="store_true", help="print the plan JSON on stdout instead of the table"
+    )
+    add_no_progress_arg(p)
+    p.set_defaults(handler=execute)
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Run `paraplan plan` on parsed arguments; prints, returns the exit status."""
+    import json
+
+    from ..api import plan as make
+    from ..planner.api import NoFeasiblePlanError
+    from ..planner.explain import format_plan
+    from ..planner.pins import Pins
+    from ..planner.plan_io import save_plan
+
+    cluster = read_cluster(args)
+    fix = Pins.parse(args.fix)  # bad --fix fails before any tracing
+    profile, batch = read_model(args, [])
+    try:
+        with progress_bar(
+            args, desc="searching", total=100, unit="%", enabled=not args.json
+        ) as bar:
+            outcome = make(
+                profile,
+                cluster,
+                global_batch=batch,
+                seq_len=profile.seq_len,
+                precision=args.precision,
+                optimizer=args.optimizer,
+                memory_headroom=args.memory_headroom,
+                fix=fix,
+                top_k=args.top,
+                progress=fraction_callback(bar),
+            )
+    except NoFeasiblePlanError as exc:
+        print(f"paraplan: no plan fits: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    plan = outcome.plan
+    if args.output:
+        save_plan(plan, args.output)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+    else:
+        print(format_plan(plan))
+        if args.output:
+            print(f"\nplan written to {args.output}")
+    if not plan.feasible:
+        print(f"paraplan: the pinned plan does not fit: {plan.infeasible_reason}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return EXIT_OK

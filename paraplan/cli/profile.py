@@ -1,0 +1,81 @@
+"""`paraplan profile`: trace a Hugging Face model's training step into a per-layer profile
+(FLOPs, parameters, saved bytes, transient peaks, op graphs; measured times in measure mode).
+
+Exit status: 0 with a profile; 2 on bad input (the message says what to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .common import EXIT_OK, add_no_progress_arg, parse_count, show_progress
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add the `profile` command to a `parser.add_subparsers()` object."""
+    p = subparsers.add_parser(
+        "profile",
+        help="trace a model's training step into a per-layer profile",
+        description="Per layer: FLOPs, parameters, bytes saved for backward, transient peaks, "
+        "op graphs and (measure mode) forward/backward times.",
+    )
+    p.add_argument(
+        "--model",
+        required=True,
+        metavar="M",
+        help="a Hugging Face preset (gpt2, llama3-8b, ...) or config.json",
+    )
+    p.add_argument(
+        "--batch", type=parse_count, default=1, metavar="B", help="sequences (default 1)"
+    )
+    p.add_argument(
+        "--seq-len",
+        type=parse_count,
+        metavar="S",
+        help="tokens per sequence (default: the model's context length)",
+    )
+    p.add_argument(
+        "--mode",
+        default="meta",
+        choices=["meta", "measure"],
+        help="meta (default): nothing allocated, times from the roofline; "
+        "measure: run on the CPU and time each layer",
+    )
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="default bf16")
+    p.add_argument("-o", "--output", metavar="PATH", help="write the profile JSON here")
+    add_no_progress_arg(p)
+    p.set_defaults(handler=execute)
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Run `paraplan profile` on parsed arguments; prints, returns the exit status."""
+    from ..planner.explain import format_profile
+    from ..planner.hf_presets import is_hf_model
+    from ..planner.profile_io import save_profile
+
+    if not is_hf_model(args.model):
+        raise ValueError(
+            f"--model {args.model!r}: paraplan profile traces Hugging Face presets or config.json "
+            "files (with model_type); profile other modules with paraplan.profile(model, inputs)"
+        )
+    import torch
+
+    from ..profiler.hf import profile_hf
+
+    dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
+    if args.mode == "measure" and args.dtype == "bf16":
+        dtype = torch.float32  # CPU timing in fp32: bf16 matmuls on CPU are not representative
+    result = profile_hf(
+        args.model,
+        seq_len=args.seq_len,
+        batch=args.batch,
+        dtype=dtype,
+        mode=args.mode,
+        progress=show_progress(args),
+    )
+    print(format_profile(result))
+    if args.output:
+        save_profile(result, args.output)
+        print(f"\nprofile written to {args.output}")
+    return EXIT_OK

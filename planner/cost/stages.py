@@ -1,0 +1,411 @@
+"""The per-layout stage model: which layers each pipeline stage runs, what each layer costs on
+one rank, and what a stage holds in memory whatever the micro-batch.
+
+The evaluator (`evaluate.py`) and the per-layer recompute solver (`per_layer.py`) both read it
+through these public methods; everything is memoized, as the search asks again and again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+from ..cluster import Cluster
+from ..config import TrainConfig
+from ..model import LayerKind, ModelProfile
+from ..strategy import Recompute, Strategy
+from .comm import Collectives, link_of
+from .layout import (
+    Chunk,
+    Layout,
+    Stage,
+    StageSplit,
+    balanced_cuts,
+    block_counts,
+    chunks_from_counts,
+)
+from .memory import BUCKETS_IN_FLIGHT, DDP_BUCKET_BYTES, layer_act_bytes, model_state_bytes
+
+Policy = Recompute | tuple[Recompute, ...]
+"""A uniform recompute policy, or one policy per chain layer."""
+
+ACT_IO_FACTOR = 2
+"""A layer writes its saved activations in forward and reads them in backward (roofline)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageCompute:
+    """Seconds per micro-batch on one rank, summed over some layers."""
+
+    fwd_s: float
+    """Forward."""
+    bwd_s: float
+    """Backward."""
+    full_recompute_s: float
+    """What full recompute of those layers' blocks adds (their forward)."""
+    selective_recompute_s: float
+    """What selective recompute adds (the attention core's forward)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTimes:
+    """Prefix sums over the chain of per-micro-batch seconds on one rank: entry i is the sum
+    over layers 0..i-1 (so a range [first, stop) is `x[stop] - x[first]`)."""
+
+    fwd_s: tuple[float, ...]
+    """Forward."""
+    bwd_s: tuple[float, ...]
+    """Backward."""
+    full_recompute_s: tuple[float, ...]
+    """Full recompute (blocks only)."""
+    selective_recompute_s: tuple[float, ...]
+    """Selective recompute (blocks only)."""
+
+    def span(self, first: int, stop: int) -> StageCompute:
+        """The sums over chain layers [first, stop)."""
+        return StageCompute(
+            fwd_s=self.fwd_s[stop] - self.fwd_s[first],
+            bwd_s=self.bwd_s[stop] - self.bwd_s[first],
+            full_recompute_s=self.full_recompute_s[stop] - self.full_recompute_s[first],
+            selective_recompute_s=(
+                self.selective_recompute_s[stop] - self.selective_recompute_s[first]
+            ),
+        )
+
+    def layer(self, i: int) -> StageCompute:
+        """Layer i alone."""
+        return self.span(i, i + 1)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StaticMemory:
+    """Bytes a stage holds whatever the micro-batch: model states and buffers."""
+
+    params_bytes: float
+    """Working parameters."""
+    grads_bytes: float
+    """Gradients."""
+    optimizer_bytes: float
+    """Optimizer states and master weights."""
+    other_bytes: float
+    """Runtime context and communication buffers."""
+
+    @property
+    def total_bytes(self) -> float:
+        """Sum of every part."""
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.other_bytes
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageActivations:
+    """Activation bytes of one stage per sequence, in the training dtype."""
+
+    kept_bytes: float
+    """Kept for backward by one micro-batch (times the in-flight count at the peak)."""
+    transient_bytes: float
+    """The largest transient on top (a layer's peak, or a fully recomputed block's forward)."""
+
+
+class StageModel:
+    """Layout, per-layer seconds and static memory of one model, cluster and config."""
+
+    def __init__(
+        self,
+        profile: ModelProfile,
+        cluster: Cluster,
+        train: TrainConfig,
+        split: StageSplit = StageSplit.BALANCED,
+    ) -> None:
+        self.profile, self.cluster, self.train = profile, cluster, train
+        self.split = split
+        """How blocks are split over pipeline chunks."""
+        acc = cluster.accelerator
+        self.acc = acc
+        self.coll = Collectives(acc)
+        self.flops_per_s = acc.peak_flops_for(train.compute_dtype) * acc.matmul_efficiency
+        """Achieved matmul FLOP/s (peak times the catalog's efficiency)."""
+        self.capacity_bytes = acc.memory_bytes * (1.0 - train.memory_headroom)
+        """Usable bytes per GPU."""
+        # A profile traced in one dtype planned in another: activations scale with the dtype.
+        self.act_scale = train.act_bytes / profile.act_dtype_bytes
+        blocks = [x for x in profile.layers if x.kind == LayerKind.BLOCK]
+        # The (b, s, h) tensor a block passes on: pipeline p2p and TP collective messages.
+        self.block_output_seq_bytes = max(x.output_bytes for x in blocks) * self.act_scale
+        self.measured = (
+            bool(profile.measured_on)
+            and profile.measured_on == acc.name
+            and all(x.fwd_time_s is not None and x.bwd_time_s is not None for x in profile.layers)
+        )
+        self.layer_keys: tuple[tuple, ...] = tuple(
+            (x.kind, x.params, x.expert_params, x.fwd_flops, x.bwd_flops, x.attn_core_fwd_flops,
+             x.act_tp_bytes, x.act_replicated_bytes, x.act_attn_core_bytes, x.input_bytes)
+            for x in profile.layers
+        )  # fmt: skip
+        """What makes two layers cost the same (identical layers share their decisions)."""
+        self.num_blocks = profile.num_blocks
+        self.chunks = cache(self._chunks)
+        self.stages = cache(self._stages)
+        self.stage_copies = cache(self._stage_copies)
+        self.layer_times = cache(self._layer_times)
+        self.stage_compute = cache(self._stage_compute)
+        self.static_memory = cache(self._static_memory)
+        self.uniform = cache(self._uniform)
+        self.act_prefix = cache(self._act_prefix)
+        self.stage_activations = cache(self._stage_activations)
+        self._total_compute = cache(self._total_compute_uncached)
+
+    def num_microbatches(self, s: Strategy) -> int:
+        """Micro-batches per replica per step."""
+        return self.train.global_batch // (s.dp * s.micro_batch_size)
+
+    # ---- layout ---------------------------------------------------------------------------
+    def layout(self, pp: int, v: int, policy: Policy, tp: int, sp: bool) -> Layout:
+        """The layout a strategy's stages are cut for. A uniform selective or full policy
+        changes how blocks weigh against the embedding and head (which never recompute); no
+        recompute and per-layer policies (solved on that layout) use `none`. Without a
+        pipeline there is one layout."""
+        if pp == 1:
+            return Layout(1, 1, Recompute.NONE, 1, False)
+        rc = policy if policy in (Recompute.SELECTIVE, Recompute.FULL) else Recompute.NONE
+        return Layout(pp, v, rc, tp, sp)  # type: ignore[arg-type]
+
+    def layout_of(self, s: Strategy) -> Layout:
+        """`layout` of a strategy."""
+        return self.layout(s.pp, s.virtual_stages, s.recompute, s.tp, s.sequence_parallel)
+
+    def unit_costs_s(self, lay: Layout) -> list[float]:
+        """Seconds per sequence on one GPU of each block (forward, backward, the recompute of
+        the layout's policy and its TP collectives inside one node), the embedding's added to
+        the first block and the head's to the last: what the partition balances."""
+        t = self.layer_times(lay.tp, 1, 1, 1)
+        tp_unit = 0.0
+        if lay.tp > 1:
+            link = link_of(lay.tp, 1, self.cluster.gpus_per_node)
+            act = self.block_output_seq_bytes
+            if lay.sequence_parallel:
+                tp_unit = self.coll.all_gather(act, link) + self.coll.reduce_scatter(act, link)
+            else:
+                tp_unit = self.coll.all_reduce(act, link)
+        costs, emb, head = [], 0.0, 0.0
+        for i, x in enumerate(self.profile.layers):
+            c = t.layer(i)
+            seconds = c.fwd_s + c.bwd_s
+            if x.kind != LayerKind.BLOCK:
+                seconds += tp_unit  # the embedding's or head's one TP collective
+                emb += seconds if x.kind == LayerKind.EMBEDDING else 0.0
+                head += seconds if x.kind == LayerKind.HEAD else 0.0
+                continue
+            if lay.recompute == Recompute.FULL:
+                seconds += c.full_recompute_s + 2 * tp_unit
+            elif lay.recompute == Recompute.SELECTIVE:
+                seconds += c.selective_recompute_s
+            costs.append(seconds + 4 * tp_unit)
+        costs[0] += emb
+        costs[-1] += head
+        return costs
+
+    def _chunks(self, lay: Layout) -> tuple[Chunk, ...]:
+        """Chunks in model order, cut by `balanced_cuts` on the blocks' seconds under the
+        layout (or evenly)."""
+        n = lay.pp * lay.virtual_stages
+        if self.split == StageSplit.EVEN or lay.pp == 1:
+            return chunks_from_counts(block_counts(self.num_blocks, n), lay.pp)
+        return chunks_from_counts(balanced_cuts(self.unit_costs_s(lay), n), lay.pp)
+
+    def _stages(self, lay: Layout) -> tuple[Stage, ...]:
+        """The distinct stages of a pp x v layout. Stages with identical layers and position
+        (first/middle/last) cost the same, and in-flight micro-batches never grow with the
+        stage index, so the first of each kind bounds the others: only it is kept."""
+        p, pp = self.profile, lay.pp
+        chunks = self.chunks(lay)
+        stages: list[Stage] = []
+        seen: set[tuple] = set()
+        for st in range(pp):
+            mine = tuple(c for c in chunks if c.stage == st)
+            idx = tuple(i for c in mine for i in range(c.first_layer, c.last_layer + 1))
+            signature = (tuple(self.layer_keys[i] for i in idx), st == 0, st == pp - 1)
+            if signature in seen:
+                continue
+            seen.add(signature)
+            layers = [p.layers[i] for i in idx]
+            blocks = [x for x in layers if x.kind == LayerKind.BLOCK]
+            dense = float(sum(x.params for x in layers))
+            has_head = any(x.kind == LayerKind.HEAD for x in layers)
+            has_emb = any(x.kind == LayerKind.EMBEDDING for x in layers)
+            if has_head and p.tied_embeddings and not has_emb:
+                dense += p.vocab * p.hidden  # the tied embedding's copy on the last stage
+            stages.append(
+                Stage(
+                    index=st,
+                    layers=idx,
+                    dense_params=dense,
+                    expert_params=float(sum(x.expert_params for x in layers)),
+                    max_block_params=float(max((x.params for x in blocks), default=0)),
+                    max_block_expert_params=float(
+                        max((x.expert_params for x in blocks), default=0)
+                    ),
+                    n_blocks=len(blocks),
+                    n_moe_blocks=sum(1 for x in blocks if x.expert_params),
+                    has_embedding=has_emb,
+                    has_head=has_head,
+                    chunks=mine,
+                )
+            )
+        return tuple(stages)
+
+    def _stage_copies(self, lay: Layout) -> tuple[tuple[tuple[int, ...], int], ...]:
+        """For every pipeline stage: its chain layers and the position in `stages(lay)` of
+        the stage it looks exactly like."""
+        pp = lay.pp
+        chunks = self.chunks(lay)
+        reps: dict[tuple, int] = {}
+        out = []
+        for st in range(pp):
+            idx = tuple(
+                i for c in chunks if c.stage == st for i in range(c.first_layer, c.last_layer + 1)
+            )
+            signature = (tuple(self.layer_keys[i] for i in idx), st == 0, st == pp - 1)
+            reps.setdefault(signature, len(reps))
+            out.append((idx, reps[signature]))
+        return tuple(out)
+
+    # ---- compute --------------------------------------------------------------------------
+    def roofline_s(self, flops: float, nbytes: float) -> float:
+        """max(compute-bound, memory-bound) time: the roofline (Williams et al. 2009)."""
+        return max(flops / self.flops_per_s, nbytes / self.acc.memory_bw_bytes_per_s)
+
+    def _layer_times(self, tp: int, cp: int, ep: int, mbs: int) -> LayerTimes:
+        """Per-micro-batch seconds of each chain layer on one rank, as prefix sums."""
+        p, t = self.profile, self.train
+        sums: tuple[list[float], ...] = ([0.0], [0.0], [0.0], [0.0])
+        for x in p.layers:
+            weights = (x.params / tp + x.expert_params / (tp * ep)) * t.param_bytes
+            acts = ACT_IO_FACTOR * mbs * (x.act_tp_bytes / tp + x.act_replicated_bytes) / cp
+            acts *= self.act_scale
+            # Matmuls on the roofline, plus the memory-bound elementwise kernels (norms,
+            # activations, softmax, residuals) streaming the activations they save.
+            elementwise = acts / self.acc.memory_bw_bytes_per_s
+            if self.measured and x.fwd_time_s is not None and x.bwd_time_s is not None:
+                f = x.fwd_time_s * mbs / (tp * cp)  # measured on this accelerator, split ideally
+                b = x.bwd_time_s * mbs / (tp * cp)
+            else:
+                f = self.roofline_s(x.fwd_flops * mbs / (tp * cp), weights) + elementwise
+                b = self.roofline_s(x.bwd_flops * mbs / (tp * cp), 2 * weights) + elementwise
+            block = x.kind == LayerKind.BLOCK
+            sel = x.attn_core_fwd_flops * mbs / (tp * cp) / self.flops_per_s if block else 0.0
+            for acc, val in zip(sums, (f, b, f if block else 0.0, sel), strict=True):
+                acc.append(acc[-1] + val)
+        return LayerTimes(*(tuple(x) for x in sums))
+
+    def _stage_compute(
+        self, lay: Layout, tp: int, cp: int, ep: int, mbs: int
+    ) -> tuple[StageCompute, ...]:
+        """Per distinct stage (`stages(lay)`), seconds per micro-batch on one rank."""
+        times = self.layer_times(tp, cp, ep, mbs)
+        out = []
+        for stage in self.stages(lay):
+            parts = [times.span(c.first_layer, c.last_layer + 1) for c in stage.chunks]
+            out.append(
+                StageCompute(
+                    fwd_s=sum(x.fwd_s for x in parts),
+                    bwd_s=sum(x.bwd_s for x in parts),
+                    full_recompute_s=sum(x.full_recompute_s for x in parts),
+                    selective_recompute_s=sum(x.selective_recompute_s for x in parts),
+                )
+            )
+        return tuple(out)
+
+    def total_compute_s(self, tp: int, cp: int, ep: int, mbs: int) -> float:
+        """Forward + backward seconds of one micro-batch through the whole model on one rank."""
+        return self._total_compute(tp, cp, ep, mbs)
+
+    def _total_compute_uncached(self, tp: int, cp: int, ep: int, mbs: int) -> float:
+        t = self.layer_times(tp, cp, ep, mbs)
+        return t.fwd_s[-1] + t.bwd_s[-1]
+
+    # ---- memory ---------------------------------------------------------------------------
+    def _static_memory(
+        self, stage: Stage, tp: int, ep: int, dpcp: int, zero: int, offload: bool
+    ) -> StaticMemory:
+        """What a stage holds whatever the micro-batch. Experts shard over the
+        expert-data-parallel group (dp*cp/ep)."""
+        t = self.train
+        states = [0.0, 0.0, 0.0]
+        dense_rank = stage.dense_params / tp
+        expert_rank = stage.expert_params / (tp * ep)
+        for count, ranks in ((dense_rank, dpcp), (expert_rank, dpcp // ep)):
+            if count:
+                part = model_state_bytes(
+                    count, shard_ranks=ranks, zero_stage=zero, train=t, offload_optimizer=offload
+                )
+                states = [x + y for x, y in zip(states, part, strict=True)]
+        other = float(self.acc.runtime_overhead_bytes)
+        if zero == 3 and dpcp > 1:
+            # FSDP keeps the current and the prefetched block unsharded, plus one block's
+            # unsharded gradients before reduce-scatter (Zhao et al. 2023, PyTorch FSDP §3.2).
+            block = stage.max_block_params / tp + stage.max_block_expert_params / (tp * ep)
+            other += block * (2 * t.param_bytes + t.grad_bytes)
+        elif dpcp > 1:
+            other += BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES
+        return StaticMemory(
+            params_bytes=states[0],
+            grads_bytes=states[1],
+            optimizer_bytes=states[2],
+            other_bytes=other,
+        )
+
+    def boundary_bytes(self, s: Strategy, sp: bool | None = None) -> float:
+        """Bytes of one micro-batch's activation crossing a stage boundary (per rank), with
+        sequence parallelism `sp` (default: the strategy's)."""
+        sp = s.sequence_parallel if sp is None else sp
+        div = s.cp * (s.tp if sp else 1)
+        return s.micro_batch_size * self.block_output_seq_bytes / div
+
+    def _uniform(self, rc: Recompute) -> tuple[Recompute, ...]:
+        """One policy per chain layer: `rc` on the blocks, none elsewhere."""
+        blocks = (x.kind == LayerKind.BLOCK for x in self.profile.layers)
+        return tuple(rc if is_block else Recompute.NONE for is_block in blocks)
+
+    def _act_prefix(
+        self, tp: int, sp: bool, cp: int, recompute: Policy
+    ) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+        """Per chain layer, per sequence, in the training dtype: prefix sums of the bytes kept
+        under `recompute` (uniform, or one policy per layer); what recomputing each fully
+        recomputed block adds back (its bytes without recompute less what full recompute
+        keeps; 0 for other layers); its transient peak."""
+        prefix = [0.0]
+        back, tmp = [], []
+        k = self.act_scale
+        policies = self.uniform(recompute) if isinstance(recompute, Recompute) else recompute
+        for x, policy in zip(self.profile.layers, policies, strict=True):
+            kept = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=policy)
+            prefix.append(prefix[-1] + kept * k)
+            if x.kind == LayerKind.BLOCK and policy == Recompute.FULL:
+                none = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=Recompute.NONE)
+                full = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=Recompute.FULL)
+                back.append((none - full) * k)
+            else:
+                back.append(0.0)
+            tmp.append(max(x.fwd_tmp_bytes, x.bwd_tmp_bytes) * k / (tp * cp))
+        return tuple(prefix), tuple(back), tuple(tmp)
+
+    def _stage_activations(
+        self, lay: Layout, tp: int, sp: bool, cp: int, recompute: Policy
+    ) -> tuple[StageActivations, ...]:
+        """Per distinct stage: activation bytes kept and transient, per sequence.
+
+        The transient is the largest of the layers' profiled forward/backward peaks and, under
+        full recompute, what re-materializing one block adds back on top of the kept inputs
+        (less its own input, already kept), after the head's backward has freed the head's
+        activations (Korthikanti et al. 2022 §5)."""
+        prefix, back, tmp = self.act_prefix(tp, sp, cp, recompute)
+        out = []
+        for stage in self.stages(lay):
+            per_seq = sum(prefix[c.last_layer + 1] - prefix[c.first_layer] for c in stage.chunks)
+            spans = [(c.first_layer, c.last_layer + 1) for c in stage.chunks]
+            worst = max(max(back[a:b]) for a, b in spans)
+            if stage.has_head:
+                worst -= prefix[-1] - prefix[-2]
+            transient = max(0.0, worst, max(max(tmp[a:b]) for a, b in spans))
+            out.append(StageActivations(kept_bytes=per_seq, transient_bytes=transient))
+        return tuple(out)

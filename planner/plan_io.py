@@ -1,0 +1,128 @@
+"""Plan files: atomic save, and a strict load that hands on only a sound plan.
+
+Loading checks the document against the schema `schema.py` generates (types, enums, bounds,
+no unknown keys, finite numbers), builds the typed `Plan`, then checks what one field says
+about another (mesh against degrees and world size, stages against pp, batch arithmetic).
+Every problem is a ValueError naming the field by its JSON path, the rule and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import typing
+
+from .jsonio import from_json, read_json, validate, write_atomic
+from .plan import SCHEMA_VERSION, Plan
+from .schema import plan_schema
+from .strategy import MeshAxis
+
+_REGENERATE = "regenerate the plan with paraplan plan -o"
+
+
+def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
+    """Write the plan as JSON atomically (a reader never sees a half-written plan)."""
+    write_atomic(path, json.dumps(plan.to_dict(), indent=2) + "\n")
+
+
+def load_plan(path: str | os.PathLike[str]) -> Plan:
+    """Read and strictly validate a plan JSON file (ValueError naming the path and problem)."""
+    data = read_json(path, "plan", "write one with paraplan plan -o")
+    try:
+        return plan_from_dict(data)
+    except ValueError as exc:
+        raise ValueError(f"plan file {str(path)!r}: {exc}") from None
+
+
+def plan_from_dict(data: typing.Any) -> Plan:
+    """Validate a parsed plan document and build the `Plan` (ValueError on any problem)."""
+    if isinstance(data, dict) and data.get("schema_version") not in (None, SCHEMA_VERSION):
+        raise ValueError(
+            f"schema_version {data.get('schema_version')!r} is not supported (this paraplan "
+            f"reads version {SCHEMA_VERSION}); {_REGENERATE} of this version"
+        )
+    validate(data, plan_schema(), "plan", _REGENERATE)
+    plan: Plan = from_json(Plan, data)
+    check_plan(plan)
+    return plan
+
+
+def _fail(where: str, problem: str, fix: str = _REGENERATE) -> typing.NoReturn:
+    raise ValueError(f"invalid plan at {where}: {problem}; {fix}")
+
+
+def check_plan(plan: Plan) -> None:
+    """The rules between fields that a schema cannot state; ValueError on the first broken."""
+    _check_cluster(plan)
+    _check_mesh(plan)
+    _check_stages(plan)
+    _check_batch(plan)
+
+
+def _check_cluster(plan: Plan) -> None:
+    c = plan.cluster
+    if c.num_nodes * c.gpus_per_node != c.num_gpus:
+        _fail(
+            "cluster.num_gpus",
+            f"{c.num_gpus} GPUs is not num_nodes x gpus_per_node = {c.num_nodes} x "
+            f"{c.gpus_per_node} = {c.num_nodes * c.gpus_per_node}",
+        )
+    p = plan.parallelism
+    world = p.dp * p.tp * p.pp * p.cp
+    if world != c.num_gpus:
+        _fail(
+            "parallelism",
+            f"dp x tp x pp x cp = {p.dp} x {p.tp} x {p.pp} x {p.cp} = {world} is not the "
+            f"cluster's {c.num_gpus} GPUs (cluster.num_gpus); the degrees must use every GPU",
+        )
+    if p.dp % p.ep:
+        _fail("parallelism.ep", f"ep={p.ep} does not divide dp={p.dp} (experts live inside dp)")
+
+
+def _check_mesh(plan: Plan) -> None:
+    m, p = plan.mesh, plan.parallelism
+    if len(m.shape) != len(m.axis_order):
+        _fail(
+            "mesh.shape",
+            f"{len(m.shape)} sizes {list(m.shape)} for {len(m.axis_order)} axes "
+            f"{[str(a) for a in m.axis_order]} in mesh.axis_order: one size per axis",
+        )
+    if set(m.axis_order) != set(MeshAxis):
+        _fail(
+            "mesh.axis_order",
+            f"axes {[str(a) for a in m.axis_order]}: the mesh names each of "
+            f"{[str(a) for a in MeshAxis]} once",
+        )
+    degrees = {MeshAxis.PP: p.pp, MeshAxis.DP: p.dp, MeshAxis.CP: p.cp, MeshAxis.TP: p.tp}
+    # each size is its axis's degree, so the mesh holds dp*tp*pp*cp = num_gpus devices
+    for i, (axis, size) in enumerate(zip(m.axis_order, m.shape, strict=True)):
+        if size != degrees[axis]:
+            _fail(
+                f"mesh.shape.{i}",
+                f"size {size} of mesh axis {str(axis)!r} is not the plan's degree "
+                f"parallelism.{axis}={degrees[axis]}",
+            )
+
+
+def _check_stages(plan: Plan) -> None:
+    p = plan.parallelism
+    if len(plan.stages) != p.pp:
+        _fail("stages", f"{len(plan.stages)} stages for parallelism.pp={p.pp}: one per stage")
+    for i, st in enumerate(plan.stages):
+        if st.stage != i:
+            _fail(f"stages.{i}.stage", f"stage {st.stage} listed in position {i}: list in order")
+        if len(st.chunks) != p.virtual_stages:
+            _fail(
+                f"stages.{i}.chunks",
+                f"{len(st.chunks)} chunks for parallelism.virtual_stages={p.virtual_stages}",
+            )
+
+
+def _check_batch(plan: Plan) -> None:
+    dp, mbs, nmb = plan.parallelism.dp, plan.micro_batch_size, plan.num_microbatches
+    if mbs * nmb * dp != plan.train.global_batch:
+        _fail(
+            "train.global_batch",
+            f"{plan.train.global_batch} sequences is not micro_batch_size x num_microbatches x "
+            f"dp = {mbs} x {nmb} x {dp} = {mbs * nmb * dp}",
+        )

@@ -1,0 +1,51 @@
+"""The transformer shape facts the planner reads, from a transformers config object (no
+transformers import: the config is duck-typed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Shape:
+    """The transformer shape facts the planner needs (`ModelProfile` fields)."""
+
+    hidden: int
+    """Model width."""
+    heads: int
+    """Attention heads."""
+    kv_heads: int
+    """Key/value heads (GQA; equal to `heads` without it)."""
+    ffn: int
+    """MLP inner size (per expert for MoE)."""
+    vocab: int
+    """Vocabulary size."""
+    experts: int
+    """MoE experts per block (0 for a dense model)."""
+    top_k: int
+    """Experts each token is routed to (0 for a dense model)."""
+    tied: bool
+    """Whether the head reuses the embedding matrix."""
+    max_seq: int
+    """Longest sequence the position embeddings allow."""
+
+
+def shape_of(config: Any) -> Shape:
+    """Shape facts from a transformers config (GPT-2, Llama, BERT, Mixtral naming)."""
+    g = lambda *names, default=0: next(  # noqa: E731
+        (getattr(config, n) for n in names if getattr(config, n, None) is not None), default
+    )
+    hidden = g("hidden_size", "n_embd")
+    heads = g("num_attention_heads", "n_head")
+    return Shape(
+        hidden=hidden,
+        heads=heads,
+        kv_heads=g("num_key_value_heads", default=heads),
+        ffn=g("intermediate_size", "n_inner", default=4 * hidden) or 4 * hidden,
+        vocab=g("vocab_size"),
+        experts=g("num_local_experts", default=0),
+        top_k=g("num_experts_per_tok", default=0) if g("num_local_experts", default=0) else 0,
+        tied=bool(getattr(config, "tie_word_embeddings", False)),
+        max_seq=g("max_position_embeddings", "n_positions", default=2048),
+    )
