@@ -14,7 +14,6 @@ import torch
 
 from ..planner.jsonio import write_atomic
 from ..planner.plan import Plan
-from ..planner.strategy import Recompute
 
 RSS_SOURCE = "peak RSS of the process (getrusage ru_maxrss: tensors plus Python/torch runtime)"
 CUDA_SOURCE = "torch.cuda.max_memory_allocated (tensors only, not the CUDA context)"
@@ -31,24 +30,8 @@ def peak_memory_bytes(device: torch.device) -> tuple[float, str]:
 
 
 def strategy_text(plan: Plan) -> str:
-    """A one-line summary of the plan's strategy."""
-    p = plan.parallelism
-    parts = [f"dp={p.dp}", f"tp={p.tp}", f"pp={p.pp}", f"zero={p.zero_stage}"]
-    if p.sequence_parallel:
-        parts.append("sp")
-    if p.offload_optimizer:
-        parts.append("offload")
-    if p.pp > 1:
-        chunks = f"(v={p.virtual_stages})" if p.virtual_stages > 1 else ""
-        parts.append(f"{plan.schedule}{chunks}")
-    recompute = sorted({str(d.recompute) for d in plan.layers if d.recompute != Recompute.NONE})
-    parts += [
-        f"mbs={plan.micro_batch_size}",
-        f"nmb={plan.num_microbatches}",
-        f"rc={'+'.join(recompute) or 'none'}",
-        str(plan.train.precision),
-    ]
-    return " ".join(parts)
+    """A one-line summary of the plan's strategy (`Plan.short`) and its precision."""
+    return f"{plan.short()} {plan.train.precision}"
 
 
 def rel_err(measured: float, predicted: float) -> float | None:

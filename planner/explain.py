@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from .model import LayerKind, ModelProfile
-from .plan import Parallelism, Plan
-from .strategy import Recompute, Schedule, Strategy
+from .plan import Plan
+from .strategy import Recompute
 
 GB = 1e9
 MEMORY_BOUND_SHARE = 0.9
@@ -68,21 +68,11 @@ def format_plan(plan: Plan) -> str:
         )
         for i, r in enumerate(plan.runners_up, 1):
             lines.append(
-                f"  {i:<3}{_strategy(r.parallelism, r.schedule, r.micro_batch_size, r.recompute):<58}"
+                f"  {i:<3}{r.strategy().short():<58}"
                 f"{r.step_time_s:>9.3f}{r.mfu:>7.1%}{r.memory_per_gpu_bytes / GB:>8.1f}  "
                 f"{r.lost_because}"
             )
     return "\n".join(lines)
-
-
-def _strategy(p: Parallelism, schedule: Schedule, mbs: int, recompute: Recompute) -> str:
-    """The compact description `Strategy.short` gives, for a plan's records."""
-    return Strategy(
-        dp=p.dp, tp=p.tp, pp=p.pp, cp=p.cp, ep=p.ep, zero_stage=p.zero_stage,
-        offload_optimizer=p.offload_optimizer, sequence_parallel=p.sequence_parallel,
-        schedule=schedule, virtual_stages=p.virtual_stages, micro_batch_size=mbs,
-        recompute=recompute,
-    ).short()  # fmt: skip
 
 
 def _recompute_summary(plan: Plan) -> str:
@@ -106,11 +96,9 @@ def _recompute_summary(plan: Plan) -> str:
 
 def explain(plan: Plan) -> str:
     """What bounds the plan (memory, bubble, communication) and what the next best costs."""
-    pr, p = plan.predicted, plan.parallelism
+    pr = plan.predicted
     tb, mb = pr.time_breakdown, pr.memory_breakdown
-    out = [
-        f"Plan for {plan.model.name} on {plan.cluster.name}: {_strategy(p, plan.schedule, plan.micro_batch_size, plan.recompute_policy)}."
-    ]
+    out = [f"Plan for {plan.model.name} on {plan.cluster.name}: {plan.strategy().short()}."]
     if not plan.feasible:
         out.append(f"It does NOT fit: {plan.infeasible_reason}.")
     use = pr.memory_per_gpu_bytes / pr.memory_capacity_bytes
@@ -146,7 +134,7 @@ def explain(plan: Plan) -> str:
     if plan.runners_up:
         r = plan.runners_up[0]
         out.append(
-            f"Next best: {_strategy(r.parallelism, r.schedule, r.micro_batch_size, r.recompute)} "
+            f"Next best: {r.strategy().short()} "
             f"at {r.step_time_s:.3f} s per step ({r.step_time_s / step - 1:+.1%}), "
             f"{r.memory_per_gpu_bytes / GB:.1f} GB per GPU: {r.lost_because}."
         )

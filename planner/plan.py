@@ -14,7 +14,7 @@ from .config import Optimizer, Precision
 from .cost.estimate import TimeBreakdown
 from .cost.memory import MemoryBreakdown
 from .jsonio import to_json
-from .strategy import MeshAxis, Recompute, Schedule
+from .strategy import MeshAxis, Recompute, Schedule, Strategy
 
 SCHEMA_VERSION = 2
 """Bumped on any incompatible change of the plan JSON."""
@@ -208,6 +208,16 @@ class RunnerUp:
     lost_because: str
     """Why it ranks below the plan, in words."""
 
+    def strategy(self) -> Strategy:
+        """The runner-up as a search `Strategy` (to print or pin it)."""
+        return _strategy(
+            self.parallelism,
+            self.schedule,
+            self.micro_batch_size,
+            self.recompute,
+            self.mesh_axis_order,
+        )
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Plan:
@@ -247,6 +257,43 @@ class Plan:
     runners_up: tuple[RunnerUp, ...]
     """The next-best strategies, best first."""
 
+    def strategy(self) -> Strategy:
+        """The plan's choices as a search `Strategy`."""
+        return _strategy(
+            self.parallelism,
+            self.schedule,
+            self.micro_batch_size,
+            self.recompute_policy,
+            self.mesh.axis_order,
+        )
+
+    def short(self) -> str:
+        """The plan in one line: `Strategy.short` with its micro-batches per replica and, for
+        a per-layer policy, the blocks' decisions."""
+        blocks = [d.recompute for d in self.layers if d.name.startswith("block")]
+        return self.strategy().short(num_microbatches=self.num_microbatches, block_recompute=blocks)
+
     def to_dict(self) -> dict[str, typing.Any]:
         """The JSON form (`plan_io.plan_from_dict` reads it back)."""
         return to_json(self)
+
+
+def _strategy(
+    p: Parallelism, schedule: Schedule, mbs: int, recompute: Recompute, order: tuple[MeshAxis, ...]
+) -> Strategy:
+    """A plan's record of a strategy, as the search's `Strategy`."""
+    return Strategy(
+        dp=p.dp,
+        tp=p.tp,
+        pp=p.pp,
+        cp=p.cp,
+        ep=p.ep,
+        zero_stage=p.zero_stage,
+        offload_optimizer=p.offload_optimizer,
+        sequence_parallel=p.sequence_parallel,
+        schedule=schedule,
+        virtual_stages=p.virtual_stages,
+        micro_batch_size=mbs,
+        recompute=recompute,
+        mesh_order=order,
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -89,8 +91,13 @@ class Strategy:
             tuple(str(a) for a in self.mesh_order),
         )  # fmt: skip
 
-    def short(self) -> str:
-        """Compact description, e.g. ``dp=8 tp=8 pp=16 zero=1 sp 1f1b mbs=1 rc=full``."""
+    def short(
+        self, *, num_microbatches: int | None = None, block_recompute: Sequence[Recompute] = ()
+    ) -> str:
+        """Compact one-line description, e.g. ``dp=8 tp=8 pp=16 zero=1 sp 1f1b mbs=1 rc=full``
+        (the one formatter of strategies). A plan adds its micro-batches per replica
+        (``m=64``) and each block's decision, summarized for a per-layer policy
+        (``rc=per_layer(4xfull/8xnone)``)."""
         parts = [f"dp={self.dp}", f"tp={self.tp}", f"pp={self.pp}"]
         if self.cp > 1:
             parts.append(f"cp={self.cp}")
@@ -107,5 +114,11 @@ class Strategy:
                 sched += f"(v={self.virtual_stages})"
             parts.append(sched)
         parts.append(f"mbs={self.micro_batch_size}")
-        parts.append(f"rc={self.recompute}")
+        if num_microbatches is not None:
+            parts.append(f"m={num_microbatches}")
+        rc = f"rc={self.recompute}"
+        if self.recompute == Recompute.PER_LAYER and block_recompute:
+            counts = Counter(str(r) for r in block_recompute)
+            rc += "(" + "/".join(f"{n}x{k}" for k, n in sorted(counts.items())) + ")"
+        parts.append(rc)
         return " ".join(parts)

@@ -137,7 +137,7 @@ def test_supported_checks_name_the_fix() -> None:
         (replace(plan, train=replace(plan.train, precision="fp16")), "--precision bf16"),
         (replace(plan, train=replace(plan.train, optimizer="adam8bit")), "--optimizer"),
         (replace(plan, parallelism=replace(plan.parallelism, offload_optimizer=True)), "zero=1"),
-        (replace(plan, parallelism=replace(plan.parallelism, tp=2)), "mesh sizes"),
+        (replace(plan, parallelism=replace(plan.parallelism, tp=2)), "cluster.s 2 GPUs"),
     ]
     for p, message in bad:
         with pytest.raises(ValueError, match=message):

@@ -17,6 +17,7 @@ from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.memory import in_flight_microbatches
 from paraplan.planner.plan_io import load_plan
+from paraplan.planner.solvers.pipeline_replay import Phase
 from paraplan.planner.strategy import Schedule
 from paraplan.report import (
     ReportOptions,
@@ -35,7 +36,7 @@ from paraplan.report.colors import (
     strategy_color,
 )
 from paraplan.report.render import COLUMNS, field_value, layout_summary
-from paraplan.report.timeline import Phase, stage_times
+from paraplan.report.timeline import stage_times
 
 matplotlib = pytest.importorskip("matplotlib")
 

@@ -5,6 +5,7 @@ Importing this package loads no plotting library: matplotlib is imported by the 
 draw (`plots`), inside them.
 """
 
+from ..planner.solvers.pipeline_replay import Interval, Phase, Timeline, simulate_pipeline
 from .compose import (
     DEFAULT_TRADEOFF,
     TRADEOFF_STRATEGIES,
@@ -15,7 +16,7 @@ from .compose import (
     report_step_count,
 )
 from .strategies import STRATEGY_NAMES, Compared, Status, compare_strategies, parse_strategies
-from .timeline import Interval, Phase, Timeline, compare_schedules, simulate_pipeline
+from .timeline import compare_schedules
 
 __all__ = [
     "DEFAULT_TRADEOFF",

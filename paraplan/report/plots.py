@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..planner.solvers.pipeline_replay import Phase, Timeline
 from .colors import component_color, schedule_color, strategy_color
 from .strategies import Compared
-from .timeline import Phase, Timeline
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

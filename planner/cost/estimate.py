@@ -30,6 +30,31 @@ class TimeBreakdown:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class StageTime:
+    """Seconds one pipeline stage spends per micro-batch, and once per step."""
+
+    stage: int
+    """Pipeline stage (the first of those that look exactly like it)."""
+    fwd_s: float
+    """Forward compute per micro-batch."""
+    bwd_s: float
+    """Backward compute per micro-batch."""
+    recompute_s: float
+    """Recomputation per micro-batch."""
+    comm_s: float
+    """Exposed communication per micro-batch (TP, CP, EP, PP and per-micro-batch ZeRO)."""
+    tail_comm_s: float
+    """Exposed communication once per step (gradient reduction, parameter gathers)."""
+    optimizer_s: float
+    """Optimizer step."""
+
+    @property
+    def per_microbatch_s(self) -> float:
+        """One micro-batch's forward and backward with everything they wait for: a slot."""
+        return self.fwd_s + self.bwd_s + self.recompute_s + self.comm_s
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Estimate:
     """The cost model's predictions for one strategy."""
 

@@ -15,7 +15,7 @@ from ..model import ModelProfile
 from ..strategy import MeshAxis, Recompute, Strategy
 from .comm import Collectives, Links, links_for
 from .data_parallel import dp_comm, optimizer_s
-from .estimate import Estimate, TimeBreakdown
+from .estimate import Estimate, StageTime, TimeBreakdown
 from .layout import Layout, Stage, StageSplit
 from .memory import MemoryBreakdown, in_flight_microbatches
 from .per_layer import PerLayerRecompute
@@ -223,20 +223,19 @@ class Evaluator:
         sizes = {MeshAxis.PP: s.pp, MeshAxis.DP: s.dp, MeshAxis.CP: s.cp, MeshAxis.TP: s.tp}
         return links_for(sizes, s.mesh_order, s.ep, self.cluster.gpus_per_node)
 
-    def time(
+    def stage_times(
         self,
         s: Strategy,
         links: Links | None = None,
         coll: Collectives | None = None,
-    ) -> TimeBreakdown:
-        """Step-time breakdown of the strategy (links default to its mesh order's; `coll`
-        to this accelerator's collectives)."""
+    ) -> tuple[StageTime, ...]:
+        """Seconds of each distinct pipeline stage (`StageModel.stages`) under the strategy
+        (links default to its mesh order's; `coll` to this accelerator's collectives)."""
         links = self.links(s) if links is None else links
         coll = self.coll if coll is None else coll
         p, sm = self.profile, self.stage_model
-        m, mbs, v = self.num_microbatches(s), s.micro_batch_size, s.virtual_stages
+        mbs = s.micro_batch_size
         lay = sm.layout_of(s)
-        stages = sm.stages(lay)
         compute = sm.stage_compute(lay, s.tp, s.cp, s.ep, mbs)
         tokens = mbs * p.seq_len / s.cp
         act = mbs * sm.block_output_seq_bytes / s.cp  # one micro-batch's (b, s/cp, h) tensor
@@ -250,10 +249,8 @@ class Evaluator:
         a2a_bytes = act * p.top_k / (s.tp if s.sequence_parallel else 1)
         a2a = coll.all_to_all(a2a_bytes, links.ep) if s.ep > 1 else 0.0
         p2p = coll.p2p(sm.boundary_bytes(s), links.pp.nodes > 1) if s.pp > 1 else 0.0
-        per_mb: list[tuple[float, float, float, float]] = []
-        tails: list[tuple[float, float]] = []
-        for i, stage in enumerate(stages):
-            c = compute[i]
+        out = []
+        for c, stage in zip(compute, sm.stages(lay), strict=True):
             rc, n_full, n_full_moe = self.per_layer.stage_recompute(s, stage, c)
             # TP: 2 collectives per block forward and 2 backward (Narayanan et al. 2021 §3.2,
             # Korthikanti §4.2.2 with SP: all-gather + reduce-scatter), redone when recomputed.
@@ -271,19 +268,38 @@ class Evaluator:
                 sends -= int(stage.index == s.pp - 1)
                 comm += sends * p2p
             zero_mb, tail = dp_comm(s, stage, links, coll, self.train, c.fwd_s, c.bwd_s)
-            busy = c.fwd_s + c.bwd_s
-            per_mb.append((busy, rc, comm + zero_mb, busy + rc + comm + zero_mb))
-            tails.append((tail, optimizer_s(s, stage, self.train, self.acc)))
-        slow = max(range(len(stages)), key=lambda k: per_mb[k][3])
-        t_mb = per_mb[slow][3]
-        bubble = (s.pp - 1) / v * t_mb  # (p-1)/v slots of fill and drain (Narayanan §2.2)
-        tail_i = max(range(len(stages)), key=lambda k: sum(tails[k]))
+            out.append(
+                StageTime(
+                    stage=stage.index,
+                    fwd_s=c.fwd_s,
+                    bwd_s=c.bwd_s,
+                    recompute_s=rc,
+                    comm_s=comm + zero_mb,
+                    tail_comm_s=tail,
+                    optimizer_s=optimizer_s(s, stage, self.train, self.acc),
+                )
+            )
+        return tuple(out)
+
+    def time(
+        self,
+        s: Strategy,
+        links: Links | None = None,
+        coll: Collectives | None = None,
+    ) -> TimeBreakdown:
+        """Step-time breakdown of the strategy: m micro-batches of the slowest stage, plus
+        (pp-1)/v slots of fill and drain (Narayanan et al. 2021 §2.2), plus the once-per-step
+        tail of the stage whose tail is longest."""
+        stages = self.stage_times(s, links, coll)
+        m = self.num_microbatches(s)
+        slow = max(stages, key=lambda x: x.per_microbatch_s)
+        tail = max(stages, key=lambda x: x.tail_comm_s + x.optimizer_s)
         return TimeBreakdown(
-            compute_s=m * per_mb[slow][0],
-            recompute_s=m * per_mb[slow][1],
-            comm_s=m * per_mb[slow][2] + tails[tail_i][0],
-            bubble_s=bubble,
-            optimizer_s=tails[tail_i][1],
+            compute_s=m * (slow.fwd_s + slow.bwd_s),
+            recompute_s=m * slow.recompute_s,
+            comm_s=m * slow.comm_s + tail.tail_comm_s,
+            bubble_s=(s.pp - 1) / s.virtual_stages * slow.per_microbatch_s,
+            optimizer_s=tail.optimizer_s,
         )
 
     # ---- all together ----------------------------------------------------------------------

@@ -125,17 +125,14 @@ class _Builder:
     """Appends layers' op graphs to one `OpGraph`, dropping ops that create no tensor."""
 
     def __init__(self, input_bytes: float) -> None:
-        self.nodes: list[GraphOp] = [GraphOp(name="input", output_bytes=input_bytes, is_input=True)]
-        self.outside: int | None = None
-        """The 0-byte input node standing for parameters and constants (made on first use)."""
+        self.nodes: list[GraphOp] = [
+            GraphOp(name="input", output_bytes=input_bytes, is_input=True),
+            GraphOp(name="outside", output_bytes=0.0, is_input=True),
+        ]
+        """Node 0: the first layer's input; node 1: a 0-byte stand-in for parameters and
+        constants, read by ops that read nothing else (`prune` drops it when unused)."""
         self.reads_own: set[int] = set()
         """Nodes whose own output some backward reads beyond what their `bwd_inputs` say."""
-
-    def outside_node(self) -> int:
-        if self.outside is None:
-            self.nodes.append(GraphOp(name="outside", output_bytes=0.0, is_input=True))
-            self.outside = len(self.nodes) - 1
-        return self.outside
 
     def add_layer(
         self, name: str, graph: LayerGraph, x_in: int, times: tuple[float, float], b: int,
@@ -166,7 +163,7 @@ class _Builder:
             self.nodes.append(GraphOp(
                 name=f"{name}/{k}:{op.op.removeprefix('aten.').removesuffix('.default')}",
                 output_bytes=op.output_bytes * b,
-                inputs=tuple(ins) if ins else (self.outside_node(),),
+                inputs=tuple(ins) if ins else (1,),
                 bwd_inputs=tuple(g for g in ins if g in reads),
                 bwd_output=index in reads,
             ))  # fmt: skip

@@ -1,0 +1,72 @@
+"""Replay a strategy's step operation by operation and read off its step time and peak memory.
+
+The closed form (`cost/evaluate.py`) prices a step as m micro-batches of the slowest stage plus
+(pp - 1)/v slots of fill and drain, and memory with the in-flight micro-batches of
+`in_flight_microbatches`. The replay runs the schedule's actual operation order on every
+pipeline stage with its own per-micro-batch times (`solvers/pipeline_replay.py`): with uneven
+stages the fill and drain are paid at each stage's own speed, so the replay can only be faster
+than the closed form, and equal to it when the stages are alike. Memory counts, per stage, the
+(micro-batch, chunk) activations alive in the replayed order. A test checks both agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cost.evaluate import Evaluator
+from .solvers.pipeline_replay import simulate_pipeline
+from .strategy import Strategy
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Replay:
+    """What a replay of one step measured under the cost model."""
+
+    step_time_s: float
+    """Seconds from the first forward to the end of the optimizer step."""
+    peak_memory_bytes: float
+    """Largest memory of any GPU during the step."""
+    peak_stage: int
+    """Pipeline stage of that GPU."""
+
+
+def replay(ev: Evaluator, s: Strategy) -> Replay:
+    """Replay `s` (a valid strategy) on the evaluator's model, cluster and configuration."""
+    sm = ev.stage_model
+    lay = sm.layout_of(s)
+    distinct = ev.stage_times(s)
+    copies = sm.stage_copies(lay)
+    forward, backward = [], []
+    for _, rep in copies:
+        t = distinct[rep]
+        share = t.fwd_s / (t.fwd_s + t.bwd_s) if t.fwd_s + t.bwd_s > 0 else 0.5
+        # communication splits between the passes as the compute does; recompute runs in the
+        # backward (Korthikanti et al. 2022 §5)
+        forward.append(t.fwd_s + t.comm_s * share)
+        backward.append(t.bwd_s + t.recompute_s + t.comm_s * (1 - share))
+    m = ev.num_microbatches(s)
+    timeline = simulate_pipeline(
+        s.schedule,
+        num_stages=s.pp,
+        num_microbatches=m,
+        forward_s=forward,
+        backward_s=backward,
+        virtual_stages=s.virtual_stages,
+    )
+    tail = max(t.tail_comm_s + t.optimizer_s for t in distinct)
+    step = timeline.makespan_s + tail
+    if ev.single_pass(s):  # the backward's layer-by-layer timeline is the replay itself
+        memory, peak_stage = ev.memory(s)
+        return Replay(step_time_s=step, peak_memory_bytes=memory.total_bytes, peak_stage=peak_stage)
+    stages = sm.stages(lay)
+    acts = sm.stage_activations(lay, s.tp, s.sequence_parallel, s.cp, ev.policy(s))
+    mbs = s.micro_batch_size
+    best, best_stage = -1.0, 0
+    for index, (_, rep) in enumerate(copies):
+        static = ev.static_memory(s, stages[rep]).total_bytes
+        held = timeline.in_flight(index) if s.pp > 1 else 1.0
+        total = static + ev.pipeline_buffer_bytes(s)
+        total += (acts[rep].kept_bytes * held + acts[rep].transient_bytes) * mbs
+        if total > best:
+            best, best_stage = total, index
+    return Replay(step_time_s=step, peak_memory_bytes=best, peak_stage=best_stage)
