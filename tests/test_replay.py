@@ -54,5 +54,5 @@ def test_replay_agrees_with_the_closed_form(name: str) -> None:
         assert r.step_time_s >= closed.step_time_s - closed.time.bubble_s - 1e-12, s.short()
         if s.pp == 1:
             assert r.step_time_s == pytest.approx(closed.step_time_s, rel=1e-9)
-        if name == "tiny vocab" and s.tp == 1:  # stages alike: the same time
+        if name == "tiny vocab" and s.tp == 1 and s.virtual_stages == 1:  # stages alike
             assert r.step_time_s == pytest.approx(closed.step_time_s, rel=5e-3), s.short()
