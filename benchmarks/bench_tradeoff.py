@@ -4,7 +4,7 @@ paraplan's DP and ILP.
 
 Two models are profiled in measure mode on the CPU (real per-layer times and bytes, random
 weights, nothing downloaded): GPT-2 small (Hugging Face `GPT2LMHeadModel` from `GPT2Config`)
-and a heterogeneous VGG-style CNN defined here. Each becomes a chain (`profiled_chain`, one
+and a heterogeneous VGG-style CNN defined here. Each becomes a chain (`chain_from_profile`, one
 micro-batch = the profiled batch), and `tradeoff_curves` evaluates every strategy at
 `default_budgets` (from 1% above the smallest feasible peak up to the store-all peak).
 
@@ -26,7 +26,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from paraplan.planner.solvers import LayerChain, simulate, solve_checkpoint_dp
+from paraplan.planner.solvers import (
+    LayerChain,
+    chain_from_profile,
+    simulate,
+    solve_checkpoint_dp,
+)
 from paraplan.planner.solvers.remat_ilp import DEFAULT_BACKEND
 from paraplan.planner.solvers.tradeoff import (
     BASELINES,
@@ -34,7 +39,6 @@ from paraplan.planner.solvers.tradeoff import (
     TradeoffCurve,
     baseline_schedule,
     default_budgets,
-    profiled_chain,
     tradeoff_curves,
 )
 
@@ -159,7 +163,7 @@ def table(chain: LayerChain, curves: tuple[TradeoffCurve, ...], ref_s: float, to
 def run_model(label: str, profile: Any, batch: int, n: int, time_limit_s: float
               ) -> dict[str, Any]:  # fmt: skip
     """Curves of one profiled model (a micro-batch is the profiled batch), table, checks."""
-    chain = profiled_chain(profile, micro_batch_size=batch)
+    chain = chain_from_profile(profile, micro_batch_size=batch)
     store = simulate(chain, baseline_schedule(chain, "store-all"))
     budgets = default_budgets(chain, n)
     start = time.perf_counter()

@@ -35,10 +35,14 @@ from torch.distributed.fsdp import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+from ..planner.config import Precision
 from ..planner.plan import Plan
 from .chain import ChainModule
 
-PARAM_DTYPES = {"fp32": None, "bf16": torch.bfloat16}
+PARAM_DTYPES: dict[Precision, torch.dtype | None] = {
+    Precision.FP32: None,
+    Precision.BF16: torch.bfloat16,
+}
 """Compute dtype of each plan precision (None: fp32 throughout)."""
 
 
@@ -87,7 +91,7 @@ def apply_data_parallel(chain: ChainModule, dp_mesh: DeviceMesh, plan: Plan) -> 
     return chain
 
 
-def mixed_precision(precision: str) -> MixedPrecisionPolicy:
+def mixed_precision(precision: Precision) -> MixedPrecisionPolicy:
     """bf16 compute with fp32 master weights and fp32 gradient reduction (torchtitan's
     default); fp32 runs with the default policy."""
     dtype = PARAM_DTYPES[precision]
@@ -101,7 +105,7 @@ def apply_fsdp(
     dp_mesh: DeviceMesh,
     *,
     zero_stage: int,
-    precision: str,
+    precision: Precision,
     offload: bool,
 ) -> None:
     """`fully_shard` each block, then the chain (its embedding and head: a tied matrix stays
@@ -128,7 +132,7 @@ def apply_ddp(module: nn.Module, dp_mesh: DeviceMesh) -> DistributedDataParallel
     return DistributedDataParallel(module, process_group=dp_mesh.get_group(), device_ids=device_ids)
 
 
-def apply_replicate(chain: ChainModule, dp_mesh: DeviceMesh, *, precision: str) -> None:
+def apply_replicate(chain: ChainModule, dp_mesh: DeviceMesh, *, precision: Precision) -> None:
     """ZeRO-0 with TP or PP: FSDP2's `replicate` on each block, then the chain (chunk)."""
     policy = mixed_precision(precision)
     for block in chain.blocks.values():

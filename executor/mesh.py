@@ -60,9 +60,8 @@ def init_distributed(device_type: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) 
 
 def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
     """The plan's DeviceMesh (a collective: every rank must call it)."""
-    return init_device_mesh(
-        device_type, tuple(plan.mesh.shape), mesh_dim_names=tuple(plan.mesh.axis_order)
-    )
+    names = tuple(str(a) for a in plan.mesh.axis_order)  # torch takes plain strings
+    return init_device_mesh(device_type, tuple(plan.mesh.shape), mesh_dim_names=names)
 
 
 def axis_size(mesh: DeviceMesh, axis: MeshAxis) -> int:
@@ -80,9 +79,10 @@ def axis_rank(mesh: DeviceMesh, axis: MeshAxis) -> int:
 def check_mesh(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
     """A caller's mesh must have the plan's axes, in order, and sizes."""
     names, shape = tuple(mesh.mesh_dim_names or ()), tuple(mesh.shape)
-    if names != tuple(plan.mesh.axis_order) or shape != tuple(plan.mesh.shape):
+    planned = tuple(str(a) for a in plan.mesh.axis_order)
+    if names != planned or shape != tuple(plan.mesh.shape):
         raise ValueError(
-            f"mesh {names} {shape} is not the plan's {tuple(plan.mesh.axis_order)} "
+            f"mesh {names} {shape} is not the plan's {planned} "
             f"{tuple(plan.mesh.shape)}; pass mesh=None to build the plan's"
         )
     return mesh

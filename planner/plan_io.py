@@ -13,7 +13,7 @@ import os
 import typing
 
 from .jsonio import from_json, read_json, validate, write_atomic
-from .plan import SCHEMA_VERSION, Plan
+from .plan import SCHEMA_VERSION, ChunkRange, Plan
 from .schema import plan_schema
 from .strategy import MeshAxis
 
@@ -105,9 +105,12 @@ def _check_mesh(plan: Plan) -> None:
 
 
 def _check_stages(plan: Plan) -> None:
+    """pp stages in order, virtual_stages chunks each, chunk c on stage c % pp, and the
+    chunks' layer ranges covering the layer list once, in chunk order."""
     p = plan.parallelism
     if len(plan.stages) != p.pp:
         _fail("stages", f"{len(plan.stages)} stages for parallelism.pp={p.pp}: one per stage")
+    by_chunk: dict[int, tuple[str, ChunkRange]] = {}
     for i, st in enumerate(plan.stages):
         if st.stage != i:
             _fail(f"stages.{i}.stage", f"stage {st.stage} listed in position {i}: list in order")
@@ -116,6 +119,35 @@ def _check_stages(plan: Plan) -> None:
                 f"stages.{i}.chunks",
                 f"{len(st.chunks)} chunks for parallelism.virtual_stages={p.virtual_stages}",
             )
+        for j, ch in enumerate(st.chunks):
+            where = f"stages.{i}.chunks.{j}"
+            if ch.chunk % p.pp != i or ch.chunk in by_chunk:
+                _fail(
+                    f"{where}.chunk",
+                    f"chunk {ch.chunk} on stage {i}: each chunk c is listed once, on stage c % pp",
+                )
+            by_chunk[ch.chunk] = (where, ch)
+    start = 0
+    for k, c in enumerate(sorted(by_chunk)):
+        where, ch = by_chunk[c]
+        if c != k:
+            _fail(f"{where}.chunk", f"chunk {c}: number the chunks 0..{len(by_chunk) - 1}")
+        if ch.first_layer != start or ch.last_layer < ch.first_layer - 1:
+            _fail(
+                f"{where}.first_layer",
+                f"chunk {c} holds layers {ch.first_layer}..{ch.last_layer}, but the chunks "
+                f"cover the layers once, in chunk order: it starts at layer {start}",
+            )
+        start = ch.last_layer + 1
+    if start != len(plan.layers):
+        _fail(
+            "stages",
+            f"the chunks end at layer {start - 1}, but the last of the {len(plan.layers)} "
+            f"layers is {len(plan.layers) - 1}",
+        )
+    for i, layer in enumerate(plan.layers):
+        if layer.index != i:
+            _fail(f"layers.{i}.index", f"index {layer.index} in position {i}: list in order")
 
 
 def _check_batch(plan: Plan) -> None:

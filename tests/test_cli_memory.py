@@ -24,7 +24,8 @@ from paraplan.planner.remat_schedule import (
     save_schedule,
 )
 from paraplan.planner.solvers import Backward, Forward, simulate, solve_checkpoint_dp
-from paraplan.planner.solvers.tradeoff import baseline_schedule, profiled_chain
+from paraplan.planner.solvers import chain_from_profile
+from paraplan.planner.solvers.tradeoff import baseline_schedule
 
 from .profiler_models import HF_TINY
 
@@ -48,7 +49,7 @@ def chain_for(micro_batch: int = 1):  # type: ignore[no-untyped-def]
     """The chain the command builds from `profile_path` (h100 roofline, bf16)."""
     acc = get_accelerator("h100")
     spf = 1 / (acc.peak_flops_for("bf16") * acc.matmul_efficiency)
-    return profiled_chain(PRESETS["gpt2"].to_profile(SEQ), micro_batch_size=micro_batch,
+    return chain_from_profile(PRESETS["gpt2"].to_profile(SEQ), micro_batch_size=micro_batch,
                           seconds_per_flop=spf)  # fmt: skip
 
 

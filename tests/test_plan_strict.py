@@ -31,10 +31,12 @@ ROOT = Path(__file__).resolve().parents[1]
 Doc = dict[str, Any]
 
 
-@pytest.fixture(scope="module")
-def plan() -> Plan:
-    """A plan on two nodes, with runners-up."""
-    return paraplan.plan("gpt2", "16xh100", global_batch=32, seq_len=1024, top_k=2).plan
+@pytest.fixture(scope="module", params=[None, "pp=2,tp=2"], ids=["dp", "dp-pp-tp"])
+def plan(request: pytest.FixtureRequest) -> Plan:
+    """Plans on two nodes, with runners-up: data parallel only, and dp=4 x pp=2 x tp=2 with
+    interleaved chunks."""
+    fix = request.param
+    return paraplan.plan("gpt2", "16xh100", global_batch=32, seq_len=1024, fix=fix, top_k=2).plan
 
 
 @pytest.fixture
@@ -102,6 +104,9 @@ BAD: list[tuple[str, Callable[[Doc], None], str]] = [
     # stages, layers, batch arithmetic
     ("stages", lambda d: d["stages"].pop(), "stages"),
     ("per_layer on a layer", _set("layers.1.recompute", "per_layer"), "layers.1.recompute"),
+    ("chunks miss a layer", _set("stages.0.chunks.0.last_layer", 0), "stages"),
+    ("layers out of order", _set("layers.1.index", 2), "layers.1.index"),
+    ("chunk numbering", _set("stages.0.chunks.0.chunk", 1), "stages.0.chunks.0.chunk"),
     ("batch", _set("train.global_batch", 33), "train.global_batch"),
 ]
 
@@ -133,9 +138,8 @@ def test_bad_numbers_in_the_text(doc: Doc, tmp_path: Path) -> None:
 
 def test_messages_name_rule_and_fix(doc: Doc, tmp_path: Path) -> None:
     path = tmp_path / "bad.json"
-    doc["parallelism"].update(dp=8, tp=2)
-    doc["mesh"]["shape"] = [{"dp": 2, "tp": 8}.get(a, 1) for a in doc["mesh"]["axis_order"]]
-    doc["train"]["global_batch"] = 8 * doc["micro_batch_size"] * doc["num_microbatches"]
+    assert doc["parallelism"]["dp"] != doc["parallelism"]["tp"]
+    _swap_mesh_sizes(doc)
     path.write_text(json.dumps(doc))
     with pytest.raises(ValueError) as err:
         load_plan(path)

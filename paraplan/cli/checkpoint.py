@@ -32,7 +32,7 @@ from .common import (
 if TYPE_CHECKING:
     from ..planner.model import ModelProfile
     from ..planner.remat_schedule import CheckpointSchedule
-    from ..planner.solvers import LayerChain
+    from ..planner.solvers import LayerChain, OpGraph
 
 DEFAULT_GPU = "h100"
 """Accelerator whose roofline times a profile without measured times."""
@@ -115,19 +115,27 @@ def execute(args: argparse.Namespace) -> int:
         save_schedule,
         schedule_steps,
     )
-    from ..planner.solvers import SolveStatus, simulate, solve_checkpoint_dp, solve_remat_ilp
-    from ..planner.solvers.tradeoff import baseline_schedule
+    from ..planner.solvers import (
+        SolveStatus,
+        min_peak_remat_ilp,
+        simulate,
+        solve_checkpoint_dp,
+        solve_remat_ilp,
+        store_all_ops,
+    )
 
     profile = _profile(args)
-    chain, times = _chain(profile, args)
+    chain, graph, times = _chain(profile, args)
     what = f"{profile.name} (micro-batch {args.micro_batch}, seq {profile.seq_len})"
     budget = float(args.budget)
     solver = RematSolver(args.solver)
     dp = solve_checkpoint_dp(chain, budget)
+    # The ILP solves the profile's op graph when it has one (a traced model), else the chain.
+    model: LayerChain | OpGraph = chain if graph is None else graph
     if solver == RematSolver.DP:
         sol = dp
     else:
-        sol = solve_remat_ilp(chain, budget, time_limit_s=args.time_limit)
+        sol = solve_remat_ilp(model, budget, time_limit_s=args.time_limit)
     if sol.status == SolveStatus.TIME_LIMIT:
         raise ValueError(
             f"the ILP found no schedule for {what} within {format_bytes(budget)} in "
@@ -149,8 +157,13 @@ def execute(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
-    replay = simulate(chain, sol.ops)
-    store = simulate(chain, baseline_schedule(chain, "store-all"))
+    replay = simulate(model, sol.ops)
+    store = simulate(model, store_all_ops(model))
+    least = dp.min_budget_bytes
+    if solver == RematSolver.ILP and graph is not None:
+        found, _ = min_peak_remat_ilp(graph, time_limit_s=args.time_limit)
+        least = replay.peak_bytes if found is None else min(found, replay.peak_bytes)
+    names = [n.name for n in graph.nodes[1:]] if model is graph else [x.name for x in chain.layers]
     schedule = CheckpointSchedule(
         model=profile.name,
         seq_len=profile.seq_len,
@@ -160,12 +173,12 @@ def execute(args: argparse.Namespace) -> int:
         status=SolveStatus(sol.status),
         budget_bytes=budget,
         peak_bytes=replay.peak_bytes,
-        min_budget_bytes=dp.min_budget_bytes,
+        min_budget_bytes=least,
         store_all_peak_bytes=store.peak_bytes,
         makespan_s=replay.makespan_s,
         store_all_makespan_s=store.makespan_s,
-        layers=tuple(layer.name for layer in chain.layers),
-        recomputed=recomputations(sol.ops, len(chain)),
+        layers=tuple(names),
+        recomputed=recomputations(sol.ops, len(names)),
         steps=schedule_steps(sol.ops),
     )
     print(format_schedule_summary(schedule))
@@ -198,10 +211,13 @@ def _profile(args: argparse.Namespace) -> ModelProfile:
     return profile
 
 
-def _chain(profile: ModelProfile, args: argparse.Namespace) -> tuple[LayerChain, str]:
-    """The solver chain and where its times come from."""
+def _chain(
+    profile: ModelProfile, args: argparse.Namespace
+) -> tuple[LayerChain, OpGraph | None, str]:
+    """The solver chain, the op graph for `--solver ilp` on a traced profile (None for the DP
+    or an analytic profile), and where their times come from."""
     from ..planner.hardware import get_accelerator
-    from ..planner.solvers.tradeoff import profiled_chain
+    from ..planner.solvers import chain_from_profile, graph_from_profile
 
     measured = all(x.fwd_time_s is not None and x.bwd_time_s is not None for x in profile.layers)
     if args.gpu is None and measured:
@@ -212,10 +228,26 @@ def _chain(profile: ModelProfile, args: argparse.Namespace) -> tuple[LayerChain,
         dtype = "fp32" if profile.act_dtype_bytes >= 4 else "bf16"
         spf = 1 / (acc.peak_flops_for(dtype) * acc.matmul_efficiency)
         times = f"{acc.name} roofline ({dtype}, {acc.matmul_efficiency:.0%} of peak)"
-    chain = profiled_chain(
+    chain = chain_from_profile(
         profile, micro_batch_size=args.micro_batch, seconds_per_flop=spf, name=profile.name
     )
-    return chain, times
+    if args.solver != "ilp" or not profile.op_graphs:
+        return chain, None, times
+    from ..planner.solvers.remat_ilp import ILP_MAX_OPS
+    balance = get_accelerator(args.gpu or DEFAULT_GPU)
+    graph = graph_from_profile(
+        profile,
+        micro_batch_size=args.micro_batch,
+        seconds_per_flop=spf,
+        flops_per_byte=balance.peak_flops_for("bf16") / balance.memory_bw_bytes_per_s,
+        name=profile.name,
+    )
+    if len(graph.compute_nodes) > ILP_MAX_OPS:
+        raise ValueError(
+            f"the op graph of {profile.name} has {len(graph.compute_nodes)} operations; the ILP "
+            f"solves up to {ILP_MAX_OPS} in reasonable time: use --solver dp (the layer chain)"
+        )
+    return chain, graph, times
 
 
 def _ranges(names: tuple[str, ...], picked: list[int]) -> str:

@@ -141,7 +141,7 @@ def _pipelined(entries: Sequence[Compared]) -> Compared | None:
 def _tradeoff_chain(profile: ModelProfile, cluster: Cluster, train: TrainConfig) -> LayerChain:
     """One sequence through the whole model on one GPU: measured layer times when the profile
     was measured on this accelerator, else FLOPs at its achievable matmul rate."""
-    from ..planner.solvers.tradeoff import profiled_chain
+    from ..planner.solvers import chain_from_profile
 
     acc = cluster.accelerator
     measured = profile.measured_on == acc.name
@@ -150,7 +150,7 @@ def _tradeoff_chain(profile: ModelProfile, cluster: Cluster, train: TrainConfig)
         if measured
         else 1.0 / (acc.peak_flops_for(train.compute_dtype) * acc.matmul_efficiency)
     )
-    return profiled_chain(profile, micro_batch_size=1, seconds_per_flop=spf)
+    return chain_from_profile(profile, micro_batch_size=1, seconds_per_flop=spf)
 
 
 def build_report(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import html
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,24 +108,9 @@ def field_value(data: dict[str, Any], field: str) -> Any:
 
 
 def layout_summary(plan: Plan) -> str:
-    """The plan's layout in one line, e.g. ``dp=4 tp=1 pp=1 cp=2 ZeRO-3 mbs=1 m=64 rc=none``."""
-    p = plan.parallelism
-    parts = [f"dp={p.dp}", f"tp={p.tp}", f"pp={p.pp}"]
-    parts += [f"{k}={v}" for k, v in (("cp", p.cp), ("ep", p.ep)) if v > 1]
-    parts.append(f"ZeRO-{p.zero_stage}")
-    if p.sequence_parallel:
-        parts.append("SP")
-    if p.offload_optimizer:
-        parts.append("offload")
-    if p.pp > 1:
-        parts.append(plan.schedule + (f"(v={p.virtual_stages})" if p.virtual_stages > 1 else ""))
-    parts.append(f"mbs={plan.micro_batch_size} m={plan.num_microbatches}")
-    blocks = Counter(x.recompute for x in plan.layers[1:-1])  # the chain: embedding ... head
-    if len(blocks) == 1:
-        parts.append(f"rc={next(iter(blocks))}")
-    else:
-        parts.append("rc=" + "/".join(f"{n}x{rc}" for rc, n in sorted(blocks.items())))
-    return " ".join(parts)
+    """The plan's layout in one line (`Plan.short`), e.g.
+    ``dp=4 tp=1 pp=1 cp=2 zero=3 mbs=1 m=64 rc=none``."""
+    return plan.short()
 
 
 def status_text(e: Compared) -> str:

@@ -29,7 +29,10 @@ from enum import StrEnum
 from ..planner.api import NoFeasiblePlanError, make_plan
 from ..planner.cluster import Cluster
 from ..planner.config import TrainConfig
+from ..planner.cost.rules import ProblemShape, violation
+from ..planner.intmath import divisors
 from ..planner.model import ModelProfile
+from ..planner.pins import Pins
 from ..planner.plan import Plan, RunnerUp
 from ..planner.strategy import Recompute, Schedule
 
@@ -104,43 +107,9 @@ def parse_strategies(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def format_pins(pins: dict[str, object]) -> str:
-    """Pins in `--fix` form, e.g. ``dp=8,tp=1,pp=1,zero_stage=3``."""
-
-    def word(v: object) -> str:
-        return str(v).lower() if isinstance(v, bool) else str(v)
-
-    return ",".join(f"{k}={word(v)}" for k, v in pins.items())
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _valid_tp(profile: ModelProfile, tp: int) -> bool:
-    """TP divides heads and the MLP, and divides or is a multiple of the KV heads (the rules of
-    planner/cost/rules.py)."""
-    kv = profile.kv_heads
-    return profile.heads % tp == 0 and profile.ffn % tp == 0 and (kv % tp == 0 or tp % kv == 0)
-
-
-def runner_up_pins(r: RunnerUp) -> dict[str, object]:
+def runner_up_pins(r: RunnerUp) -> Pins:
     """Every dimension of a runner-up, pinned (its mesh order is searched: the fastest one)."""
-    p = r.parallelism
-    return {
-        "dp": p.dp,
-        "tp": p.tp,
-        "pp": p.pp,
-        "cp": p.cp,
-        "ep": p.ep,
-        "zero_stage": p.zero_stage,
-        "sequence_parallel": p.sequence_parallel,
-        "virtual_stages": p.virtual_stages,
-        "micro_batch_size": r.micro_batch_size,
-        "schedule": r.schedule,
-        "recompute": r.recompute,
-        "offload_optimizer": p.offload_optimizer,
-    }
+    return Pins.of(r.strategy())
 
 
 class _Planner:
@@ -148,12 +117,13 @@ class _Planner:
 
     def __init__(self, profile: ModelProfile, cluster: Cluster, train: TrainConfig) -> None:
         self.profile, self.cluster, self.train = profile, cluster, train
+        self.shape = ProblemShape.of(profile, cluster, train)
 
-    def run(self, name: str, label: str, pins: dict[str, object], top_k: int = 0) -> Compared:
+    def run(self, name: str, label: str, pins: Pins, top_k: int = 0) -> Compared:
         """Plan with `pins`; a failure becomes a `Compared` with its reason."""
-        text = format_pins(pins)
+        text = pins.describe()
         try:
-            outcome = make_plan(self.profile, self.cluster, self.train, fixed=pins, top_k=top_k)
+            outcome = make_plan(self.profile, self.cluster, self.train, pins=pins, top_k=top_k)
         except NoFeasiblePlanError as exc:
             least = exc.least.memory.total_bytes if exc.least is not None else None
             return Compared(
@@ -189,33 +159,30 @@ class _Planner:
 
     def fsdp(self) -> Compared:
         n = self.cluster.num_gpus
-        pins: dict[str, object] = {
-            "dp": n,
-            "tp": 1,
-            "pp": 1,
-            "cp": 1,
-            "zero_stage": 3,
-            "offload_optimizer": False,
-        }
+        pins = Pins(dp=n, tp=1, pp=1, cp=1, zero_stage=3, offload_optimizer=False)
         return self.run("fsdp", LABELS["fsdp"], pins)
 
     def dp_recompute(self) -> Compared:
         n = self.cluster.num_gpus
-        pins: dict[str, object] = {
-            "dp": n,
-            "tp": 1,
-            "pp": 1,
-            "cp": 1,
-            "zero_stage": DP_RECOMPUTE_ZERO_STAGE,
-            "recompute": Recompute.FULL,
-            "offload_optimizer": False,
-        }
+        pins = Pins(
+            dp=n,
+            tp=1,
+            pp=1,
+            cp=1,
+            zero_stage=DP_RECOMPUTE_ZERO_STAGE,
+            recompute=Recompute.FULL,
+            offload_optimizer=False,
+        )
         return self.run("dp-recompute", LABELS["dp-recompute"], pins)
 
     def megatron(self) -> Compared:
         p, n, gpn = self.profile, self.cluster.num_gpus, self.cluster.gpus_per_node
         label = LABELS["megatron"]
-        tps = [d for d in _divisors(n) if d <= gpn and n // d >= 2 and _valid_tp(p, d)]
+        tps = [
+            d
+            for d in divisors(n)
+            if d <= gpn and n // d >= 2 and violation(self.shape, Pins(tp=d)) is None
+        ]
         if not tps:
             return Compared(
                 name="megatron",
@@ -227,7 +194,7 @@ class _Planner:
                 f"and ffn={p.ffn}; the cluster has {n} GPU(s)",
             )
         tp = max(tps)
-        pps = [d for d in _divisors(n // tp) if 2 <= d <= p.num_blocks]
+        pps = [d for d in divisors(n // tp) if 2 <= d <= p.num_blocks]
         if not pps:
             return Compared(
                 name="megatron",
@@ -240,15 +207,15 @@ class _Planner:
             )
         failed: list[Compared] = []
         for pp in pps:  # as deep as needed: the first pipeline depth that fits
-            pins: dict[str, object] = {
-                "tp": tp,
-                "pp": pp,
-                "cp": 1,
-                "sequence_parallel": tp > 1,
-                "schedule": Schedule.ONE_F_ONE_B,
-                "zero_stage": MEGATRON_ZERO_STAGE,
-                "offload_optimizer": False,
-            }
+            pins = Pins(
+                tp=tp,
+                pp=pp,
+                cp=1,
+                sequence_parallel=tp > 1,
+                schedule=Schedule.ONE_F_ONE_B,
+                zero_stage=MEGATRON_ZERO_STAGE,
+                offload_optimizer=False,
+            )
             got = self.run("megatron", label, pins)
             if got.fits:
                 return got
@@ -301,7 +268,7 @@ def compare_strategies(
 
     main: Compared | None = None
     if "plan" in names or "runners-up" in names:
-        main = planner.run("plan", LABELS["plan"], {}, top_k=top_k)
+        main = planner.run("plan", LABELS["plan"], Pins(), top_k=top_k)
         step(LABELS["plan"])
     out: list[Compared] = []
     for name in dict.fromkeys(names):

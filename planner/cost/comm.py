@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from functools import cache
+import math
 from math import ceil, lcm
 
 from ..hardware import Accelerator
@@ -130,65 +131,135 @@ def links_for(
     )
 
 
+BUS_EFFICIENCY_INTRA = 0.80
+"""Bus bandwidth NCCL reaches over NVLink/NVSwitch as a fraction of the per-direction link
+figure (busbw as nccl-tests define it, doc/PERFORMANCE.md). Assumption in line with published
+nccl-tests all-reduce runs on DGX A100/H100 (about 230 of 300 and 370 of 450 GB/s); a
+calibration replaces it."""
+BUS_EFFICIENCY_INTER = 0.85
+"""The same over InfiniBand/RoCE per GPU rail (assumption: protocol and proxy overheads)."""
+HALF_BANDWIDTH_BYTES_INTRA = 3 * 2**20
+"""Message size at which a collective reaches half its large-message bus bandwidth inside a
+node: NCCL's chunk pipeline and protocols (LL, LL128, Simple) only fill the links on large
+messages. Assumption read off the shape of nccl-tests curves (about 1/4 of the peak at 1 MiB,
+~85% at 16 MiB)."""
+HALF_BANDWIDTH_BYTES_INTER = 2 * 2**20
+"""The same between nodes (assumption)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Phase:
+    """One level of a hierarchical collective."""
+
+    ranks: int
+    """Ranks taking part at this level."""
+    bw_bytes_per_s: float
+    """Large-message bus bandwidth per rank."""
+    latency_s: float
+    """Latency of one step."""
+    half_bytes: float
+    """Message size at half bandwidth."""
+    tree: bool
+    """Whether NCCL may use a (double binary) tree here: between nodes."""
+
+
 class Collectives:
-    """Collective times on one accelerator's links, memoized (the search asks repeatedly)."""
+    """Collective times on one accelerator's links, memoized (the search asks repeatedly).
+
+    A collective over a group that spans nodes runs in two levels (NCCL's hierarchical
+    algorithms): inside each node over NVLink, then between nodes on every GPU's own NIC (one
+    rail per GPU) on a 1/m shard. Each level costs its steps' latency plus the bytes it moves at
+    the bus bandwidth for that message size, `bw * S / (S + S_half)`. Between nodes an
+    all-reduce runs as a ring (n-1 steps each way) or as NCCL's double binary tree (about
+    2 log2 n steps), whichever is faster (Sanders et al. 2009; NCCL 2.4 release notes).
+    """
 
     def __init__(self, acc: Accelerator, *, lower_bound: bool = False) -> None:
         self._acc = acc
         self._cache: dict[tuple, float] = {}
+        self._lower_bound = lower_bound
         # A lower bound for any placement: every byte on the fastest link, no latency.
         fastest = max(acc.intra_node_bw_bytes_per_s, acc.inter_node_bw_bytes_per_s)
         if lower_bound:
-            self._intra = self._inter = (fastest, 0.0)
+            self._intra = self._inter = (fastest, 0.0, 0.0)
         else:
-            self._intra = (acc.intra_node_bw_bytes_per_s, acc.intra_node_latency_s)
-            self._inter = (acc.inter_node_bw_bytes_per_s, acc.inter_node_latency_s)
+            self._intra = (
+                acc.intra_node_bw_bytes_per_s * BUS_EFFICIENCY_INTRA,
+                acc.intra_node_latency_s,
+                HALF_BANDWIDTH_BYTES_INTRA,
+            )
+            self._inter = (
+                acc.inter_node_bw_bytes_per_s * BUS_EFFICIENCY_INTER,
+                acc.inter_node_latency_s,
+                HALF_BANDWIDTH_BYTES_INTER,
+            )
 
-    def _phases(self, link: AxisLink) -> tuple[tuple[int, float, float], ...]:
-        """(ranks, bandwidth B/s, latency s) of the intra-node and inter-node phases."""
+    def _phases(self, link: AxisLink) -> tuple[_Phase, ...]:
+        """The intra-node and inter-node levels of a group."""
         phases = []
         if link.per_node > 1:
-            phases.append((link.per_node, *self._intra))
+            phases.append(_Phase(link.per_node, *self._intra, tree=False))
         if link.nodes > 1:
-            phases.append((link.nodes, *self._inter))
+            phases.append(_Phase(link.nodes, *self._inter, tree=True))
         return tuple(phases)
 
-    def _ring(self, nbytes: float, link: AxisLink, passes: int) -> float:
+    @staticmethod
+    def _level_s(phase: _Phase, shard: float, passes: int) -> float:
+        """One level: `passes`=2 for all-reduce, 1 for all-gather / reduce-scatter, on a
+        tensor of `shard` bytes (unsharded at this level)."""
+        n = phase.ranks
+        bw = phase.bw_bytes_per_s * shard / (shard + phase.half_bytes) if shard > 0 else 1.0
+        moved = passes * (n - 1) / n * shard / bw
+        steps = passes * (n - 1)
+        if phase.tree and passes == 2:  # double binary tree: ~log2 n steps up and down
+            steps = min(steps, 2 * math.ceil(math.log2(n)))
+        return moved + steps * phase.latency_s
+
+    def _hierarchical(self, nbytes: float, link: AxisLink, passes: int) -> float:
         """`passes`=2 for all-reduce, 1 for all-gather / reduce-scatter (B = unsharded bytes)."""
         time_s = 0.0
         shard = nbytes
-        for ranks, bw, lat in self._phases(link):
-            time_s += passes * ((ranks - 1) / ranks * shard / bw + (ranks - 1) * lat)
-            shard /= ranks  # the next (inter-node) phase works on a 1/m shard per GPU
+        for phase in self._phases(link):
+            time_s += self._level_s(phase, shard, passes)
+            shard /= phase.ranks  # the next (inter-node) level works on a 1/m shard per GPU
         return time_s
 
     def all_reduce(self, nbytes: float, link: AxisLink) -> float:
         """Seconds to all-reduce `nbytes` over the group."""
         key = ("ar", nbytes, link)
         if key not in self._cache:
-            self._cache[key] = self._ring(nbytes, link, 2) if link.size > 1 else 0.0
+            self._cache[key] = self._hierarchical(nbytes, link, 2) if link.size > 1 else 0.0
         return self._cache[key]
 
     def all_gather(self, nbytes: float, link: AxisLink) -> float:
         """Seconds to all-gather a tensor of `nbytes` (unsharded size); same for reduce-scatter."""
         key = ("ag", nbytes, link)
         if key not in self._cache:
-            self._cache[key] = self._ring(nbytes, link, 1) if link.size > 1 else 0.0
+            self._cache[key] = self._hierarchical(nbytes, link, 1) if link.size > 1 else 0.0
         return self._cache[key]
 
     reduce_scatter = all_gather
 
     def all_to_all(self, nbytes: float, link: AxisLink) -> float:
-        """Seconds for each rank to exchange `nbytes` evenly with the group (pairwise)."""
+        """Seconds for each rank to exchange `nbytes` evenly with the group (pairwise: the
+        share bound for other nodes leaves on the rank's own NIC)."""
         if link.size <= 1:
             return 0.0
         n, m = link.size, link.per_node
-        intra = (m - 1) / n * nbytes / self._intra[0]
-        inter = (n - m) / n * nbytes / self._inter[0]
-        lat = self._inter[1] if link.nodes > 1 else self._intra[1]
+        intra_bw, intra_lat, intra_half = self._intra
+        inter_bw, inter_lat, inter_half = self._inter
+        intra_bytes = (m - 1) / n * nbytes
+        inter_bytes = (n - m) / n * nbytes
+        intra = intra_bytes / (intra_bw * intra_bytes / (intra_bytes + intra_half or 1.0))
+        inter = 0.0
+        if inter_bytes:
+            inter = inter_bytes / (inter_bw * inter_bytes / (inter_bytes + inter_half))
+        lat = inter_lat if link.nodes > 1 else intra_lat
         return intra + inter + (n - 1) * lat
 
     def p2p(self, nbytes: float, cross_node: bool) -> float:
         """Seconds to send `nbytes` to one peer."""
-        bw, lat = self._inter if cross_node else self._intra
-        return lat + nbytes / bw
+        bw, lat, half = self._inter if cross_node else self._intra
+        if nbytes <= 0:
+            return lat
+        return lat + nbytes / (bw * nbytes / (nbytes + half))

@@ -12,9 +12,10 @@ from functools import cache
 
 from ..cluster import Cluster
 from ..config import TrainConfig
-from ..model import LayerKind, ModelProfile
+from ..model import LayerCost, LayerKind, ModelProfile
 from ..strategy import Recompute, Strategy
 from .comm import Collectives, link_of
+from .compute import KERNELS, KernelModel, is_math_attention, layer_gemms
 from .layout import (
     Chunk,
     Layout,
@@ -122,6 +123,9 @@ class StageModel:
         acc = cluster.accelerator
         self.acc = acc
         self.coll = Collectives(acc)
+        table = KERNELS.get(acc.name)
+        self.kernels = None if table is None else KernelModel(acc, train.compute_dtype, table)
+        """GEMM and attention kernel model (None: roofline only)."""
         self.flops_per_s = acc.peak_flops_for(train.compute_dtype) * acc.matmul_efficiency
         """Achieved matmul FLOP/s (peak times the catalog's efficiency)."""
         self.capacity_bytes = acc.memory_bytes * (1.0 - train.memory_headroom)
@@ -276,26 +280,59 @@ class StageModel:
 
     def _layer_times(self, tp: int, cp: int, ep: int, mbs: int) -> LayerTimes:
         """Per-micro-batch seconds of each chain layer on one rank, as prefix sums."""
-        p, t = self.profile, self.train
         sums: tuple[list[float], ...] = ([0.0], [0.0], [0.0], [0.0])
-        for x in p.layers:
-            weights = (x.params / tp + x.expert_params / (tp * ep)) * t.param_bytes
-            acts = ACT_IO_FACTOR * mbs * (x.act_tp_bytes / tp + x.act_replicated_bytes) / cp
-            acts *= self.act_scale
-            # Matmuls on the roofline, plus the memory-bound elementwise kernels (norms,
-            # activations, softmax, residuals) streaming the activations they save.
-            elementwise = acts / self.acc.memory_bw_bytes_per_s
-            if self.measured and x.fwd_time_s is not None and x.bwd_time_s is not None:
-                f = x.fwd_time_s * mbs / (tp * cp)  # measured on this accelerator, split ideally
-                b = x.bwd_time_s * mbs / (tp * cp)
-            else:
-                f = self.roofline_s(x.fwd_flops * mbs / (tp * cp), weights) + elementwise
-                b = self.roofline_s(x.bwd_flops * mbs / (tp * cp), 2 * weights) + elementwise
-            block = x.kind == LayerKind.BLOCK
-            sel = x.attn_core_fwd_flops * mbs / (tp * cp) / self.flops_per_s if block else 0.0
-            for acc, val in zip(sums, (f, b, f if block else 0.0, sel), strict=True):
+        seen: dict[tuple, tuple[float, float, float, float]] = {}
+        for key, x in zip(self.layer_keys, self.profile.layers, strict=True):
+            if key not in seen:
+                seen[key] = self._one_layer(x, tp, cp, ep, mbs)
+            for acc, val in zip(sums, seen[key], strict=True):
                 acc.append(acc[-1] + val)
         return LayerTimes(*(tuple(x) for x in sums))
+
+    def _one_layer(
+        self, x: LayerCost, tp: int, cp: int, ep: int, mbs: int
+    ) -> tuple[float, float, float, float]:
+        """(forward, backward, full recompute, selective recompute) seconds of one layer for
+        one micro-batch on one rank. Transformer blocks and heads on a GPU with a kernel table
+        are priced GEMM by GEMM and flash attention (`compute.py`); other layers, and devices
+        without a table, on the roofline with the catalog's matmul efficiency. Both add the
+        memory-bound elementwise kernels (norms, activations, residuals) streaming the
+        activations they save. Measured times, when profiled on this accelerator, win."""
+        t = self.train
+        block = x.kind == LayerKind.BLOCK
+        acts = ACT_IO_FACTOR * mbs * (x.act_tp_bytes / tp + x.act_replicated_bytes) / cp
+        elementwise = acts * self.act_scale / self.acc.memory_bw_bytes_per_s
+        if self.measured and x.fwd_time_s is not None and x.bwd_time_s is not None:
+            f = x.fwd_time_s * mbs / (tp * cp)  # measured on this accelerator, split ideally
+            b = x.bwd_time_s * mbs / (tp * cp)
+            sel = x.attn_core_fwd_flops * mbs / (tp * cp) / self.flops_per_s if block else 0.0
+            return f, b, f if block else 0.0, sel
+        gemms = layer_gemms(self.profile, x, tp) if self.kernels is not None else None
+        if self.kernels is None or gemms is None:
+            weights = (x.params / tp + x.expert_params / (tp * ep)) * t.param_bytes
+            f = self.roofline_s(x.fwd_flops * mbs / (tp * cp), weights) + elementwise
+            b = self.roofline_s(x.bwd_flops * mbs / (tp * cp), 2 * weights) + elementwise
+            sel = x.attn_core_fwd_flops * mbs / (tp * cp) / self.flops_per_s if block else 0.0
+            return f, b, f if block else 0.0, sel
+        k, p = self.kernels, self.profile
+        tokens = mbs * p.seq_len / cp
+        f = b = 0.0
+        for g in gemms:
+            gf, gb = k.gemm_train_s(max(1, round(tokens * g.per_token)), g.n, g.k)
+            f, b = f + gf, b + gb
+        core_bytes = x.act_attn_core_bytes * self.act_scale * mbs / (tp * cp)
+        if block and is_math_attention(p, x):
+            heads = max(1, mbs * p.heads // tp)
+            attn_f, attn_b = k.math_attention_s(
+                heads, p.seq_len // cp, p.seq_len, p.hidden // p.heads, core_bytes
+            )
+        else:
+            attn_f, attn_b = k.attention_s(x.attn_core_fwd_flops * mbs / (tp * cp))
+        streamed = acts * self.act_scale - ACT_IO_FACTOR * core_bytes  # core: priced above
+        elementwise = k.elementwise_s(max(0.0, streamed))
+        f += attn_f + elementwise
+        b += attn_b + elementwise
+        return f, b, f if block else 0.0, attn_f
 
     def _stage_compute(
         self, lay: Layout, tp: int, cp: int, ep: int, mbs: int

@@ -5,30 +5,56 @@ Pure Python; numpy and PuLP are imported inside the functions that need them, so
 this package stays cheap. The models and their sources are in docs/cost-model.md.
 """
 
-from .chain import LayerChain, ChainLayer, chain_from_profile
+from .chain import ChainLayer, LayerChain
 from .checkpoint_dp import ChainSolution, solve_checkpoint_dp, sqrt_segment_starts
 from .examples import gpt2_block_graph, gpt2_layer_chain, vgg16_chain
-from .graph import OpGraph, GraphOp, TensorPart, chain_to_graph
+from .from_profile import chain_from_profile, graph_from_profile, layer_graphs
+from .graph import GraphOp, OpGraph, TensorPart, chain_to_graph
 from .partition import PartitionSolution, in_flight_per_stage, partition_layers
-from .policies import Policy, uniform_schedule
-from .remat_ilp import RematSolution, solve_remat_ilp
+from .policies import Policy, store_all_ops, uniform_schedule
+from .remat_ilp import RematSolution, min_peak_remat_ilp, solve_remat_ilp
 from .schedule import Backward, Forward, Offload, Op, Prefetch, SolveStatus, Wait, format_schedule
 from .simulator import SimResult, simulate
-from .tradeoff import (
-    STRATEGIES,
-    TradeoffCurve,
-    TradeoffPoint,
-    default_budgets,
-    profiled_chain,
-    tradeoff_curves,
-)
+from .tradeoff import STRATEGIES, TradeoffCurve, TradeoffPoint, default_budgets, tradeoff_curves
 
 __all__ = [
-    "STRATEGIES", "Backward", "LayerChain", "ChainLayer", "ChainSolution", "Forward", "Offload", "Op",
-    "OpGraph", "GraphOp", "PartitionSolution", "Policy", "Prefetch", "RematSolution", "SimResult",
-    "SolveStatus", "TensorPart", "TradeoffCurve", "TradeoffPoint", "Wait", "chain_from_profile",
-    "chain_to_graph", "default_budgets", "format_schedule", "gpt2_block_graph", "gpt2_layer_chain",
-    "in_flight_per_stage", "partition_layers", "profiled_chain", "simulate",
-    "solve_checkpoint_dp", "solve_remat_ilp", "sqrt_segment_starts", "tradeoff_curves",
-    "uniform_schedule", "vgg16_chain",
-]  # fmt: skip
+    "STRATEGIES",
+    "Backward",
+    "ChainLayer",
+    "ChainSolution",
+    "Forward",
+    "GraphOp",
+    "LayerChain",
+    "Offload",
+    "Op",
+    "OpGraph",
+    "PartitionSolution",
+    "Policy",
+    "Prefetch",
+    "RematSolution",
+    "SimResult",
+    "SolveStatus",
+    "TensorPart",
+    "TradeoffCurve",
+    "TradeoffPoint",
+    "Wait",
+    "chain_from_profile",
+    "chain_to_graph",
+    "default_budgets",
+    "format_schedule",
+    "gpt2_block_graph",
+    "gpt2_layer_chain",
+    "graph_from_profile",
+    "in_flight_per_stage",
+    "layer_graphs",
+    "min_peak_remat_ilp",
+    "partition_layers",
+    "simulate",
+    "solve_checkpoint_dp",
+    "solve_remat_ilp",
+    "sqrt_segment_starts",
+    "store_all_ops",
+    "tradeoff_curves",
+    "uniform_schedule",
+    "vgg16_chain",
+]

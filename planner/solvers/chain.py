@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..model import ModelProfile
 
 _REL_TOL = 1e-9
 """Relative tolerance when checking that layer l's input is layer l-1's output."""
@@ -121,46 +120,3 @@ class LayerChain:
     def store_all_makespan_s(self) -> float:
         """Time of one forward and one backward per layer, no recomputation."""
         return sum(layer.fwd_s + layer.bwd_s for layer in self.layers)
-
-
-def chain_from_profile(
-    profile: ModelProfile,
-    *,
-    micro_batch_size: int = 1,
-    seconds_per_flop: float,
-    name: str | None = None,
-) -> LayerChain:
-    """The planner's layer chain (`ModelProfile`, per sequence) as a solver `LayerChain` for one
-    micro-batch on one GPU without tensor/sequence/context parallelism (tp=1).
-
-    Times come from FLOPs: ``flops * micro_batch_size * seconds_per_flop`` (pass
-    ``1 / (peak_flops * efficiency)``). `saved_bytes` is `act_tp_bytes + act_replicated_bytes`
-    (Korthikanti et al. 2022 §4.1), which holds the layer's input; `input_bytes` and
-    `output_bytes` are the profile's. Every figure scales with the micro-batch size.
-    """
-    if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
-        raise ValueError(
-            f"micro_batch_size={micro_batch_size!r} must be an integer >= 1; pass e.g. 1"
-        )
-    if not isinstance(seconds_per_flop, int | float) or not (
-        math.isfinite(seconds_per_flop) and seconds_per_flop > 0
-    ):
-        raise ValueError(
-            f"seconds_per_flop={seconds_per_flop!r} must be a finite number > 0; pass "
-            "1 / (peak FLOP/s * achievable efficiency)"
-        )
-    b = micro_batch_size
-    layers = tuple(
-        ChainLayer(
-            name=layer.name,
-            fwd_s=layer.fwd_flops * b * seconds_per_flop,
-            bwd_s=layer.bwd_flops * b * seconds_per_flop,
-            input_bytes=layer.input_bytes * b,
-            saved_bytes=max(
-                (layer.act_tp_bytes + layer.act_replicated_bytes) * b, layer.input_bytes * b
-            ),
-            output_bytes=layer.output_bytes * b,
-        )
-        for layer in profile.layers
-    )
-    return LayerChain(layers=layers, name=name or f"{profile.name} (micro-batch {b})")

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from ..hardware import Accelerator, get_accelerator
 from ..model_spec import PRESETS
-from .chain import LayerChain, ChainLayer, chain_from_profile
+from .chain import ChainLayer, LayerChain
+from .from_profile import chain_from_profile
 from .graph import OpGraph, GraphOp
 
 MASK_BYTES = 1

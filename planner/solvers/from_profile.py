@@ -126,11 +126,11 @@ class _Builder:
 
     def __init__(self, input_bytes: float) -> None:
         self.nodes: list[GraphOp] = [
-            GraphOp(name="input", output_bytes=input_bytes, is_input=True),
-            GraphOp(name="outside", output_bytes=0.0, is_input=True),
+            GraphOp(name="input", output_bytes=input_bytes, is_input=True)
         ]
-        """Node 0: the first layer's input; node 1: a 0-byte stand-in for parameters and
-        constants, read by ops that read nothing else (`prune` drops it when unused)."""
+        """Node 0, the only input node: the first layer's input. An op that reads nothing but
+        parameters and constants (outside the graph) is made to read it, so every compute node
+        has an input and node l + 1 is the l-th operation, as in `chain_to_graph`."""
         self.reads_own: set[int] = set()
         """Nodes whose own output some backward reads beyond what their `bwd_inputs` say."""
 
@@ -163,7 +163,7 @@ class _Builder:
             self.nodes.append(GraphOp(
                 name=f"{name}/{k}:{op.op.removeprefix('aten.').removesuffix('.default')}",
                 output_bytes=op.output_bytes * b,
-                inputs=tuple(ins) if ins else (1,),
+                inputs=tuple(ins) if ins else (0,),
                 bwd_inputs=tuple(g for g in ins if g in reads),
                 bwd_output=index in reads,
             ))  # fmt: skip
@@ -220,7 +220,7 @@ def prune(graph: OpGraph, output: int) -> OpGraph:
     import networkx as nx
 
     g = to_networkx(graph)
-    needed = {output} | {i for i, n in enumerate(graph.nodes) if n.bwd_output}
+    needed = {0, output} | {i for i, n in enumerate(graph.nodes) if n.bwd_output}
     needed |= {i for n in graph.nodes for i in n.bwd_inputs}
     keep: set[int] = set(needed)
     for i in needed:
@@ -255,8 +255,8 @@ def graph_from_profile(
     ops create none: a reader of their result reads the tensor they alias); its backward reads
     what autograd saved for it (`ProfiledOp.bwd_reads`, Checkmate's model: each tensor kept or
     recomputed on its own, Jain et al. 2020 §4.1). Parameters are static memory, outside the
-    graph; an op reading only parameters or constants reads a 0-byte input node. Operations
-    nothing depends on are dropped (`prune`).
+    graph; an op reading only parameters or constants reads node 0. Operations nothing depends
+    on are dropped (`prune`).
 
     Times: each layer's time, as in `chain_from_profile` (measured, or FLOPs times
     `seconds_per_flop`), is split over its operations by a roofline weight,

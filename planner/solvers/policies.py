@@ -19,6 +19,7 @@ from enum import StrEnum
 
 from .chain import LayerChain
 from .checkpoint_dp import sqrt_segment_starts
+from .graph import OpGraph
 from .schedule import Backward, Forward, Op
 
 
@@ -54,3 +55,14 @@ def uniform_schedule(chain: LayerChain, policy: Policy, *, segments: int | None 
         ops += [Forward(node=k, keep_saved=True) for k in range(lo, hi)]
         ops += [Backward(node=k) for k in range(hi - 1, lo - 1, -1)]
     return ops
+
+
+def store_all_ops(model: OpGraph | LayerChain) -> list[Op]:
+    """Every node's forward once, keeping what its backward reads, then every backward in
+    reverse order: no recomputation (what plain autograd does), on any op graph (a chain is
+    its path graph, `chain_to_graph`)."""
+    nodes = range(1, len(model) + 1) if isinstance(model, LayerChain) else model.compute_nodes
+    return [
+        *(Forward(node=i, keep_saved=True) for i in nodes),
+        *(Backward(node=i) for i in reversed(nodes)),
+    ]

@@ -37,6 +37,10 @@ DEFAULT_BACKEND = "cbc"
 DEFAULT_TIME_LIMIT_S = 10.0
 """Wall-clock limit of a solve (the offload phase gets what the first phase left); past it the
 best schedule found is returned as FEASIBLE."""
+ILP_MAX_OPS = 64
+"""Largest op graph (compute nodes) worth handing to the ILP: the model grows with the square of
+the node count and CBC takes about 8 s to prove a loose budget optimal on a traced 37-operation
+GPT-2 block, and more than 60 s at a tight one (development machine, 2 cores)."""
 OFFLOAD_GAIN = 1e-4
 """With offload, the second solve looks only for schedules at least this much (relative)
 faster than the recompute-only optimum; below that the latter counts as optimal."""
@@ -281,6 +285,23 @@ def solve_remat_ilp(
         f"schedule reaches is {need:.6g} bytes{'' if exact else ' (or less)'}; raise the "
         "budget to at least that" + ("" if pcie_bytes_per_s else ", or allow offload")),
         min_budget_bytes=need)  # fmt: skip
+
+
+def min_peak_remat_ilp(
+    model: OpGraph | LayerChain,
+    *,
+    backend: str = DEFAULT_BACKEND,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+) -> tuple[float | None, bool]:
+    """The smallest peak any schedule of `model` reaches (recomputation only, no offload),
+    from the ILP minimizing the peak instead of the time: (peak, proven). The peak is None
+    when nothing was found within `time_limit_s`; unproven, it is an upper bound."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} must be one of {BACKENDS}")
+    graph = chain_to_graph(model) if isinstance(model, LayerChain) else model
+    least = Model(structure(graph), None, None)
+    found, exact = _solve(least, backend, time_limit_s, 1e-6)
+    return (_peak(least) if found else None), exact
 
 
 def _gap(model: Model, makespan: float, ref: float) -> float:

@@ -25,8 +25,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..model import ModelProfile
-from .chain import LayerChain, ChainLayer
+from .chain import LayerChain
 from .checkpoint_dp import ChainSolution, solve_checkpoint_dp
 from .policies import Policy, uniform_schedule
 from .remat_ilp import DEFAULT_TIME_LIMIT_S, RematSolution, solve_remat_ilp
@@ -206,62 +205,3 @@ def _solver_point(chain: LayerChain, strategy: str, budget: float, ref_s: float,
     return TradeoffPoint(budget_bytes=float(budget), status=SolveStatus(sol.status).value,
                          makespan_s=sim.makespan_s, peak_bytes=sim.peak_bytes,
                          overhead=_overhead(sim.makespan_s, ref_s))  # fmt: skip
-
-
-def profiled_chain(
-    profile: ModelProfile,
-    *,
-    micro_batch_size: int = 1,
-    seconds_per_flop: float | None = None,
-    name: str | None = None,
-) -> LayerChain:
-    """A traced profile as a solver `LayerChain` for one micro-batch, with the profiler's
-    measurements where it has them: layer times measured in measure mode (per sequence, times
-    the micro-batch) unless `seconds_per_flop` is given (then FLOPs times it, as
-    `chain_from_profile`, e.g. to plan for a GPU from a CPU profile), and the transient bytes
-    inside each forward and backward (`fwd_tmp_bytes`, `bwd_tmp_bytes`).
-
-    Each layer's input is taken to be the previous layer's output (it is the same tensor): the
-    profiler records inputs only for the blocks it hooks, so a traced head reports 0 bytes.
-    `saved_bytes` is `act_tp_bytes + act_replicated_bytes` (Korthikanti et al. 2022 §4.1), at
-    least the input."""
-    if (
-        isinstance(micro_batch_size, bool)
-        or not isinstance(micro_batch_size, int)
-        or (micro_batch_size < 1)
-    ):
-        raise ValueError(
-            f"micro_batch_size={micro_batch_size!r} must be an integer >= 1; pass e.g. 1"
-        )
-    if seconds_per_flop is not None and not (
-        isinstance(seconds_per_flop, int | float)
-        and math.isfinite(seconds_per_flop)
-        and seconds_per_flop > 0
-    ):
-        raise ValueError(
-            f"seconds_per_flop={seconds_per_flop!r} must be a finite number > 0; pass "
-            "1 / (peak FLOP/s * achievable efficiency), or None for measured times"
-        )
-    measured = all(x.fwd_time_s is not None and x.bwd_time_s is not None for x in profile.layers)
-    if seconds_per_flop is None and not measured:
-        raise ValueError(
-            f"profile {profile.name!r} has no measured layer times; pass seconds_per_flop "
-            "(1 / (peak FLOP/s * efficiency)) or profile the model with mode='measure'"
-        )
-    b = micro_batch_size
-    layers = []
-    x_in = profile.layers[0].input_bytes * b
-    for cost in profile.layers:
-        if seconds_per_flop is None:
-            fwd_s, bwd_s = (cost.fwd_time_s or 0.0) * b, (cost.bwd_time_s or 0.0) * b
-        else:
-            fwd_s = cost.fwd_flops * b * seconds_per_flop
-            bwd_s = cost.bwd_flops * b * seconds_per_flop
-        saved = (cost.act_tp_bytes + cost.act_replicated_bytes) * b
-        layers.append(ChainLayer(
-            name=cost.name, fwd_s=fwd_s, bwd_s=bwd_s, input_bytes=x_in,
-            saved_bytes=max(saved, x_in), output_bytes=cost.output_bytes * b,
-            fwd_tmp_bytes=cost.fwd_tmp_bytes * b, bwd_tmp_bytes=cost.bwd_tmp_bytes * b,
-        ))  # fmt: skip
-        x_in = cost.output_bytes * b
-    return LayerChain(layers=tuple(layers), name=name or f"{profile.name} (micro-batch {b})")
