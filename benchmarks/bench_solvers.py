@@ -23,9 +23,9 @@ from pathlib import Path
 from paraplan.planner.hardware import get_accelerator
 from paraplan.planner.solvers import (
     Backward,
-    LayerChain,
     ChainLayer,
     Forward,
+    LayerChain,
     Policy,
     gpt2_block_graph,
     gpt2_layer_chain,

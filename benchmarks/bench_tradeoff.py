@@ -137,7 +137,9 @@ def check(curves: tuple[TradeoffCurve, ...]) -> list[str]:
     return problems
 
 
-def table(chain: LayerChain, curves: tuple[TradeoffCurve, ...], ref_s: float, top: float) -> list[str]:
+def table(
+    chain: LayerChain, curves: tuple[TradeoffCurve, ...], ref_s: float, top: float
+) -> list[str]:
     """Markdown rows: budget, each strategy's overhead, paraplan's gain over the best baseline."""
     by = {c.strategy: c.points for c in curves}
     lines = [

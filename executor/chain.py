@@ -1,9 +1,9 @@
 """A causal language model as the planner sees it: a chain of embedding, blocks and head.
 
 The plan numbers the chain: index 0 is the embedding, 1..L the blocks, L+1 the head.
-`ChainModule` holds the three parts under stable names (``embed``, ``blocks.<i>``, ``head``) so that a
-pipeline chunk is the same class with some parts removed, and parameter names (FQNs) do not
-depend on the plan (torchtitan keeps its layers in a ModuleDict for the same reason).
+`ChainModule` holds the three parts under stable names (``embed``, ``blocks.<i>``, ``head``)
+so that a pipeline chunk is the same class with some parts removed, and parameter names (FQNs)
+do not depend on the plan (torchtitan keeps its layers in a ModuleDict for the same reason).
 `convert.to_chain_module` converts a supported Hugging Face model in place (the parameters are
 reused).
 """

@@ -12,7 +12,7 @@ from functools import cache
 from .jsonio import from_json, object_schema, read_json, to_json, validate, write_atomic
 from .model import ModelProfile
 
-PROFILE_SCHEMA_VERSION = 1
+PROFILE_SCHEMA_VERSION = 2
 """Bumped on any incompatible change of the profile JSON."""
 
 

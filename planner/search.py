@@ -33,7 +33,7 @@ MIN_TOKENS_PER_CP_RANK = 1024
 """Context parallelism is searched only while every rank keeps at least this many tokens of a
 sequence (unless pinned): below that, each ring step's latency outweighs its attention block
 (ring attention works on blocks of thousands of tokens, Liu et al. 2023 §3)."""
-T = TypeVar("T")
+_T = TypeVar("_T")
 _RECOMPUTE_RANK = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2,
                    Recompute.PER_LAYER: 3}  # fmt: skip
 """Order of recompute policies by added time when several fit. `per_layer` is never slower
@@ -59,7 +59,7 @@ class SearchResult:
         return self.ranked[0] if self.ranked else None
 
 
-def _options(pinned: T | None, default: list[T]) -> list[T]:
+def _options(pinned: _T | None, default: list[_T]) -> list[_T]:
     """The pinned value alone, or every default candidate."""
     return default if pinned is None else [pinned]
 
@@ -86,11 +86,8 @@ class Search:
         self._lb_coll = Collectives(ev.acc, lower_bound=True)
         broken = ev.violation(self.pins)  # the rules the candidates obey, on the pins alone
         if broken is not None:
-            keys = broken.rule.fields
-            named = self.pins.describe(keys) or self.pins.describe()
-            left = ", ".join(k for k in keys if k not in self.pins.pinned())
-            leave = f"; or leave {left} to the search" if left else ""
-            raise ValueError(f"--fix {named}: {broken.message} (rule {broken.rule}){leave}")
+            named = self.pins.describe(broken.rule.fields) or self.pins.describe()
+            raise ValueError(f"--fix {named}: {broken.message} (rule {broken.rule})")
 
     @property
     def all_pinned(self) -> bool:

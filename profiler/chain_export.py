@@ -1,4 +1,5 @@
-"""Measure a real chain of modules into the solvers' `LayerChain`, with the sizes the simulator needs.
+"""Measure a real chain of modules into the solvers' `LayerChain`, with the sizes the simulator
+needs.
 
 `profile_chain(layers, example_input)` runs each layer once on its own, forward and backward,
 on the layers' device, and counts the bytes of the tensor storages created meanwhile, as
@@ -42,7 +43,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from paraplan.planner.solvers.chain import LayerChain, ChainLayer
+from paraplan.planner.solvers.chain import ChainLayer, LayerChain
 
 
 def storage_bytes(t: torch.Tensor) -> int:

@@ -52,7 +52,9 @@ def load_config(source: str | dict[str, Any]) -> Any:
         try:
             return AutoConfig.for_model(model_type, **data)
         except (ValueError, KeyError) as exc:
-            raise ValueError(f"{where}: model_type {model_type!r} is not supported: {exc}") from None
+            raise ValueError(
+                f"{where}: model_type {model_type!r} is not supported: {exc}"
+            ) from None
 
 
 def build_model(config: Any, *, device: str | torch.device = "meta",

@@ -362,8 +362,9 @@ class Tracer(TorchDispatchMode):
         reads = self._flush_saved(set(keys))
         inputs = [self._ref(key) for key in keys]
         index = len(seg.nodes)
-        seg.nodes.append({"op": str(func), "inputs": tuple(inputs), "output_bytes": new_bytes,
-                          "fwd_flops": flops, "saved": False, "bwd_reads": tuple(reads)})  # fmt: skip
+        node = {"op": str(func), "inputs": tuple(inputs), "output_bytes": new_bytes}
+        node |= {"fwd_flops": flops, "saved": False, "bwd_reads": tuple(reads)}
+        seg.nodes.append(node)
         self._last_node = (self.seg, index)
         self._called_since_op = False
         for t in _tensors(out):

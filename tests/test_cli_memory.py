@@ -23,8 +23,13 @@ from paraplan.planner.remat_schedule import (
     load_schedule,
     save_schedule,
 )
-from paraplan.planner.solvers import Backward, Forward, simulate, solve_checkpoint_dp
-from paraplan.planner.solvers import chain_from_profile
+from paraplan.planner.solvers import (
+    Backward,
+    Forward,
+    chain_from_profile,
+    simulate,
+    solve_checkpoint_dp,
+)
 from paraplan.planner.solvers.tradeoff import baseline_schedule
 
 from .profiler_models import HF_TINY

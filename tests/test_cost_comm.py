@@ -12,7 +12,16 @@ import pytest
 
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
-from paraplan.planner.cost.comm import AxisLink, Collectives, link_of, place_axes
+from paraplan.planner.cost.comm import (
+    BUS_EFFICIENCY_INTER,
+    BUS_EFFICIENCY_INTRA,
+    HALF_BANDWIDTH_BYTES_INTER,
+    HALF_BANDWIDTH_BYTES_INTRA,
+    AxisLink,
+    Collectives,
+    link_of,
+    place_axes,
+)
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.hardware import get_accelerator, with_calibration
 from paraplan.planner.model_spec import PRESETS, parse_model
@@ -22,6 +31,16 @@ from paraplan.planner.strategy import MeshAxis, Strategy
 
 H100_NVLINK_BW = 900e9 / 2  # H100 SXM datasheet: 900 GB/s NVLink, both directions summed
 H100_NET_BW = 400e9 / 8  # DGX H100: one 400 Gb/s NIC per GPU -> 50 GB/s
+
+
+def _intra_bw(nbytes: float) -> float:
+    """Bus bandwidth inside a node for a message of `nbytes`: the link figure times NCCL's
+    bus efficiency, times S / (S + S_half) (docs/cost-model.md §5)."""
+    return H100_NVLINK_BW * BUS_EFFICIENCY_INTRA * nbytes / (nbytes + HALF_BANDWIDTH_BYTES_INTRA)
+
+
+def _inter_bw(nbytes: float) -> float:
+    return H100_NET_BW * BUS_EFFICIENCY_INTER * nbytes / (nbytes + HALF_BANDWIDTH_BYTES_INTER)
 
 
 def test_h100_link_figures_are_the_datasheets():
@@ -36,7 +55,7 @@ def test_ring_all_reduce_inside_a_node(n, nbytes):
     acc = get_accelerator("h100")
     lat = acc.intra_node_latency_s
     got = Collectives(acc).all_reduce(nbytes, AxisLink(n, n, 1))
-    expected = 2 * (n - 1) / n * nbytes / H100_NVLINK_BW + 2 * (n - 1) * lat
+    expected = 2 * (n - 1) / n * nbytes / _intra_bw(nbytes) + 2 * (n - 1) * lat
     assert got == pytest.approx(expected, rel=1e-12)
 
 
@@ -45,7 +64,7 @@ def test_ring_all_gather_and_reduce_scatter_inside_a_node(n):
     acc = get_accelerator("h100")
     lat, nbytes = acc.intra_node_latency_s, 3e8
     coll = Collectives(acc)
-    expected = (n - 1) / n * nbytes / H100_NVLINK_BW + (n - 1) * lat
+    expected = (n - 1) / n * nbytes / _intra_bw(nbytes) + (n - 1) * lat
     assert coll.all_gather(nbytes, AxisLink(n, n, 1)) == pytest.approx(expected, rel=1e-12)
     assert coll.reduce_scatter(nbytes, AxisLink(n, n, 1)) == pytest.approx(expected, rel=1e-12)
 
@@ -56,8 +75,9 @@ def test_hierarchical_all_reduce_across_nodes():
     acc = get_accelerator("h100")
     nbytes = 1e9
     lat_in, lat_out = acc.intra_node_latency_s, acc.inter_node_latency_s
-    expected = 2 * (7 / 8 * nbytes / H100_NVLINK_BW + 7 * lat_in) + 2 * (
-        1 / 2 * (nbytes / 8) / H100_NET_BW + 1 * lat_out
+    shard = nbytes / 8
+    expected = 2 * (7 / 8 * nbytes / _intra_bw(nbytes) + 7 * lat_in) + 2 * (
+        1 / 2 * shard / _inter_bw(shard) + 1 * lat_out
     )
     got = Collectives(acc).all_reduce(nbytes, AxisLink(16, 8, 2))
     assert got == pytest.approx(expected, rel=1e-12)

@@ -15,9 +15,9 @@ pytest.importorskip("transformers")
 import torch.distributed as dist  # noqa: E402
 
 from paraplan.executor.chain import ChainModule  # noqa: E402
-from paraplan.executor.convert import to_chain_module  # noqa: E402
 from paraplan.executor.checks import check_plan_supported, module_fingerprint  # noqa: E402
 from paraplan.executor.compose import causal_lm_loss, parallelize  # noqa: E402
+from paraplan.executor.convert import to_chain_module  # noqa: E402
 from paraplan.executor.data import synthetic_tokens  # noqa: E402
 from paraplan.executor.launch import PLAN_ENV, torchrun_command  # noqa: E402
 from paraplan.executor.recompute import apply_recompute  # noqa: E402

@@ -37,9 +37,9 @@ from paraplan.executor.memory_schedule import (
 )
 from paraplan.planner.solvers import (
     Backward,
-    LayerChain,
     ChainLayer,
     Forward,
+    LayerChain,
     Offload,
     Policy,
     Prefetch,

@@ -11,9 +11,9 @@ import pytest
 
 from paraplan.planner.solvers import (
     Backward,
-    LayerChain,
     ChainLayer,
     Forward,
+    LayerChain,
     Op,
     Policy,
     SolveStatus,

@@ -10,9 +10,9 @@ import pytest
 
 from paraplan.planner.solvers import (
     Backward,
-    LayerChain,
     ChainLayer,
     Forward,
+    LayerChain,
     SolveStatus,
     gpt2_block_graph,
     simulate,

@@ -8,12 +8,12 @@ import pytest
 from paraplan.planner.model_spec import PRESETS
 from paraplan.planner.solvers import (
     Backward,
-    LayerChain,
     ChainLayer,
     Forward,
+    GraphOp,
+    LayerChain,
     Offload,
     OpGraph,
-    GraphOp,
     Prefetch,
     TensorPart,
     Wait,

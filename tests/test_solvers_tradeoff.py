@@ -13,9 +13,9 @@ import pytest
 from paraplan.planner.model_spec import PRESETS
 from paraplan.planner.solvers import (
     Backward,
-    LayerChain,
     ChainLayer,
     Forward,
+    LayerChain,
     Op,
     chain_from_profile,
     gpt2_layer_chain,

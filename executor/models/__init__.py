@@ -1,1 +1,2 @@
-"""Adapters from Hugging Face models to `ChainModule`s with tensor-parallel plans for their blocks."""
+"""Adapters from Hugging Face models to `ChainModule`s with tensor-parallel plans for their
+blocks (`executor.convert` picks one)."""

@@ -234,6 +234,7 @@ def _chain(
     if args.solver != "ilp" or not profile.op_graphs:
         return chain, None, times
     from ..planner.solvers.remat_ilp import ILP_MAX_OPS
+
     balance = get_accelerator(args.gpu or DEFAULT_GPU)
     graph = graph_from_profile(
         profile,

@@ -10,9 +10,9 @@ all-reduce do (Sergeev & Del Balso 2018).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from functools import cache
-import math
 from math import ceil, lcm
 
 from ..hardware import Accelerator
@@ -208,8 +208,7 @@ class Collectives:
         """One level: `passes`=2 for all-reduce, 1 for all-gather / reduce-scatter, on a
         tensor of `shard` bytes (unsharded at this level)."""
         n = phase.ranks
-        bw = phase.bw_bytes_per_s * shard / (shard + phase.half_bytes) if shard > 0 else 1.0
-        moved = passes * (n - 1) / n * shard / bw
+        moved = passes * (n - 1) / n * _transfer_s(shard, phase.bw_bytes_per_s, phase.half_bytes)
         steps = passes * (n - 1)
         if phase.tree and passes == 2:  # double binary tree: ~log2 n steps up and down
             steps = min(steps, 2 * math.ceil(math.log2(n)))
@@ -250,16 +249,18 @@ class Collectives:
         inter_bw, inter_lat, inter_half = self._inter
         intra_bytes = (m - 1) / n * nbytes
         inter_bytes = (n - m) / n * nbytes
-        intra = intra_bytes / (intra_bw * intra_bytes / (intra_bytes + intra_half or 1.0))
-        inter = 0.0
-        if inter_bytes:
-            inter = inter_bytes / (inter_bw * inter_bytes / (inter_bytes + inter_half))
+        intra = _transfer_s(intra_bytes, intra_bw, intra_half)
+        inter = _transfer_s(inter_bytes, inter_bw, inter_half)
         lat = inter_lat if link.nodes > 1 else intra_lat
         return intra + inter + (n - 1) * lat
 
     def p2p(self, nbytes: float, cross_node: bool) -> float:
         """Seconds to send `nbytes` to one peer."""
         bw, lat, half = self._inter if cross_node else self._intra
-        if nbytes <= 0:
-            return lat
-        return lat + nbytes / (bw * nbytes / (nbytes + half))
+        return lat + _transfer_s(nbytes, bw, half)
+
+
+def _transfer_s(nbytes: float, bw_bytes_per_s: float, half_bytes: float) -> float:
+    """Seconds to move `nbytes` at `bw * S / (S + S_half)`: `(S + S_half) / bw` (0 for no
+    bytes)."""
+    return (nbytes + half_bytes) / bw_bytes_per_s if nbytes > 0 else 0.0

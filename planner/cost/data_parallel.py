@@ -14,6 +14,21 @@ assumption in line with ZeRO-Offload's CPU-Adam (Ren et al. 2021 §4.2, ~1.5 s p
 10B parameters on a DGX-2 host); calibrate for your hosts."""
 
 
+OVERLAP_CONTENTION = 0.15
+"""Extra compute time per second of communication hidden behind it: NCCL kernels take SMs and
+memory bandwidth from the compute they overlap (assumption of the order reported for
+overlapped collectives, e.g. Wang et al. 2023 "Overlap communication with dependent
+computation via decomposition", and Jangda et al. 2022 "Breaking the computation and
+communication abstraction barrier"; a global constant the validation fits)."""
+
+
+def hidden_behind(comm_s: float, compute_s: float) -> float:
+    """Exposed seconds of `comm_s` run alongside `compute_s` of compute: what does not fit
+    under it, plus the slowdown of the compute it does hide under (`OVERLAP_CONTENTION`)."""
+    hidden = min(comm_s, compute_s)
+    return comm_s - hidden + OVERLAP_CONTENTION * hidden
+
+
 def dp_comm(
     s: Strategy,
     stage: Stage,
@@ -23,28 +38,47 @@ def dp_comm(
     fwd: float,
     bwd: float,
 ) -> tuple[float, float]:
-    """(exposed seconds per micro-batch, exposed seconds once per step) of ZeRO/DDP
-    traffic for one stage. Overlap: gradient reduction with the backward pass, parameter
-    gathers with the forward pass (DDP buckets, Li et al. 2020; FSDP prefetch, Zhao 2023)."""
+    """(exposed seconds per micro-batch, exposed seconds once per step) of ZeRO/DDP traffic
+    for one stage; `fwd`/`bwd` are the stage's compute seconds per micro-batch.
+
+    - DDP and ZeRO-1/2: gradients are reduced in buckets as the last micro-batch's backward
+      produces them (Li et al. 2020, PyTorch DDP §3.2.3), so the reduction hides under that
+      backward; ZeRO-2 reduce-scatters every micro-batch. Parameters are gathered after the
+      optimizer step (ZeRO-1/2), hidden under the next forward at best.
+    - ZeRO-3/FSDP as it runs (Zhao et al. 2023, PyTorch FSDP §3.3-3.4): one all-gather per unit
+      (a block; the embedding and head are units too) before its forward and again before its
+      backward, and one reduce-scatter of its gradients after it, each with its own latency.
+      Prefetching overlaps a unit's gather only with its neighbour's compute, so each unit
+      exposes what its collectives take beyond one unit of compute, and the first gather and
+      the last reduce-scatter of each pass are not hidden at all. This repeats every
+      micro-batch: small micro-batches over large groups expose communication.
+    """
     per_mb = tail = 0.0
     groups = (
         (stage.dense_params / s.tp, links.dpcp),
         (stage.expert_params / (s.tp * s.ep), links.edp),
     )
+    units = max(1, stage.n_blocks + int(stage.has_embedding) + int(stage.has_head))
     for count, link in groups:
         if not count or link.size <= 1:
             continue
+        if s.zero_stage == 3:
+            unit = count / units
+            ag = coll.all_gather(unit * t.param_bytes, link)
+            rs = coll.reduce_scatter(unit * t.grad_bytes, link)
+            fwd_u, bwd_u = fwd / units, bwd / units
+            per_mb += ag + (units - 1) * hidden_behind(ag, fwd_u)
+            per_mb += ag + (units - 1) * hidden_behind(ag + rs, bwd_u) + rs
+            continue
         ag = coll.all_gather(count * t.param_bytes, link)
         rs = coll.reduce_scatter(count * t.grad_bytes, link)
-        if s.zero_stage == 3:  # gather for forward, again for backward, reduce-scatter
-            per_mb += max(0.0, ag - fwd) + max(0.0, ag + rs - bwd)
-        elif s.zero_stage == 2:  # reduce-scatter every micro-batch, gather after the step
-            per_mb += max(0.0, rs - bwd)
-            tail += max(0.0, ag - fwd)
+        if s.zero_stage == 2:  # reduce-scatter every micro-batch, gather after the step
+            per_mb += hidden_behind(rs, bwd)
+            tail += hidden_behind(ag, fwd)
         elif s.zero_stage == 1:  # reduce-scatter once per step, gather after the step
-            tail += max(0.0, rs - bwd) + max(0.0, ag - fwd)
+            tail += hidden_behind(rs, bwd) + hidden_behind(ag, fwd)
         else:  # all-reduce once per step, overlapped with the last backward
-            tail += max(0.0, coll.all_reduce(count * t.grad_bytes, link) - bwd)
+            tail += hidden_behind(coll.all_reduce(count * t.grad_bytes, link), bwd)
     return per_mb, tail
 
 

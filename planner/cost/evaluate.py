@@ -14,7 +14,8 @@ from ..config import TrainConfig
 from ..model import ModelProfile
 from ..strategy import MeshAxis, Recompute, Strategy
 from .comm import Collectives, Links, links_for
-from .data_parallel import dp_comm, optimizer_s
+from .compute import ATTENTION_BACKWARD_FACTOR
+from .data_parallel import dp_comm, hidden_behind, optimizer_s
 from .estimate import Estimate, StageTime, TimeBreakdown
 from .layout import Layout, Stage, StageSplit
 from .memory import MemoryBreakdown, in_flight_microbatches
@@ -243,9 +244,12 @@ class Evaluator:
             tp_unit = coll.all_gather(act, links.tp) + coll.reduce_scatter(act, links.tp)
         else:
             tp_unit = coll.all_reduce(act, links.tp)
+        # Ring attention (Liu et al. 2023; torch's context_parallel): K and V of the local
+        # chunk (GQA: kv_heads, each TP rank its share) travel cp-1 hops per block forward;
+        # backward sends them again with their gradients.
         kv_shard = max(1, min(s.tp, p.kv_heads))
         kv_bytes = 2 * tokens * (p.kv_heads * p.hidden // p.heads) / kv_shard * self.train.act_bytes
-        cp_ring = (s.cp - 1) * coll.p2p(kv_bytes, links.cp.nodes > 1) if s.cp > 1 else 0.0
+        hop_s = coll.p2p(kv_bytes, links.cp.nodes > 1) if s.cp > 1 else 0.0
         a2a_bytes = act * p.top_k / (s.tp if s.sequence_parallel else 1)
         a2a = coll.all_to_all(a2a_bytes, links.ep) if s.ep > 1 else 0.0
         p2p = coll.p2p(sm.boundary_bytes(s), links.pp.nodes > 1) if s.pp > 1 else 0.0
@@ -257,10 +261,16 @@ class Evaluator:
             units = stage.n_blocks * 4 + n_full * 2
             units += int(stage.has_embedding) + int(stage.has_head)
             comm = units * tp_unit if s.tp > 1 else 0.0
-            if s.cp > 1:  # ring attention overlaps the KV ring with attention (Liu et al. 2023)
-                attn_f = c.selective_recompute_s  # attention-core forward seconds of this stage
-                comm += max(0.0, stage.n_blocks * cp_ring - attn_f)
-                comm += max(0.0, 2 * stage.n_blocks * cp_ring - 2 * attn_f)
+            if s.cp > 1 and stage.n_blocks:
+                # Each of the cp ring steps computes one (s/cp)^2 block of attention, balanced
+                # by the causal load-balanced split (zig-zag chunks), while the next K/V hop is
+                # in flight: a hop hides only under one step's attention, with contention.
+                attn_f = c.selective_recompute_s / stage.n_blocks  # one block's attention fwd
+                step_f = attn_f / s.cp
+                step_b = ATTENTION_BACKWARD_FACTOR * step_f
+                per_block = (s.cp - 1) * hidden_behind(hop_s, step_f)
+                per_block += (s.cp - 1) * hidden_behind(2 * hop_s, step_b)
+                comm += stage.n_blocks * per_block
             # EP: dispatch and combine all-to-all, forward and backward (Lepikhin et al. 2020)
             comm += (stage.n_moe_blocks * 4 + n_full_moe * 2) * a2a
             if s.pp > 1:  # activations forward and gradients backward, per chunk

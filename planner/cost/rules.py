@@ -192,7 +192,7 @@ def _world_size(sh: ProblemShape, a: Assignment) -> str | None:
     if len(pairs) == 1:
         key = pairs[0][0]
         return f"{key} must divide the {n} GPUs of the cluster; use a divisor of {n}"
-    return f"{_product_text(pairs)} must divide the {n} GPUs of the cluster"
+    return f"{_product_text(pairs)} must divide the {n} GPUs of the cluster; use smaller degrees"
 
 
 def _tp_divides_model(sh: ProblemShape, a: Assignment) -> str | None:

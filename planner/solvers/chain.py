@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-
 _REL_TOL = 1e-9
 """Relative tolerance when checking that layer l's input is layer l-1's output."""
 

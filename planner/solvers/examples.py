@@ -13,7 +13,7 @@ from ..hardware import Accelerator, get_accelerator
 from ..model_spec import PRESETS
 from .chain import ChainLayer, LayerChain
 from .from_profile import chain_from_profile
-from .graph import OpGraph, GraphOp
+from .graph import GraphOp, OpGraph
 
 MASK_BYTES = 1
 """A dropout mask keeps one byte per element (torch.bool)."""

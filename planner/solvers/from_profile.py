@@ -9,6 +9,7 @@ agree on times: a layer takes its measured time (profile mode "measure"), or its
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import TYPE_CHECKING
 
@@ -104,14 +105,15 @@ def chain_from_profile(
 def layer_graphs(profile: ModelProfile) -> tuple[LayerGraph, ...]:
     """One op graph per layer of the chain: the profile's own, and for a block the profiler did
     not trace (it traces two of a run of identical blocks on the meta device) the graph of the
-    last traced block before it. Raises ValueError when a layer has none."""
+    last traced block before it. A layer without operations has an empty graph (its input
+    passes through). Raises ValueError when a layer has none."""
     by_layer = {g.layer: g for g in profile.op_graphs}
     graphs: list[LayerGraph] = []
     for index, cost in enumerate(profile.layers):
         graph = by_layer.get(index)
         if graph is None and graphs and graphs[-1].layer > 0:
             graph = graphs[-1]  # an untraced block repeats the last traced one
-        if graph is None or not graph.nodes:
+        if graph is None:
             raise ValueError(
                 f"profile {profile.name!r} has no op graph for layer {index} ({cost.name!r}); "
                 "op graphs come from tracing a model (paraplan profile, or a Hugging Face "
@@ -125,14 +127,14 @@ class _Builder:
     """Appends layers' op graphs to one `OpGraph`, dropping ops that create no tensor."""
 
     def __init__(self, input_bytes: float) -> None:
-        self.nodes: list[GraphOp] = [
-            GraphOp(name="input", output_bytes=input_bytes, is_input=True)
-        ]
+        self.nodes: list[GraphOp] = [GraphOp(name="input", output_bytes=input_bytes, is_input=True)]
         """Node 0, the only input node: the first layer's input. An op that reads nothing but
         parameters and constants (outside the graph) is made to read it, so every compute node
         has an input and node l + 1 is the l-th operation, as in `chain_to_graph`."""
         self.reads_own: set[int] = set()
         """Nodes whose own output some backward reads beyond what their `bwd_inputs` say."""
+        self.carry = (0.0, 0.0)
+        """Times of layers without operations, given to the next operation."""
 
     def add_layer(
         self, name: str, graph: LayerGraph, x_in: int, times: tuple[float, float], b: int,
@@ -175,29 +177,30 @@ class _Builder:
     def _spread(self, kept: list[tuple[int, list[int], float]], times: tuple[float, float]
                 ) -> None:  # fmt: skip
         """Split the layer's forward and backward times over its ops by weight (evenly when
-        every weight is 0)."""
+        every weight is 0); a layer without ops hands its times on to the next one."""
+        fwd_s, bwd_s = times[0] + self.carry[0], times[1] + self.carry[1]
+        if not kept:
+            self.carry = (fwd_s, bwd_s)
+            return
+        self.carry = (0.0, 0.0)
         total = sum(w for _, _, w in kept)
         for index, _, weight in kept:
             share = weight / total if total > 0 else 1 / len(kept)
-            node = self.nodes[index]
-            self.nodes[index] = GraphOp(
-                name=node.name, output_bytes=node.output_bytes, inputs=node.inputs,
-                fwd_s=times[0] * share, bwd_s=times[1] * share, bwd_inputs=node.bwd_inputs,
-                bwd_output=node.bwd_output,
-            )  # fmt: skip
+            self.nodes[index] = dataclasses.replace(
+                self.nodes[index], fwd_s=fwd_s * share, bwd_s=bwd_s * share
+            )
 
     def finish(self, name: str, output: int) -> OpGraph:
         """The graph, pruned to what `output` (the last layer's output) needs."""
         nodes = [
-            node
-            if i not in self.reads_own
-            else GraphOp(
-                name=node.name, output_bytes=node.output_bytes, inputs=node.inputs,
-                fwd_s=node.fwd_s, bwd_s=node.bwd_s, bwd_inputs=node.bwd_inputs,
-                bwd_output=True,
-            )  # fmt: skip
+            dataclasses.replace(node, bwd_output=True) if i in self.reads_own else node
             for i, node in enumerate(self.nodes)
         ]
+        if any(self.carry) and len(nodes) > 1:  # trailing layers without ops
+            last = nodes[-1]
+            nodes[-1] = dataclasses.replace(
+                last, fwd_s=last.fwd_s + self.carry[0], bwd_s=last.bwd_s + self.carry[1]
+            )
         return prune(OpGraph(nodes=tuple(nodes), name=name), output)
 
 
@@ -227,14 +230,14 @@ def prune(graph: OpGraph, output: int) -> OpGraph:
         keep |= nx.ancestors(g, i)
     order = sorted(keep)
     new = {old: k for k, old in enumerate(order)}
-    nodes = []
-    for old in order:
-        n = graph.nodes[old]
-        nodes.append(GraphOp(
-            name=n.name, output_bytes=n.output_bytes, inputs=tuple(new[i] for i in n.inputs),
-            fwd_s=n.fwd_s, bwd_s=n.bwd_s, bwd_inputs=tuple(new[i] for i in n.bwd_inputs),
-            bwd_output=n.bwd_output, is_input=n.is_input,
-        ))  # fmt: skip
+    nodes = [
+        dataclasses.replace(
+            graph.nodes[old],
+            inputs=tuple(new[i] for i in graph.nodes[old].inputs),
+            bwd_inputs=tuple(new[i] for i in graph.nodes[old].bwd_inputs),
+        )
+        for old in order
+    ]
     return OpGraph(nodes=tuple(nodes), name=graph.name)
 
 

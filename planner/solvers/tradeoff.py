@@ -89,7 +89,9 @@ def baseline_schedule(chain: LayerChain, strategy: str) -> list[Op]:
     return uniform_schedule(chain, BASELINES[strategy])
 
 
-def default_budgets(chain: LayerChain, n: int = 8, *, low_margin: float = LOW_MARGIN) -> list[float]:
+def default_budgets(
+    chain: LayerChain, n: int = 8, *, low_margin: float = LOW_MARGIN
+) -> list[float]:
     """`n` evenly spaced budgets from the smallest feasible one up to the store-all peak: the
     first is `low_margin` (relative) above the smallest peak any checkpointing schedule
     reaches (the DP's exact minimum; see `LOW_MARGIN`), the last the store-all peak."""

@@ -1,0 +1,329 @@
+"""The cost model against published training runs (benchmarks/published_runs.yaml).
+
+Each usable row is pinned to its published configuration (degrees, ZeRO stage, micro-batch,
+interleaving, recompute, precision, where the source states them; what it leaves out is chosen
+by the search, as the authors tuned it), priced by the cost model, and compared with the
+published step time (given, or derived from the published throughput and the source's own
+FLOP formula). Rows whose id hashes to 0 mod 3 are held out: chosen by their name before any
+constant was fitted, and reported separately. Pairs (same model and cluster, two strategies)
+must come out in the published order.
+
+    python benchmarks/validate_published.py            # table, summary, JSON
+    python benchmarks/validate_published.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from paraplan.planner.cluster import parse_cluster
+from paraplan.planner.config import Precision, TrainConfig
+from paraplan.planner.cost.evaluate import Estimate, Evaluator
+from paraplan.planner.cost.layout import StageSplit
+from paraplan.planner.model_spec import PRESETS, Attention, TransformerSpec
+from paraplan.planner.pins import Pins
+from paraplan.planner.search import Search
+from paraplan.planner.strategy import Recompute, Schedule
+
+DATA = Path(__file__).with_name("published_runs.yaml")
+HELD_OUT_MODULUS = 3
+"""A row is held out when sha256(id) mod 3 == 0 (about a third, fixed by the names alone)."""
+
+_FLASH_SOURCES = ("torchtitan", "llama3", "megatron_readme", "nemo")
+"""Rows from runs with fused (flash) attention; older Megatron-LM runs (2019-2022), BLOOM and
+OPT computed attention unfused."""
+_EVEN_SPLIT_SOURCES = ("narayanan21", "korthikanti22", "bloom", "megascale", "megatron_readme")
+"""Megatron-LM splits layers evenly over pipeline stages: priced with that split."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Case:
+    """One published run, as the cost model sees it."""
+
+    id: str
+    """Row id in published_runs.yaml."""
+    spec: TransformerSpec
+    """The model."""
+    cluster: str
+    """Cluster text for `parse_cluster`."""
+    train: TrainConfig
+    """Batch, sequence, precision."""
+    pins: Pins
+    """The published configuration."""
+    split: StageSplit
+    """How the published run split layers over stages."""
+    published_step_s: float
+    """Published step time (given, or derived from the published throughput)."""
+    pair: str | None
+    """Id of the row it is compared with."""
+    held_out: bool
+    """Whether the row is in the held-out third."""
+    family: str
+    """Strategy family, for the table."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Result:
+    """A case priced by the cost model."""
+
+    case: Case
+    """The case."""
+    predicted_step_s: float
+    """The cost model's step time."""
+    strategy: str
+    """The strategy priced (pins plus the search's choices)."""
+
+    @property
+    def error(self) -> float:
+        """Predicted over published step time, minus one (positive: predicted too slow)."""
+        return self.predicted_step_s / self.case.published_step_s - 1.0
+
+
+def held_out(row_id: str) -> bool:
+    """Whether a row is in the held-out third (by its name alone)."""
+    return int(hashlib.sha256(row_id.encode()).hexdigest(), 16) % HELD_OUT_MODULUS == 0
+
+
+def _spec(row: dict[str, Any]) -> TransformerSpec | None:
+    m = row["model"]
+    needed = ("layers", "hidden", "heads", "seq_len", "vocab")
+    if any(m.get(k) is None for k in needed) or m.get("experts"):
+        return None
+    flash = row["id"].startswith(_FLASH_SOURCES)
+    name = str(m["name"]).lower()
+    if "llama" in name:
+        base = PRESETS["llama3-8b"]
+        return dataclasses.replace(
+            base, name=row["id"], layers=m["layers"], hidden=m["hidden"], heads=m["heads"],
+            kv_heads=m.get("kv_heads") or m["heads"], ffn=m.get("ffn") or base.ffn,
+            vocab=m["vocab"], seq=m["seq_len"],
+        )  # fmt: skip
+    base = PRESETS["gpt3-175b"]
+    return dataclasses.replace(
+        base, name=row["id"], layers=m["layers"], hidden=m["hidden"], heads=m["heads"],
+        kv_heads=m.get("kv_heads") or m["heads"], ffn=m.get("ffn") or 4 * m["hidden"],
+        vocab=m["vocab"], seq=m["seq_len"],
+        attention=Attention.FLASH if flash else Attention.MATH,
+    )  # fmt: skip
+
+
+def _published_step_s(row: dict[str, Any], spec: TransformerSpec) -> float | None:
+    """Seconds per step: given, or from tokens/s per GPU, or from TFLOP/s per GPU with the
+    source's FLOP count (Narayanan et al. 2021 Eq. 3, with recompute: hardware FLOPs)."""
+    measured, cfg, n = row["measured"], row["config"], row["cluster"]["num_gpus"]
+    if measured.get("step_time_s"):
+        return float(measured["step_time_s"])
+    tokens = cfg["global_batch"] * spec.seq
+    if measured.get("tokens_per_s_per_gpu"):
+        return tokens / (measured["tokens_per_s_per_gpu"] * n)
+    basis = str(row.get("flops_basis") or "")
+    if measured.get("tflops_per_gpu") and basis.startswith("hardware"):
+        b, s, layers, h, v = cfg["global_batch"], spec.seq, spec.layers, spec.hidden, spec.vocab
+        flops = 96 * b * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
+        return flops / (measured["tflops_per_gpu"] * 1e12 * n)
+    return None
+
+
+def _family(cfg: dict[str, Any]) -> str:
+    if (cfg.get("cp") or 1) > 1:
+        return "CP"
+    if cfg.get("zero_stage") == 3:
+        return "FSDP/ZeRO-3" + ("+TP" if (cfg.get("tp") or 1) > 1 else "")
+    if (cfg.get("pp") or 1) > 1:
+        return "TP+PP"
+    if cfg.get("zero_stage") in (1, 2):
+        return "ZeRO-1/2+TP"
+    return "TP/DP"
+
+
+def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
+    """The usable rows, and the rows left out with why."""
+    rows = yaml.safe_load(path.read_text())["runs"]
+    cases, skipped = [], []
+    for row in rows:
+        cfg, gpu = row["config"], row["cluster"]["gpu"]
+        spec = _spec(row)
+        why = ""
+        if spec is None:
+            why = "model not fully specified (or MoE)"
+        elif cfg.get("precision") == "fp8":
+            why = "fp8 (not priced yet)"
+        elif any(cfg.get(k) is None for k in ("tp", "pp", "dp")):
+            why = "degrees not stated"
+        elif gpu not in ("a100-80gb", "a100-40gb", "h100", "h200", "v100", "b200"):
+            why = f"accelerator {gpu}"
+        step = None if spec is None else _published_step_s(row, spec)
+        if not why and step is None:
+            why = "no step time or throughput we can convert"
+        if why:
+            skipped.append((row["id"], why))
+            continue
+        assert spec is not None and step is not None
+        precision = Precision.FP16 if cfg.get("precision") == "fp16" or gpu == "v100" else None
+        train = TrainConfig(global_batch=cfg["global_batch"], seq_len=spec.seq,
+                            precision=precision or Precision.BF16)  # fmt: skip
+        v = cfg.get("virtual_stages")
+        pp = cfg["pp"]
+        schedule = None
+        if pp == 1:
+            schedule = Schedule.NONE
+        elif v is not None:
+            schedule = Schedule.INTERLEAVED_1F1B if v > 1 else Schedule.ONE_F_ONE_B
+        rc = cfg.get("recompute")
+        pins = Pins(
+            dp=cfg["dp"], tp=cfg["tp"], pp=pp, cp=cfg.get("cp") or 1,
+            zero_stage=cfg.get("zero_stage"), micro_batch_size=cfg.get("micro_batch_size"),
+            virtual_stages=v, schedule=schedule,
+            recompute=Recompute(rc) if rc else None,
+            sequence_parallel=cfg.get("sequence_parallel") if cfg["tp"] > 1 else False,
+        )  # fmt: skip
+        gpn = row["cluster"].get("gpus_per_node") or 8
+        cases.append(
+            Case(
+                id=row["id"], spec=spec,
+                cluster=f"{row['cluster']['num_gpus']}x{gpu}" + (f":{gpn}" if gpn != 8 else ""),
+                train=train, pins=pins,
+                split=(StageSplit.EVEN if row["id"].startswith(_EVEN_SPLIT_SOURCES)
+                       else StageSplit.BALANCED),
+                published_step_s=step, pair=row.get("pair"), held_out=held_out(row["id"]),
+                family=_family(cfg),
+            )
+        )  # fmt: skip
+    return cases, skipped
+
+
+def evaluate(case: Case) -> Result | None:
+    """The cost model's best strategy under the case's pins (None: nothing valid)."""
+    profile = case.spec.to_profile(seq_len=case.train.seq_len)
+    # The published run fitted in memory: price it even where our memory model disagrees.
+    train = dataclasses.replace(case.train, memory_headroom=0.0)
+    ev = Evaluator(profile, parse_cluster(case.cluster), train, case.split)
+    try:
+        result = Search(ev, case.pins).run(top_k=0)
+    except ValueError:
+        return None
+    best: Estimate | None = result.best or result.min_memory
+    if best is None:
+        return None
+    return Result(case=case, predicted_step_s=best.step_time_s, strategy=best.strategy.short())
+
+
+def pair_orders(results: Iterable[Result]) -> list[tuple[str, str, bool]]:
+    """(faster published, slower published, whether the model orders them the same)."""
+    by_id = {r.case.id: r for r in results}
+    out, seen = [], set()
+    for r in by_id.values():
+        other = by_id.get(r.case.pair or "")
+        if other is None or frozenset((r.case.id, other.case.id)) in seen:
+            continue
+        seen.add(frozenset((r.case.id, other.case.id)))
+        if r.case.train.tokens_per_step != other.case.train.tokens_per_step:
+            # different batches: compare throughput per GPU
+            a = r.case.train.tokens_per_step / r.case.published_step_s / _gpus(r)
+            b = other.case.train.tokens_per_step / other.case.published_step_s / _gpus(other)
+            pa = r.case.train.tokens_per_step / r.predicted_step_s / _gpus(r)
+            pb = other.case.train.tokens_per_step / other.predicted_step_s / _gpus(other)
+        else:
+            a, b = 1 / r.case.published_step_s / _gpus(r), 1 / other.case.published_step_s / _gpus(other)
+            pa, pb = 1 / r.predicted_step_s / _gpus(r), 1 / other.predicted_step_s / _gpus(other)
+        fast, slow = (r, other) if a >= b else (other, r)
+        same = (pa >= pb) == (a >= b)
+        out.append((fast.case.id, slow.case.id, same))
+    return out
+
+
+def _gpus(r: Result) -> int:
+    return parse_cluster(r.case.cluster).num_gpus
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Summary:
+    """Errors over a set of rows."""
+
+    rows: int
+    """Rows priced."""
+    mean_abs_error: float
+    """Mean |predicted / published - 1|."""
+    max_abs_error: float
+    """Largest |predicted / published - 1|."""
+    mean_error: float
+    """Mean signed error (negative: predicted too fast)."""
+
+
+def summarize(results: list[Result]) -> Summary:
+    """Errors of `results`."""
+    errors = [r.error for r in results]
+    return Summary(
+        rows=len(errors),
+        mean_abs_error=sum(abs(e) for e in errors) / max(1, len(errors)),
+        max_abs_error=max((abs(e) for e in errors), default=0.0),
+        mean_error=sum(errors) / max(1, len(errors)),
+    )
+
+
+def run(path: Path = DATA) -> tuple[list[Result], list[tuple[str, str]]]:
+    """Every usable row priced."""
+    cases, skipped = load_cases(path)
+    results = []
+    for case in cases:
+        r = evaluate(case)
+        if r is None:
+            skipped.append((case.id, "no valid strategy under its pins"))
+        else:
+            results.append(r)
+    return results, skipped
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="write the rows and summaries here")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    results, skipped = run()
+    print(f"{'row':44s} {'family':14s} {'set':5s} {'published s':>11s} {'predicted s':>11s} "
+          f"{'error':>7s}  strategy")  # fmt: skip
+    for r in sorted(results, key=lambda r: (r.case.held_out, r.case.id)):
+        print(f"{r.case.id[:44]:44s} {r.case.family:14s} {'held' if r.case.held_out else 'fit':5s} "
+              f"{r.case.published_step_s:11.3f} {r.predicted_step_s:11.3f} {r.error:+7.1%}  "
+              f"{r.strategy}")  # fmt: skip
+    fit = summarize([r for r in results if not r.case.held_out])
+    held = summarize([r for r in results if r.case.held_out])
+    pairs = pair_orders(results)
+    for name, s in (("fitted rows", fit), ("held-out rows", held)):
+        print(f"{name}: {s.rows} rows, mean |error| {s.mean_abs_error:.1%}, "
+              f"max |error| {s.max_abs_error:.1%}, mean error {s.mean_error:+.1%}")
+    wrong = [p for p in pairs if not p[2]]
+    print(f"pairs: {len(pairs)}, ordered as published: {len(pairs) - len(wrong)}")
+    for fast, slow, _ in wrong:
+        print(f"  misordered: {fast} (faster published) vs {slow}")
+    print(f"skipped {len(skipped)} rows:")
+    for row_id, why in skipped:
+        print(f"  {row_id}: {why}")
+    print(f"({time.perf_counter() - start:.1f} s)")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "rows": [{"id": r.case.id, "family": r.case.family, "held_out": r.case.held_out,
+                      "published_step_s": r.case.published_step_s,
+                      "predicted_step_s": r.predicted_step_s, "error": r.error,
+                      "strategy": r.strategy} for r in results],
+            "fitted": dataclasses.asdict(fit), "held_out": dataclasses.asdict(held),
+            "pairs": [{"faster": f, "slower": s, "ordered": ok} for f, s, ok in pairs],
+            "skipped": [{"id": i, "why": w} for i, w in skipped],
+        }, indent=2) + "\n")  # fmt: skip
+    return 0 if all(math.isfinite(r.predicted_step_s) for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
