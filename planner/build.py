@@ -22,6 +22,7 @@ from .plan import (
     StagePlan,
     TrainInfo,
 )
+from .replay import replay
 from .strategy import Strategy
 
 GENERATOR = "paraplan 0.1.0"
@@ -157,6 +158,7 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
             bubble_fraction=chosen.bubble_fraction,
             exposed_comm_s=chosen.exposed_comm_s,
             recompute_saved_bytes=ev.recompute_saved_bytes(s),
+            replay=replay(ev, s),
         ),
         runners_up=tuple(
             RunnerUp(

@@ -218,6 +218,10 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
         raise
 
 
+_TEMP_TRIES = 100
+"""Random names tried before giving up (48 random bits each: a clash is already unlikely)."""
+
+
 def _create_temp(folder: Path, name: str) -> tuple[int, Path]:
     """A new file `.<name>.<random>.tmp` in `folder`, open for writing. Unlike
     `tempfile.mkstemp` (mode 0600), it is created with mode 0666 and the kernel applies the
@@ -230,10 +234,6 @@ def _create_temp(folder: Path, name: str) -> tuple[int, Path]:
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name for {name!r} in {str(folder)!r}")
-
-
-_TEMP_TRIES = 100
-"""Random names tried before giving up (48 random bits each: a clash is already unlikely)."""
 
 
 __all__ = [

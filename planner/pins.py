@@ -118,11 +118,19 @@ class Pins:
     def of(cls, s: Strategy) -> Pins:
         """Every dimension of `s` pinned (its mesh order is left to the search)."""
         return cls(
-            dp=s.dp, tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep, zero_stage=s.zero_stage,
-            sequence_parallel=s.sequence_parallel, virtual_stages=s.virtual_stages,
-            micro_batch_size=s.micro_batch_size, schedule=s.schedule, recompute=s.recompute,
+            dp=s.dp,
+            tp=s.tp,
+            pp=s.pp,
+            cp=s.cp,
+            ep=s.ep,
+            zero_stage=s.zero_stage,
+            sequence_parallel=s.sequence_parallel,
+            virtual_stages=s.virtual_stages,
+            micro_batch_size=s.micro_batch_size,
+            schedule=s.schedule,
+            recompute=s.recompute,
             offload_optimizer=s.offload_optimizer,
-        )  # fmt: skip
+        )
 
     @property
     def mesh_order(self) -> None:

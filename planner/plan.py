@@ -11,12 +11,12 @@ import typing
 from dataclasses import dataclass, field
 
 from .config import Optimizer, Precision
-from .cost.estimate import TimeBreakdown
+from .cost.estimate import Replay, TimeBreakdown
 from .cost.memory import MemoryBreakdown
 from .jsonio import to_json
 from .strategy import MeshAxis, Recompute, Schedule, Strategy
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Bumped on any incompatible change of the plan JSON."""
 
 LAYER_RECOMPUTE: tuple[Recompute, ...] = tuple(r for r in Recompute if r != Recompute.PER_LAYER)
@@ -182,6 +182,9 @@ class Predicted:
     recompute_saved_bytes: float
     """Peak memory per GPU the recompute decisions save against recomputing nothing (same
     strategy otherwise)."""
+    replay: Replay
+    """The same step replayed operation by operation (every stage with its own times, the
+    schedule's real order): its step time and peak memory, next to the closed form above."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

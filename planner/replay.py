@@ -11,23 +11,10 @@ than the closed form, and equal to it when the stages are alike. Memory counts, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from .cost.estimate import Replay
 from .cost.evaluate import Evaluator
 from .solvers.pipeline_replay import simulate_pipeline
 from .strategy import Strategy
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Replay:
-    """What a replay of one step measured under the cost model."""
-
-    step_time_s: float
-    """Seconds from the first forward to the end of the optimizer step."""
-    peak_memory_bytes: float
-    """Largest memory of any GPU during the step."""
-    peak_stage: int
-    """Pipeline stage of that GPU."""
 
 
 def replay(ev: Evaluator, s: Strategy) -> Replay:

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from paraplan.planner.config import Optimizer, Precision
-from paraplan.planner.cost.estimate import TimeBreakdown
+from paraplan.planner.cost.estimate import Replay, TimeBreakdown
 from paraplan.planner.cost.memory import MemoryBreakdown
 from paraplan.planner.plan import (
     SCHEMA_VERSION,
@@ -124,7 +124,8 @@ def make_plan(*, family: str = "gpt2", dp: int = 1, tp: int = 1, pp: int = 1, ze
                             time_breakdown=TimeBreakdown(compute_s=0.0, recompute_s=0.0,
                                 comm_s=0.0, bubble_s=0.0, optimizer_s=0.0),
                             bubble_fraction=0.0, exposed_comm_s=0.0,
-                            recompute_saved_bytes=0.0),
+                            recompute_saved_bytes=0.0,
+                            replay=Replay(step_time_s=1.0, peak_memory_bytes=1.0, peak_stage=0)),
         runners_up=(),
     )  # fmt: skip
 

@@ -33,14 +33,15 @@ H100_NVLINK_BW = 900e9 / 2  # H100 SXM datasheet: 900 GB/s NVLink, both directio
 H100_NET_BW = 400e9 / 8  # DGX H100: one 400 Gb/s NIC per GPU -> 50 GB/s
 
 
-def _intra_bw(nbytes: float) -> float:
-    """Bus bandwidth inside a node for a message of `nbytes`: the link figure times NCCL's
-    bus efficiency, times S / (S + S_half) (docs/cost-model.md §5)."""
-    return H100_NVLINK_BW * BUS_EFFICIENCY_INTRA * nbytes / (nbytes + HALF_BANDWIDTH_BYTES_INTRA)
+INTRA_BW = H100_NVLINK_BW * BUS_EFFICIENCY_INTRA  # NCCL bus bandwidth over NVLink
+INTER_BW = H100_NET_BW * BUS_EFFICIENCY_INTER  # ... and over each GPU's NIC
 
 
-def _inter_bw(nbytes: float) -> float:
-    return H100_NET_BW * BUS_EFFICIENCY_INTER * nbytes / (nbytes + HALF_BANDWIDTH_BYTES_INTER)
+def _ring_s(nbytes: float, n: int, passes: int, bw: float, lat: float, half: float) -> float:
+    """A ring written out as docs/cost-model.md §5 says: passes*(n-1)/n of the bytes at the bus
+    bandwidth, and passes*(n-1) steps each paying its latency plus half_bytes / bw (a step of
+    S/n bytes runs at bw * (S/n) / (S/n + half))."""
+    return passes * (n - 1) / n * nbytes / bw + passes * (n - 1) * (lat + half / bw)
 
 
 def test_h100_link_figures_are_the_datasheets():
@@ -55,7 +56,7 @@ def test_ring_all_reduce_inside_a_node(n, nbytes):
     acc = get_accelerator("h100")
     lat = acc.intra_node_latency_s
     got = Collectives(acc).all_reduce(nbytes, AxisLink(n, n, 1))
-    expected = 2 * (n - 1) / n * nbytes / _intra_bw(nbytes) + 2 * (n - 1) * lat
+    expected = _ring_s(nbytes, n, 2, INTRA_BW, lat, HALF_BANDWIDTH_BYTES_INTRA)
     assert got == pytest.approx(expected, rel=1e-12)
 
 
@@ -64,7 +65,7 @@ def test_ring_all_gather_and_reduce_scatter_inside_a_node(n):
     acc = get_accelerator("h100")
     lat, nbytes = acc.intra_node_latency_s, 3e8
     coll = Collectives(acc)
-    expected = (n - 1) / n * nbytes / _intra_bw(nbytes) + (n - 1) * lat
+    expected = _ring_s(nbytes, n, 1, INTRA_BW, lat, HALF_BANDWIDTH_BYTES_INTRA)
     assert coll.all_gather(nbytes, AxisLink(n, n, 1)) == pytest.approx(expected, rel=1e-12)
     assert coll.reduce_scatter(nbytes, AxisLink(n, n, 1)) == pytest.approx(expected, rel=1e-12)
 
@@ -76,9 +77,13 @@ def test_hierarchical_all_reduce_across_nodes():
     nbytes = 1e9
     lat_in, lat_out = acc.intra_node_latency_s, acc.inter_node_latency_s
     shard = nbytes / 8
-    expected = 2 * (7 / 8 * nbytes / _intra_bw(nbytes) + 7 * lat_in) + 2 * (
-        1 / 2 * shard / _inter_bw(shard) + 1 * lat_out
-    )
+    intra = _ring_s(nbytes, 8, 2, INTRA_BW, lat_in, HALF_BANDWIDTH_BYTES_INTRA)
+    # between 2 nodes NCCL's tree beats the ring: the shard pipelined at the bus bandwidth its
+    # size reaches, 2 * log2(2) = 2 steps deep
+    tree = 2 * 1 / 2 * (shard + HALF_BANDWIDTH_BYTES_INTER) / INTER_BW + 2 * lat_out
+    ring = _ring_s(shard, 2, 2, INTER_BW, lat_out, HALF_BANDWIDTH_BYTES_INTER)
+    assert tree < ring
+    expected = intra + tree
     got = Collectives(acc).all_reduce(nbytes, AxisLink(16, 8, 2))
     assert got == pytest.approx(expected, rel=1e-12)
 

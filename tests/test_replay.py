@@ -5,9 +5,11 @@ bubble, equal when the stages are alike."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
+from paraplan.cli import main
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.evaluate import Evaluator
@@ -57,3 +59,28 @@ def test_replay_agrees_with_the_closed_form(name: str) -> None:
             assert r.step_time_s == pytest.approx(closed.step_time_s, rel=1e-9)
         if name == "tiny vocab" and s.tp == 1 and s.virtual_stages == 1 and s.zero_stage < 3:
             assert r.step_time_s == pytest.approx(closed.step_time_s, rel=5e-3), s.short()
+
+
+@pytest.mark.parametrize(
+    ("model", "cluster", "fix"),
+    [
+        ("gpt3-175b", "64xa100-80gb", "pp=8,tp=8"),
+        ("llama3-8b", "8xh100", ""),
+        ("gpt:layers=16,hidden=1024,heads=16,vocab=256000,seq=2048", "8xh100", "pp=4"),
+    ],
+)
+def test_every_plan_records_its_replay(model: str, cluster: str, fix: str, tmp_path, capsys):
+    """The plan JSON carries the replay next to the closed form, and they agree: the same
+    peak memory, the step time within one pipeline bubble."""
+    out = tmp_path / "plan.json"
+    args = ["plan", "--model", model, "--model-source", "spec", "--cluster", cluster,
+            "--global-batch", "64", "--seq-len", "2048", "-o", str(out)]  # fmt: skip
+    assert main(args + (["--fix", fix] if fix else [])) == 0
+    capsys.readouterr()
+    predicted = json.loads(out.read_text())["predicted"]
+    replayed = predicted["replay"]
+    assert replayed["peak_memory_bytes"] == pytest.approx(
+        predicted["memory_per_gpu_bytes"], rel=1e-9
+    )
+    gap = abs(replayed["step_time_s"] - predicted["step_time_s"])
+    assert gap <= predicted["time_breakdown"]["bubble_s"] * (1 + 1e-9) + 1e-12

@@ -197,9 +197,15 @@ def test_parse_aliases_and_types():
         assert type(getattr(pins, key)) is int
     assert pins.sequence_parallel is True
     assert pins.pinned() == (
-        "dp", "tp", "pp", "zero_stage", "sequence_parallel", "virtual_stages",
-        "micro_batch_size", "offload_optimizer",
-    )  # fmt: skip
+        "dp",
+        "tp",
+        "pp",
+        "zero_stage",
+        "sequence_parallel",
+        "virtual_stages",
+        "micro_batch_size",
+        "offload_optimizer",
+    )
     assert pins.cp is None and pins.schedule is None
 
 
@@ -266,8 +272,15 @@ def test_all_pinned_needs_every_main_dimension():
 
 
 def test_of_pins_every_dimension_of_a_strategy():
-    s = Strategy(dp=2, tp=2, pp=2, zero_stage=1, schedule=Schedule.ONE_F_ONE_B,
-                 micro_batch_size=4, recompute=Recompute.SELECTIVE)  # fmt: skip
+    s = Strategy(
+        dp=2,
+        tp=2,
+        pp=2,
+        zero_stage=1,
+        schedule=Schedule.ONE_F_ONE_B,
+        micro_batch_size=4,
+        recompute=Recompute.SELECTIVE,
+    )
     pins = Pins.of(s)
     assert len(pins.pinned()) == 12
     assert (pins.dp, pins.pp, pins.cp, pins.micro_batch_size) == (2, 2, 1, 4)
@@ -323,3 +336,36 @@ def test_unsatisfiable_pins_raise_naming_the_rule(gpt2_ev, fix, rule):
 def test_unknown_pin_is_rejected():
     with pytest.raises(TypeError, match="width"):
         Pins(width=2)  # type: ignore[call-arg]
+
+
+# --- the one strategy formatter ---------------------------------------------------------------
+
+
+def test_short_describes_a_strategy_in_one_line():
+    s = Strategy(
+        dp=8,
+        tp=8,
+        pp=16,
+        zero_stage=1,
+        sequence_parallel=True,
+        schedule=Schedule.INTERLEAVED_1F1B,
+        virtual_stages=2,
+        recompute=Recompute.FULL,
+    )
+    assert s.short() == "dp=8 tp=8 pp=16 zero=1 sp interleaved_1f1b(v=2) mbs=1 rc=full"
+    assert s.short(num_microbatches=64).endswith("mbs=1 m=64 rc=full")
+    per_layer = Strategy(
+        dp=2,
+        tp=1,
+        pp=1,
+        cp=2,
+        ep=2,
+        offload_optimizer=True,
+        zero_stage=3,
+        recompute=Recompute.PER_LAYER,
+    )
+    blocks = [Recompute.FULL] * 3 + [Recompute.NONE] * 9
+    assert per_layer.short(block_recompute=blocks) == (
+        "dp=2 tp=1 pp=1 cp=2 ep=2 zero=3 offload mbs=1 rc=per_layer(3xfull/9xnone)"
+    )
+    assert per_layer.short() == "dp=2 tp=1 pp=1 cp=2 ep=2 zero=3 offload mbs=1 rc=per_layer"

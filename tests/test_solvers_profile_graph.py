@@ -53,11 +53,16 @@ def path_chain(graph: OpGraph) -> LayerChain:
     for i in graph.compute_nodes:
         node, prev = graph.nodes[i], graph.nodes[i - 1]
         assert node.inputs == (i - 1,), "not a path graph"
-        layers.append(ChainLayer(
-            name=node.name, fwd_s=node.fwd_s, bwd_s=node.bwd_s, input_bytes=prev.output_bytes,
-            saved_bytes=prev.output_bytes + (node.output_bytes if node.bwd_output else 0.0),
-            output_bytes=node.output_bytes,
-        ))  # fmt: skip
+        layers.append(
+            ChainLayer(
+                name=node.name,
+                fwd_s=node.fwd_s,
+                bwd_s=node.bwd_s,
+                input_bytes=prev.output_bytes,
+                saved_bytes=prev.output_bytes + (node.output_bytes if node.bwd_output else 0.0),
+                output_bytes=node.output_bytes,
+            )
+        )
     return LayerChain(layers=tuple(layers), name=graph.name)
 
 

@@ -131,19 +131,22 @@ def links_for(
     )
 
 
-BUS_EFFICIENCY_INTRA = 0.80
+BUS_EFFICIENCY_INTRA = 0.90
 """Bus bandwidth NCCL reaches over NVLink/NVSwitch as a fraction of the per-direction link
 figure (busbw as nccl-tests define it, doc/PERFORMANCE.md). Assumption in line with published
-nccl-tests all-reduce runs on DGX A100/H100 (about 230 of 300 and 370 of 450 GB/s); a
-calibration replaces it."""
+nccl-tests all-reduce runs on DGX A100/H100 (230-270 of 300 and 370-400 of 450 GB/s); fitted
+on the published runs' training rows within that range (`benchmarks/fit_constants.py`);
+a calibration replaces it."""
 BUS_EFFICIENCY_INTER = 0.85
 """The same over InfiniBand/RoCE per GPU rail (assumption: protocol and proxy overheads)."""
-HALF_BANDWIDTH_BYTES_INTRA = 3 * 2**20
-"""Message size at which a collective reaches half its large-message bus bandwidth inside a
-node: NCCL's chunk pipeline and protocols (LL, LL128, Simple) only fill the links on large
-messages. Assumption read off the shape of nccl-tests curves (about 1/4 of the peak at 1 MiB,
-~85% at 16 MiB)."""
-HALF_BANDWIDTH_BYTES_INTER = 2 * 2**20
+HALF_BANDWIDTH_BYTES_INTRA = 384 * 2**10
+"""Size of the message one ring step moves (S / n) at which a collective reaches half its
+large-message bus bandwidth inside a node: NCCL's chunk pipeline and protocols (LL, LL128,
+Simple) only fill the links with large steps. Assumption read off the shape of nccl-tests
+all-reduce curves on 8 GPUs (about 1/4 of the peak at 1 MiB, ~85% at 16 MiB). Equivalently
+each ring step pays `HALF_BANDWIDTH_BYTES / bw` on top of its latency: collectives over large
+groups, or of small tensors, run far below the link rate."""
+HALF_BANDWIDTH_BYTES_INTER = 256 * 2**10
 """The same between nodes (assumption)."""
 
 
@@ -208,11 +211,18 @@ class Collectives:
         """One level: `passes`=2 for all-reduce, 1 for all-gather / reduce-scatter, on a
         tensor of `shard` bytes (unsharded at this level)."""
         n = phase.ranks
-        moved = passes * (n - 1) / n * _transfer_s(shard, phase.bw_bytes_per_s, phase.half_bytes)
-        steps = passes * (n - 1)
-        if phase.tree and passes == 2:  # double binary tree: ~log2 n steps up and down
-            steps = min(steps, 2 * math.ceil(math.log2(n)))
-        return moved + steps * phase.latency_s
+        if shard <= 0:
+            return 0.0
+        ring_steps = passes * (n - 1)
+        # ring: each step moves S/n at the bandwidth that step size reaches
+        ring = passes * (n - 1) / n * shard / phase.bw_bytes_per_s
+        ring += ring_steps * (phase.latency_s + phase.half_bytes / phase.bw_bytes_per_s)
+        if not (phase.tree and passes == 2):
+            return ring
+        # double binary tree: the whole shard pipelined in chunks, ~2 log2 n steps deep
+        depth = 2 * math.ceil(math.log2(n))
+        tree = 2 * (n - 1) / n * _transfer_s(shard, phase.bw_bytes_per_s, phase.half_bytes)
+        return min(ring, tree + depth * phase.latency_s)
 
     def _hierarchical(self, nbytes: float, link: AxisLink, passes: int) -> float:
         """`passes`=2 for all-reduce, 1 for all-gather / reduce-scatter (B = unsharded bytes)."""

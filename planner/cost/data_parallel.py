@@ -14,12 +14,13 @@ assumption in line with ZeRO-Offload's CPU-Adam (Ren et al. 2021 §4.2, ~1.5 s p
 10B parameters on a DGX-2 host); calibrate for your hosts."""
 
 
-OVERLAP_CONTENTION = 0.15
+OVERLAP_CONTENTION = 0.5
 """Extra compute time per second of communication hidden behind it: NCCL kernels take SMs and
 memory bandwidth from the compute they overlap (assumption of the order reported for
 overlapped collectives, e.g. Wang et al. 2023 "Overlap communication with dependent
 computation via decomposition", and Jangda et al. 2022 "Breaking the computation and
-communication abstraction barrier"; a global constant the validation fits)."""
+communication abstraction barrier"; fitted on the published runs' training rows:
+`benchmarks/fit_constants.py`, docs/validation.md)."""
 
 
 def hidden_behind(comm_s: float, compute_s: float) -> float:

@@ -30,6 +30,18 @@ class TimeBreakdown:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Replay:
+    """A step replayed operation by operation under the cost model (`planner/replay.py`)."""
+
+    step_time_s: float
+    """Seconds from the first forward to the end of the optimizer step."""
+    peak_memory_bytes: float
+    """Largest memory of any GPU during the step."""
+    peak_stage: int
+    """Pipeline stage of that GPU."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StageTime:
     """Seconds one pipeline stage spends per micro-batch, and once per step."""
 

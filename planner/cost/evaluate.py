@@ -202,22 +202,12 @@ class Evaluator:
         return self.num_microbatches(s) * total / s.pp
 
     def schedule_lower_bound_s(self, s: Strategy) -> float:
-        """Like `compute_lower_bound_s` for a pipeline shape: (m + (pp-1)/v) slots of the
-        busiest stage's forward and backward compute, in the layout (one per recompute policy)
-        where that is least."""
-        sm = self.stage_model
-        layouts = {
-            sm.layout(s.pp, s.virtual_stages, rc, s.tp, sp)
-            for rc in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
-            for sp in (False, True)
-        }
-        mbs = s.micro_batch_size
-        busiest = min(
-            max(c.fwd_s + c.bwd_s for c in sm.stage_compute(lay, s.tp, s.cp, s.ep, mbs))
-            for lay in layouts
-        )
+        """Like `compute_lower_bound_s` for a pipeline shape: (m + (pp-1)/v) slots, each at
+        least an even share of one micro-batch's forward and backward compute (the busiest
+        stage does no less than the average, whatever the layout)."""
+        total = self.stage_model.total_compute_s(s.tp, s.cp, s.ep, s.micro_batch_size)
         slots = self.num_microbatches(s) + (s.pp - 1) / s.virtual_stages
-        return slots * busiest
+        return slots * total / s.pp
 
     def links(self, s: Strategy) -> Links:
         """The link each communication group uses under the strategy's mesh order."""

@@ -119,10 +119,20 @@ def balanced_cuts(unit_costs_s: Sequence[float], num_chunks: int) -> list[int]:
         else:
             low_k = mid_k + 1
     most = low_k
-    # suffix_parts[p]: fewest parts the units p.. need under both limits
+    # reach[p]: end of the largest part starting at p under both limits (two pointers);
+    # suffix_parts[p]: fewest parts the units p.. need (greedy from p is optimal)
+    reach_of, end, running = [0] * n, 0, 0.0
+    for p in range(n):
+        if end < p:
+            end, running = p, 0.0
+        while end < n and end - p < most and running + costs[end] <= bound:
+            running += costs[end]
+            end += 1
+        reach_of[p] = max(end, p + 1)
+        running -= costs[p] if end > p else 0.0
     suffix_parts = [0] * (n + 1)
     for p in range(n - 1, -1, -1):
-        suffix_parts[p] = _parts_needed(costs[p:], bound, most)
+        suffix_parts[p] = 1 + suffix_parts[reach_of[p]]
     cuts, start, even_end = [], 0, 0
     for c in range(num_chunks - 1):
         even_end += even[c]

@@ -123,10 +123,16 @@ class ProblemShape:
     def of(cls, profile: ModelProfile, cluster: Cluster, train: TrainConfig) -> ProblemShape:
         """The shape of one planning problem."""
         return cls(
-            heads=profile.heads, kv_heads=profile.kv_heads, ffn=profile.ffn,
-            experts=profile.experts, is_moe=profile.is_moe, num_blocks=profile.num_blocks,
-            num_gpus=cluster.num_gpus, seq_len=train.seq_len, global_batch=train.global_batch,
-        )  # fmt: skip
+            heads=profile.heads,
+            kv_heads=profile.kv_heads,
+            ffn=profile.ffn,
+            experts=profile.experts,
+            is_moe=profile.is_moe,
+            num_blocks=profile.num_blocks,
+            num_gpus=cluster.num_gpus,
+            seq_len=train.seq_len,
+            global_batch=train.global_batch,
+        )
 
 
 class Assignment(Protocol):

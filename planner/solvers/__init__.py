@@ -1,5 +1,5 @@
 """Memory solvers: optimal checkpointing on chains (DP), rematerialization and offload on op
-graphs (ILP), pipeline partition (DP), and the simulator that checks them all.
+graphs (ILP), the pipeline replay, and the simulator that checks them all.
 
 Pure Python; numpy and PuLP are imported inside the functions that need them, so importing
 this package stays cheap. The models and their sources are in docs/cost-model.md.
@@ -10,7 +10,6 @@ from .checkpoint_dp import ChainSolution, solve_checkpoint_dp, sqrt_segment_star
 from .examples import gpt2_block_graph, gpt2_layer_chain, vgg16_chain
 from .from_profile import chain_from_profile, graph_from_profile, layer_graphs
 from .graph import GraphOp, OpGraph, TensorPart, chain_to_graph
-from .partition import PartitionSolution, in_flight_per_stage, partition_layers
 from .policies import Policy, store_all_ops, uniform_schedule
 from .remat_ilp import RematSolution, min_peak_remat_ilp, solve_remat_ilp
 from .schedule import Backward, Forward, Offload, Op, Prefetch, SolveStatus, Wait, format_schedule
@@ -28,7 +27,6 @@ __all__ = [
     "Offload",
     "Op",
     "OpGraph",
-    "PartitionSolution",
     "Policy",
     "Prefetch",
     "RematSolution",
@@ -45,10 +43,8 @@ __all__ = [
     "gpt2_block_graph",
     "gpt2_layer_chain",
     "graph_from_profile",
-    "in_flight_per_stage",
     "layer_graphs",
     "min_peak_remat_ilp",
-    "partition_layers",
     "simulate",
     "solve_checkpoint_dp",
     "solve_remat_ilp",

@@ -137,9 +137,14 @@ class _Builder:
         """Times of layers without operations, given to the next operation."""
 
     def add_layer(
-        self, name: str, graph: LayerGraph, x_in: int, times: tuple[float, float], b: int,
+        self,
+        name: str,
+        graph: LayerGraph,
+        x_in: int,
+        times: tuple[float, float],
+        b: int,
         flops_per_byte: float,
-    ) -> int:  # fmt: skip
+    ) -> int:
         """Append one layer whose input is node `x_in`; returns the node of its output."""
         where: dict[int, int | None] = {}  # local op -> graph node holding its storage
 
@@ -160,22 +165,24 @@ class _Builder:
                 continue
             moved = op.output_bytes * b + sum(self.nodes[g].output_bytes for g in ins)
             weight = max(op.fwd_flops * b, flops_per_byte * moved)
-            self.reads_own.update(g for g in reads if g not in ins and g != index
-                                  and not self.nodes[g].is_input)  # fmt: skip
-            self.nodes.append(GraphOp(
-                name=f"{name}/{k}:{op.op.removeprefix('aten.').removesuffix('.default')}",
-                output_bytes=op.output_bytes * b,
-                inputs=tuple(ins) if ins else (0,),
-                bwd_inputs=tuple(g for g in ins if g in reads),
-                bwd_output=index in reads,
-            ))  # fmt: skip
+            self.reads_own.update(
+                g for g in reads if g not in ins and g != index and not self.nodes[g].is_input
+            )
+            self.nodes.append(
+                GraphOp(
+                    name=f"{name}/{k}:{op.op.removeprefix('aten.').removesuffix('.default')}",
+                    output_bytes=op.output_bytes * b,
+                    inputs=tuple(ins) if ins else (0,),
+                    bwd_inputs=tuple(g for g in ins if g in reads),
+                    bwd_output=index in reads,
+                )
+            )
             kept.append((index, ins, weight))
         self._spread(kept, times)
         out = ref(graph.output) if graph.output >= -1 else None
         return x_in if out is None else out
 
-    def _spread(self, kept: list[tuple[int, list[int], float]], times: tuple[float, float]
-                ) -> None:  # fmt: skip
+    def _spread(self, kept: list[tuple[int, list[int], float]], times: tuple[float, float]) -> None:
         """Split the layer's forward and backward times over its ops by weight (evenly when
         every weight is 0); a layer without ops hands its times on to the next one."""
         fwd_s, bwd_s = times[0] + self.carry[0], times[1] + self.carry[1]
@@ -268,8 +275,11 @@ def graph_from_profile(
     not free to recompute; 0 splits by FLOPs alone. Transients inside an operation are not
     recorded: the graph's transients are its intermediate tensors and gradients."""
     _check_args(micro_batch_size, seconds_per_flop)
-    if not (isinstance(flops_per_byte, int | float) and math.isfinite(flops_per_byte)
-            and flops_per_byte >= 0):  # fmt: skip
+    if not (
+        isinstance(flops_per_byte, int | float)
+        and math.isfinite(flops_per_byte)
+        and flops_per_byte >= 0
+    ):
         raise ValueError(
             f"flops_per_byte={flops_per_byte!r} must be a finite number >= 0: the device's peak "
             "FLOP/s over its memory bandwidth, or 0 to split layer times by FLOPs alone"
