@@ -41,6 +41,14 @@ DEFAULT_MESH_ORDER: tuple[MeshAxis, ...] = (MeshAxis.PP, MeshAxis.DP, MeshAxis.C
 """Outermost to innermost, as torchtitan and Megatron order them: TP inside a node first."""
 
 
+LOCALITY_RANK: dict[MeshAxis, int] = {MeshAxis.TP: 0, MeshAxis.CP: 1, MeshAxis.DP: 2,
+                                      MeshAxis.PP: 3}  # fmt: skip
+"""Which axis deserves the fastest links, when the cost model cannot tell mesh orders apart:
+TP innermost (it communicates every layer, on the critical path), then CP (every attention
+block), then DP, with PP (one activation per stage boundary) outermost (torchtitan's and
+Megatron-LM's order). Ties between mesh orders break by this, never by axis name."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Strategy:
     """Degrees and choices of one candidate plan."""
@@ -88,7 +96,7 @@ class Strategy:
             self.tp, self.pp, self.cp, self.ep, self.dp, self.zero_stage, self.offload_optimizer,
             not self.sequence_parallel, str(self.schedule), self.virtual_stages,
             -self.micro_batch_size, self.recompute == Recompute.PER_LAYER, str(self.recompute),
-            tuple(str(a) for a in self.mesh_order),
+            tuple(LOCALITY_RANK[a] for a in reversed(self.mesh_order)),
         )  # fmt: skip
 
     def short(

@@ -8,6 +8,7 @@ recompute decisions from `per_layer.py`; this module puts memory and time togeth
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import cache
 
 from ..cluster import Cluster
 from ..config import TrainConfig
@@ -50,6 +51,7 @@ class Evaluator:
         self.shape = ProblemShape.of(profile, cluster, train)
         """What the structural rules read (see `violation`)."""
         self.per_layer = PerLayerRecompute(self.stage_model)
+        self._links = cache(self._links_uncached)
 
     # ---- structure ------------------------------------------------------------------------
     def num_microbatches(self, s: Strategy) -> int:
@@ -211,8 +213,13 @@ class Evaluator:
 
     def links(self, s: Strategy) -> Links:
         """The link each communication group uses under the strategy's mesh order."""
-        sizes = {MeshAxis.PP: s.pp, MeshAxis.DP: s.dp, MeshAxis.CP: s.cp, MeshAxis.TP: s.tp}
-        return links_for(sizes, s.mesh_order, s.ep, self.cluster.gpus_per_node)
+        return self._links(s.pp, s.dp, s.cp, s.tp, s.ep, s.mesh_order)
+
+    def _links_uncached(
+        self, pp: int, dp: int, cp: int, tp: int, ep: int, order: tuple[MeshAxis, ...]
+    ) -> Links:
+        sizes = {MeshAxis.PP: pp, MeshAxis.DP: dp, MeshAxis.CP: cp, MeshAxis.TP: tp}
+        return links_for(sizes, order, ep, self.cluster.gpus_per_node)
 
     def stage_times(
         self,

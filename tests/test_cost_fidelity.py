@@ -1,0 +1,120 @@
+"""Behaviours the cost model must show whatever its constants (issue: a cost model you can trust
+at scale), and the published-runs validation within its recorded bounds."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from paraplan.planner.cluster import parse_cluster
+from paraplan.planner.config import TrainConfig
+from paraplan.planner.cost.compute import KERNELS, KernelModel, Tile
+from paraplan.planner.cost.evaluate import Evaluator
+from paraplan.planner.hardware import get_accelerator
+from paraplan.planner.model_spec import parse_model
+from paraplan.planner.pins import Pins
+from paraplan.planner.search import Search
+from paraplan.planner.strategy import DEFAULT_MESH_ORDER, MeshAxis, Strategy
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _best_zero3(model: str, gpus: int, batch: int, seq: int) -> float:
+    """Tokens/s per GPU of the fastest pure ZeRO-3 strategy (tp = pp = cp = 1)."""
+    profile = parse_model(model).to_profile(seq_len=seq)
+    cluster = parse_cluster(f"{gpus}xa100-80gb")
+    ev = Evaluator(profile, cluster, TrainConfig(global_batch=batch, seq_len=seq))
+    pins = Pins(tp=1, pp=1, cp=1, zero_stage=3, offload_optimizer=False)
+    best = Search(ev, pins).run(top_k=0).best
+    assert best is not None
+    return best.tokens_per_s / gpus
+
+
+def test_zero3_throughput_per_gpu_falls_as_dp_grows_at_a_fixed_global_batch():
+    """At a fixed global batch, more data-parallel ranks leave each GPU fewer tokens per
+    micro-batch to hide the same per-unit gathers behind."""
+    rates = [_best_zero3("gpt3-175b", n, 1536, 2048) for n in (384, 768, 1536)]
+    assert rates[0] > rates[1] > rates[2]
+    assert rates[2] < 0.9 * rates[0]
+
+
+def test_cp_is_not_chosen_at_sequence_2048_on_one_node():
+    """Context parallelism only pays where attention blocks are long enough to hide the K/V
+    ring; a dense model at 2048 tokens on 8 GPUs uses DP/TP instead."""
+    for model in ("llama3-8b", "gpt:layers=24,hidden=2048,heads=16,vocab=50304,seq=2048"):
+        profile = parse_model(model).to_profile(seq_len=2048)
+        ev = Evaluator(profile, parse_cluster("8xh100"), TrainConfig(global_batch=64, seq_len=2048))
+        best = Search(ev).run(top_k=0).best
+        assert best is not None and best.strategy.cp == 1, best.strategy.short()
+
+
+def test_mesh_order_puts_tp_innermost_unless_pinned():
+    profile = parse_model("llama3-70b").to_profile(seq_len=4096)
+    ev = Evaluator(profile, parse_cluster("64xh100"), TrainConfig(global_batch=256, seq_len=4096))
+    for e in Search(ev, Pins(tp=8)).run(top_k=3).ranked:
+        assert e.strategy.mesh_order[-1] == MeshAxis.TP, e.strategy.short()
+    # equal costs: the locality order wins over any order by name
+    s = Strategy(dp=8, tp=8, pp=1)
+    swapped = Strategy(dp=8, tp=8, pp=1, mesh_order=(MeshAxis.PP, MeshAxis.TP, MeshAxis.CP,
+                                                     MeshAxis.DP))  # fmt: skip
+    assert s.sort_key() < swapped.sort_key()
+    assert s.mesh_order == DEFAULT_MESH_ORDER
+
+
+def test_thin_gemms_run_below_the_large_gemm_rate():
+    """Tile and wave quantization and the per-tile overhead (NVIDIA Matrix Multiplication
+    Background guide §3): K = 512 GEMMs, and GEMMs a few tiles wide, reach a lower fraction of
+    peak than 8192^3."""
+    acc = get_accelerator("h100")
+    k = KernelModel(acc, "bf16", KERNELS["h100"])
+
+    def rate(m: int, n: int, kk: int) -> float:
+        return 2 * m * n * kk / k.gemm_s(m, n, kk)
+
+    big = rate(8192, 8192, 8192)
+    assert big < acc.peak_flops_for("bf16")
+    assert rate(8192, 8192, 512) < 0.92 * big
+    assert rate(256, 256, 8192) < 0.5 * big  # 2 tiles on 132 SMs
+    # wave quantization with one tile shape: 133 tiles take two waves of 132
+    one = dataclasses.replace(KERNELS["h100"], tiles=(Tile(128, 128, 1.0),))
+    k1 = KernelModel(acc, "bf16", one)
+    full, spill = k1.gemm_s(128 * 12, 128 * 11, 4096), k1.gemm_s(128 * 12 + 1, 128 * 11, 4096)
+    assert spill == pytest.approx(2 * full, rel=1e-9)
+
+
+def test_causal_flash_attention_executes_half_the_dense_flops():
+    acc = get_accelerator("a100-80gb")
+    k = KernelModel(acc, "bf16", KERNELS["a100-80gb"])
+    causal_f, causal_b = k.attention_s(1e12, causal=True)
+    dense_f, _ = k.attention_s(1e12, causal=False)
+    assert causal_f == pytest.approx(dense_f / 2)
+    assert causal_b == pytest.approx(2.5 * causal_f)
+
+
+def _validation():
+    path = ROOT / "benchmarks" / "validate_published.py"
+    spec = importlib.util.spec_from_file_location("validate_published", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["validate_published"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_published_runs_within_the_recorded_bounds():
+    """The validation suite (benchmarks/validate_published.py) stays within the figures
+    docs/validation.md records, and every published pair keeps its order. The issue's target
+    (held-out mean <= 5%, max <= 10%) is not met yet: these bounds only stop regressions."""
+    vp = _validation()
+    results, _ = vp.run()
+    held = vp.summarize([r for r in results if r.case.held_out])
+    fit = vp.summarize([r for r in results if not r.case.held_out])
+    assert held.rows >= 15 and fit.rows >= 25
+    assert held.mean_abs_error <= 0.08
+    assert fit.mean_abs_error <= 0.085
+    assert all(ok for _, _, ok in vp.pair_orders(results))
