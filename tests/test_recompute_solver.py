@@ -17,6 +17,7 @@ from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.cost.recompute import LayerChoice, StageProblem, solve_stage
 from paraplan.planner.explain import format_plan
 from paraplan.planner.model_spec import parse_model
+from paraplan.planner.pins import Pins
 from paraplan.planner.plan_io import plan_from_dict
 from paraplan.planner.search import Search
 from paraplan.planner.strategy import Recompute
@@ -117,7 +118,7 @@ def test_per_layer_is_never_slower_than_a_uniform_policy_that_fits() -> None:
     of the fastest uniform policy that fits, and it fits whenever one does."""
     ev = _ev("gpt:layers=12,hidden=2048,heads=16,vocab=32000,seq=4096", "4xl4", 16, 4096)
     checked = wins = 0
-    for s in Search(ev, {"tp": 1}).valid():
+    for s in Search(ev, Pins(tp=1)).valid():
         if s.recompute != Recompute.PER_LAYER or ev.single_pass(s):
             continue
         uniform = [ev.evaluate(replace(s, recompute=r)) for r in POLICIES]
@@ -157,7 +158,7 @@ def test_plan_records_per_layer_decisions(tmp_path) -> None:
                                                           "sequence_parallel", "virtual_stages")},
               "micro_batch_size": plan.micro_batch_size}  # fmt: skip
     for rc in POLICIES:  # every uniform policy with the same degrees is slower or does not fit
-        result = Search(ev, {**pinned, "recompute": rc}).run(top_k=0)
+        result = Search(ev, Pins(**pinned, recompute=rc)).run(top_k=0)
         if result.best is not None:
             assert result.best.step_time_s > plan.predicted.step_time_s
     assert plan.predicted.recompute_saved_bytes > 0

@@ -104,6 +104,11 @@ class Links:
         return {MeshAxis.PP: self.pp, MeshAxis.DP: self.dp, MeshAxis.CP: self.cp,
                 MeshAxis.TP: self.tp}[axis]  # fmt: skip
 
+    @staticmethod
+    def ideal_of(size: int) -> AxisLink:
+        """A group of `size` ranks inside one node."""
+        return AxisLink(size, size, 1)
+
     def ideal(self) -> Links:
         """Every group inside one node (a lower bound on any placement's time when priced
         with `Collectives(acc, lower_bound=True)`)."""

@@ -46,6 +46,8 @@ class Evaluator:
         """Layout, per-layer seconds and static memory."""
         self.capacity_bytes = self.stage_model.capacity_bytes
         self.coll = Collectives(self.acc)
+        self.lower_bound_coll = Collectives(self.acc, lower_bound=True)
+        """Collectives on the fastest link with no latency: bounds for the search."""
         self.model_flops_per_seq = sum(x.fwd_flops + x.bwd_flops for x in profile.layers)
         self.num_blocks = profile.num_blocks
         self.shape = ProblemShape.of(profile, cluster, train)
@@ -196,20 +198,36 @@ class Evaluator:
         return out
 
     # ---- time -----------------------------------------------------------------------------
+    def _slot_lower_bound_s(self, s: Strategy) -> float:
+        """A bound on one pipeline slot of the busiest stage for these degrees and micro-batch
+        size, whatever the layout, ZeRO stage, recompute or mesh order: the busiest stage does
+        at least the average of the forward and backward compute plus the TP collectives every
+        block and the embedding and head run (2 + 2 per block; all on the fastest link, no
+        latency: `lower_bound_coll`)."""
+        sm, p = self.stage_model, self.profile
+        total = sm.total_compute_s(s.tp, s.cp, s.ep, s.micro_batch_size)
+        if s.tp > 1:
+            act = s.micro_batch_size * sm.block_output_seq_bytes / s.cp
+            ideal = Links.ideal_of(s.tp)
+            unit = min(
+                self.lower_bound_coll.all_reduce(act, ideal),
+                2 * self.lower_bound_coll.all_gather(act, ideal),
+            )
+            total += (4 * p.num_blocks + 2) * unit
+        return total / s.pp
+
     def compute_lower_bound_s(self, s: Strategy) -> float:
         """A bound no layout, schedule, ZeRO stage, recompute policy or mesh order beats for
-        these degrees and micro-batch size: the pipeline's busiest stage does at least 1/pp of
-        the forward and backward compute of every micro-batch."""
-        total = self.stage_model.total_compute_s(s.tp, s.cp, s.ep, s.micro_batch_size)
-        return self.num_microbatches(s) * total / s.pp
+        these degrees and micro-batch size: m slots plus the fill and drain of the most
+        interleaved schedule possible, each at least `_slot_lower_bound_s`."""
+        v_max = max(1, self.num_blocks // s.pp)
+        slots = self.num_microbatches(s) + (s.pp - 1) / v_max
+        return slots * self._slot_lower_bound_s(s)
 
     def schedule_lower_bound_s(self, s: Strategy) -> float:
-        """Like `compute_lower_bound_s` for a pipeline shape: (m + (pp-1)/v) slots, each at
-        least an even share of one micro-batch's forward and backward compute (the busiest
-        stage does no less than the average, whatever the layout)."""
-        total = self.stage_model.total_compute_s(s.tp, s.cp, s.ep, s.micro_batch_size)
+        """Like `compute_lower_bound_s` for a pipeline shape: (m + (pp-1)/v) slots."""
         slots = self.num_microbatches(s) + (s.pp - 1) / s.virtual_stages
-        return slots * total / s.pp
+        return slots * self._slot_lower_bound_s(s)
 
     def links(self, s: Strategy) -> Links:
         """The link each communication group uses under the strategy's mesh order."""
