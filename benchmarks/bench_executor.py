@@ -50,9 +50,18 @@ def _model(convert: bool):
     from paraplan.executor.convert import to_chain_module
 
     torch.manual_seed(0)
-    cfg = GPT2Config(n_layer=4, n_embd=128, n_head=4, vocab_size=VOCAB, n_positions=SEQ_LEN,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
-                     eos_token_id=0)  # fmt: skip
+    cfg = GPT2Config(
+        n_layer=4,
+        n_embd=128,
+        n_head=4,
+        vocab_size=VOCAB,
+        n_positions=SEQ_LEN,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = GPT2LMHeadModel(cfg)
     return to_chain_module(model) if convert else model
 
@@ -79,9 +88,12 @@ def _hand(kind: str, convert: bool = True):
         rows = slice(4 * mesh.get_local_rank(), 4 * mesh.get_local_rank() + 4)
     else:
         mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-        style = {**{f"attn.{n}": ColwiseParallel() for n in ("q_proj", "k_proj", "v_proj")},
-                 "attn.c_proj": RowwiseParallel(), "mlp.c_fc": ColwiseParallel(),
-                 "mlp.c_proj": RowwiseParallel()}  # fmt: skip
+        style = {
+            **{f"attn.{n}": ColwiseParallel() for n in ("q_proj", "k_proj", "v_proj")},
+            "attn.c_proj": RowwiseParallel(),
+            "mlp.c_fc": ColwiseParallel(),
+            "mlp.c_proj": RowwiseParallel(),
+        }
         for block in model.blocks.values():
             parallelize_module(block, mesh, style)
         rows = slice(0, GLOBAL_BATCH)
@@ -103,8 +115,9 @@ def _paraplan(kind: str):
     from paraplan.executor.optim import Optimizers
     from paraplan.executor.training import train_step
 
-    plan = paraplan.plan(SPEC, "2xcpu", global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN,
-                         precision="fp32", fix=PINS[kind]).plan  # fmt: skip
+    plan = paraplan.plan(
+        SPEC, "2xcpu", global_batch=GLOBAL_BATCH, seq_len=SEQ_LEN, precision="fp32", fix=PINS[kind]
+    ).plan
     pm = parallelize(_model(convert=False), plan)
     opts = Optimizers(pm, lr=LR)
 
@@ -140,10 +153,16 @@ def _row(kind: str, times: dict[str, list[float]], n: int, warmup: int) -> dict[
     hand = [math.sqrt(a * b) for a, b in zip(times["hand"], times["hand again"], strict=True)]
     paired = [p / h for p, h in zip(times["paraplan"], hand, strict=True)]
     control = [b / a for a, b in zip(times["hand"], times["hand again"], strict=True)]
-    return {"strategy": kind, "paraplan_s": med["paraplan"], "hand_s": statistics.median(hand),
-            "ratio": statistics.median(paired), "control_ratio": statistics.median(control),
-            "hand_unconverted_s": med.get("hand, unconverted HF"), "steps": n,
-            "warmup": warmup}  # fmt: skip
+    return {
+        "strategy": kind,
+        "paraplan_s": med["paraplan"],
+        "hand_s": statistics.median(hand),
+        "ratio": statistics.median(paired),
+        "control_ratio": statistics.median(control),
+        "hand_unconverted_s": med.get("hand, unconverted HF"),
+        "steps": n,
+        "warmup": warmup,
+    }
 
 
 def worker(n: int, warmup: int) -> None:
@@ -160,19 +179,35 @@ def worker(n: int, warmup: int) -> None:
         rows.append(_row(kind, _time(steps, n, warmup), n, warmup))
         gc.collect()
     if dist.get_rank() == 0:
-        print(f"{'strategy':<22}{'paraplan s':>11}{'by hand s':>11}{'ratio':>8}  ok "
-              f"{'A/A control':>12}{'HF unconverted s':>18}")  # fmt: skip
+        print(
+            f"{'strategy':<22}{'paraplan s':>11}{'by hand s':>11}{'ratio':>8}  ok "
+            f"{'A/A control':>12}{'HF unconverted s':>18}"
+        )
         for r in rows:
             ok = "yes" if r["ratio"] <= TARGET_RATIO else "NO"  # type: ignore[operator]
             extra = f"{r['hand_unconverted_s']:.4f}" if r["hand_unconverted_s"] else "-"
-            print(f"{r['strategy']:<22}{r['paraplan_s']:>11.4f}{r['hand_s']:>11.4f}"
-                  f"{r['ratio']:>8.3f}  {ok:<3}{r['control_ratio']:>12.3f}{extra:>18}")  # fmt: skip
+            print(
+                f"{r['strategy']:<22}{r['paraplan_s']:>11.4f}{r['hand_s']:>11.4f}"
+                f"{r['ratio']:>8.3f}  {ok:<3}{r['control_ratio']:>12.3f}{extra:>18}"
+            )
         RESULT.parent.mkdir(exist_ok=True)
-        RESULT.write_text(json.dumps({
-            "benchmark": "executor overhead", "model": SPEC, "global_batch": GLOBAL_BATCH,
-            "seq_len": SEQ_LEN, "ranks": dist.get_world_size(), "device": "cpu (gloo)",
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores", "target_ratio":
-            TARGET_RATIO, "rows": rows}, indent=2) + "\n")  # fmt: skip
+        RESULT.write_text(
+            json.dumps(
+                {
+                    "benchmark": "executor overhead",
+                    "model": SPEC,
+                    "global_batch": GLOBAL_BATCH,
+                    "seq_len": SEQ_LEN,
+                    "ranks": dist.get_world_size(),
+                    "device": "cpu (gloo)",
+                    "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                    "target_ratio": TARGET_RATIO,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()
@@ -187,8 +222,17 @@ def main() -> int:
     if args.worker:
         worker(args.steps, args.warmup)
         return 0
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           __file__, "--worker", f"--steps={args.steps}", f"--warmup={args.warmup}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        __file__,
+        "--worker",
+        f"--steps={args.steps}",
+        f"--warmup={args.warmup}",
+    ]
     code = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False).returncode
     if code:
         return code

@@ -36,20 +36,32 @@ def main() -> int:
         start = time.perf_counter()
         proc = subprocess.run(
             [sys.executable, "-c", _CHILD, model, str(seq)],
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         wall = time.perf_counter() - start
         rss = int(proc.stderr.strip().splitlines()[-1])
         head = proc.stdout.splitlines()[0] if proc.stdout else ""
-        rows.append({"model": model, "seq_len": seq, "wall_s": wall,
-                     "peak_rss_bytes": rss,
-                     "target_s": target_s, "target_rss_bytes": target_rss,
-                     "ok": wall < target_s and rss < target_rss, "summary": head})  # fmt: skip
+        rows.append(
+            {
+                "model": model,
+                "seq_len": seq,
+                "wall_s": wall,
+                "peak_rss_bytes": rss,
+                "target_s": target_s,
+                "target_rss_bytes": target_rss,
+                "ok": wall < target_s and rss < target_rss,
+                "summary": head,
+            }
+        )
     print(f"{'model':<14}{'seq':>6}{'wall s':>9}{'peak RSS GB':>13}  ok  summary")
     for r in rows:
-        print(f"{r['model']:<14}{r['seq_len']:>6}{r['wall_s']:>9.1f}"
-              f"{r['peak_rss_bytes'] / 1e9:>13.2f}  {'yes' if r['ok'] else 'NO '} "
-              f"{r['summary']}")  # fmt: skip
+        print(
+            f"{r['model']:<14}{r['seq_len']:>6}{r['wall_s']:>9.1f}"
+            f"{r['peak_rss_bytes'] / 1e9:>13.2f}  {'yes' if r['ok'] else 'NO '} "
+            f"{r['summary']}"
+        )
     out = Path(__file__).resolve().parent / "results" / "profile_meta.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps({"machine": platform.platform(), "rows": rows}, indent=2))

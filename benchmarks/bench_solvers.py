@@ -48,14 +48,17 @@ def hetero_chain(layers: int, seed: int = 0) -> LayerChain:
     return LayerChain(
         layers=tuple(
             ChainLayer(
-                name=f"l{i}", fwd_s=rng.uniform(1, 2) * 1e-3, bwd_s=rng.uniform(2, 4) * 1e-3,
-                input_bytes=xs[i], saved_bytes=xs[i] + rng.uniform(0, 9) * 1e6,
+                name=f"l{i}",
+                fwd_s=rng.uniform(1, 2) * 1e-3,
+                bwd_s=rng.uniform(2, 4) * 1e-3,
+                input_bytes=xs[i],
+                saved_bytes=xs[i] + rng.uniform(0, 9) * 1e6,
                 output_bytes=xs[i + 1],
             )
             for i in range(layers)
         ),
         name=f"heterogeneous chain ({layers} layers)",
-    )  # fmt: skip
+    )
 
 
 def timed(fn):  # type: ignore[no-untyped-def]
@@ -69,24 +72,31 @@ def dp_speed(repeats: int) -> dict:
     top = simulate(chain, uniform_schedule(chain, Policy.STORE_ALL)).peak_bytes
     rows = []
     for frac in (0.1, 0.3, 0.6):
-        runs = [timed(lambda f=frac: solve_checkpoint_dp(chain, f * top, num_units=500))
-                for _ in range(repeats)]  # fmt: skip
+        runs = [
+            timed(lambda f=frac: solve_checkpoint_dp(chain, f * top, num_units=500))
+            for _ in range(repeats)
+        ]
         sol = runs[0][0]
         replay = simulate(chain, sol.ops)
-        rows.append({
-            "budget_fraction": frac, "status": str(sol.status),
-            "median_wall_s": statistics.median(r[1] for r in runs),
-            "median_cpu_s": statistics.median(r[2] for r in runs),
-            "overhead": sol.overhead,
-            "replay_matches": abs(replay.makespan_s - sol.makespan_s) <= 1e-9 * sol.makespan_s
-            and abs(replay.peak_bytes - sol.peak_bytes) <= 1e-9 * sol.peak_bytes,
-        })  # fmt: skip
+        rows.append(
+            {
+                "budget_fraction": frac,
+                "status": str(sol.status),
+                "median_wall_s": statistics.median(r[1] for r in runs),
+                "median_cpu_s": statistics.median(r[2] for r in runs),
+                "overhead": sol.overhead,
+                "replay_matches": abs(replay.makespan_s - sol.makespan_s) <= 1e-9 * sol.makespan_s
+                and abs(replay.peak_bytes - sol.peak_bytes) <= 1e-9 * sol.peak_bytes,
+            }
+        )
     print(f"\nDP on {chain.name}, 500 memory units (median of {repeats}; target < 1 s)")
     print(f"{'budget':>8}{'status':>10}{'wall s':>9}{'cpu s':>8}{'overhead':>10}  replay")
     for r in rows:
-        print(f"{r['budget_fraction']:>7.0%} {r['status']:>9}{r['median_wall_s']:>9.3f}"
-              f"{r['median_cpu_s']:>8.3f}{r['overhead']:>10.2%}  "
-              f"{'ok' if r['replay_matches'] else 'MISMATCH'}")  # fmt: skip
+        print(
+            f"{r['budget_fraction']:>7.0%} {r['status']:>9}{r['median_wall_s']:>9.3f}"
+            f"{r['median_cpu_s']:>8.3f}{r['overhead']:>10.2%}  "
+            f"{'ok' if r['replay_matches'] else 'MISMATCH'}"
+        )
     ok = all(r["median_wall_s"] < 1.0 and r["replay_matches"] for r in rows)
     return {"chain": chain.name, "num_units": 500, "rows": rows, "ok": ok}
 
@@ -105,25 +115,43 @@ def ilp_backends(time_limit_s: float) -> dict:
                 )
             )
             replay = simulate(graph, sol.ops, pcie_bytes_per_s=PCIE)
-            rows.append({
-                "backend": backend, "budget_fraction": frac, "status": str(sol.status),
-                "wall_s": wall, "overhead": sol.overhead, "binaries": sol.num_binaries,
-                "replay_matches": abs(replay.makespan_s - sol.makespan_s) <= 1e-9
-                * sol.makespan_s and abs(replay.peak_bytes - sol.peak_bytes) <= 1,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "backend": backend,
+                    "budget_fraction": frac,
+                    "status": str(sol.status),
+                    "wall_s": wall,
+                    "overhead": sol.overhead,
+                    "binaries": sol.num_binaries,
+                    "replay_matches": abs(replay.makespan_s - sol.makespan_s)
+                    <= 1e-9 * sol.makespan_s
+                    and abs(replay.peak_bytes - sol.peak_bytes) <= 1,
+                }
+            )
     total = {b: sum(r["wall_s"] for r in rows if r["backend"] == b) for b in ("cbc", "highs")}
     chosen = min(total, key=lambda b: total[b])
-    print(f"\nILP with offload (PCIe {PCIE / 1e9:.0f} GB/s) on {graph.name}; "
-          f"time limit {time_limit_s:g} s")  # fmt: skip
+    print(
+        f"\nILP with offload (PCIe {PCIE / 1e9:.0f} GB/s) on {graph.name}; "
+        f"time limit {time_limit_s:g} s"
+    )
     print(f"{'backend':>8}{'budget':>8}{'status':>10}{'wall s':>9}{'overhead':>10}  replay")
     for r in rows:
-        print(f"{r['backend']:>8}{r['budget_fraction']:>7.0%} {r['status']:>9}{r['wall_s']:>9.2f}"
-              f"{r['overhead']:>10.2%}  {'ok' if r['replay_matches'] else 'MISMATCH'}")  # fmt: skip
+        print(
+            f"{r['backend']:>8}{r['budget_fraction']:>7.0%} {r['status']:>9}{r['wall_s']:>9.2f}"
+            f"{r['overhead']:>10.2%}  {'ok' if r['replay_matches'] else 'MISMATCH'}"
+        )
     print(f"total: cbc {total['cbc']:.1f} s, highs {total['highs']:.1f} s -> {chosen}")
     worst = max(r["wall_s"] for r in rows if r["backend"] == chosen)
     ok = worst < 10.0 and all(r["replay_matches"] for r in rows)
-    return {"graph": graph.name, "pcie_bytes_per_s": PCIE, "rows": rows, "total_s": total,
-            "chosen": chosen, "worst_chosen_s": worst, "ok": ok}  # fmt: skip
+    return {
+        "graph": graph.name,
+        "pcie_bytes_per_s": PCIE,
+        "rows": rows,
+        "total_s": total,
+        "chosen": chosen,
+        "worst_chosen_s": worst,
+        "ok": ok,
+    }
 
 
 def tradeoff(chain: LayerChain, time_limit_s: float) -> dict:
@@ -131,8 +159,7 @@ def tradeoff(chain: LayerChain, time_limit_s: float) -> dict:
     ref = base[Policy.STORE_ALL]
     least = solve_checkpoint_dp(chain, 1.0).min_budget_bytes
     low = 1.01 * least  # at exactly the smallest peak only min-peak schedules fit
-    points = [low + (ref.peak_bytes - low) * k / (CURVE_POINTS - 1)
-              for k in range(CURVE_POINTS)]  # fmt: skip
+    points = [low + (ref.peak_bytes - low) * k / (CURVE_POINTS - 1) for k in range(CURVE_POINTS)]
     rows = []
     for budget in points:
         row: dict = {"budget_bytes": budget, "budget_fraction": budget / ref.peak_bytes}
@@ -152,8 +179,10 @@ def tradeoff(chain: LayerChain, time_limit_s: float) -> dict:
         row["best_baseline"] = min(fitting) if fitting else None
         rows.append(row)
     names = ["store-all", "sqrt-segments", "full-recompute", "dp", "ilp", "ilp+offload"]
-    print(f"\n{chain.name}: overhead over no recomputation ({ref.makespan_s * 1e3:.2f} ms, "
-          f"{ref.peak_bytes / 2**20:.0f} MiB store-all peak)")  # fmt: skip
+    print(
+        f"\n{chain.name}: overhead over no recomputation ({ref.makespan_s * 1e3:.2f} ms, "
+        f"{ref.peak_bytes / 2**20:.0f} MiB store-all peak)"
+    )
     print(f"{'budget':>12}" + "".join(f"{n:>15}" for n in names) + f"{'gain':>10}")
     ok = True
 
@@ -173,9 +202,14 @@ def tradeoff(chain: LayerChain, time_limit_s: float) -> dict:
         "gain: best fitting baseline's overhead minus paraplan's (percentage points); "
         "— where no baseline fits; * time limit reached (best found, not proven optimal)"
     )
-    return {"chain": chain.name, "store_all_makespan_s": ref.makespan_s,
-            "store_all_peak_bytes": ref.peak_bytes, "min_peak_bytes": least, "rows": rows,
-            "ok": ok}  # fmt: skip
+    return {
+        "chain": chain.name,
+        "store_all_makespan_s": ref.makespan_s,
+        "store_all_peak_bytes": ref.peak_bytes,
+        "min_peak_bytes": least,
+        "rows": rows,
+        "ok": ok,
+    }
 
 
 def main() -> int:
@@ -195,8 +229,11 @@ def main() -> int:
     out = Path(__file__).parent / "results" / "solvers.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    ok = (result["dp_speed"]["ok"] and result["ilp_backends"]["ok"]
-          and all(t["ok"] for t in result["tradeoffs"]))  # fmt: skip
+    ok = (
+        result["dp_speed"]["ok"]
+        and result["ilp_backends"]["ok"]
+        and all(t["ok"] for t in result["tradeoffs"])
+    )
     print(f"\nwrote {out}; all targets {'met' if ok else 'NOT met'}")
     return 0 if ok else 1
 

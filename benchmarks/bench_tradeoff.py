@@ -50,9 +50,21 @@ MIB = 2**20
 # block to block: early blocks hold large activations and compute little per byte, late blocks
 # the reverse (the heterogeneity Rotor exploits, Beaumont et al. 2019 §5).
 CNN_BLOCKS: tuple[tuple[int, int] | str, ...] = (
-    (32, 1), (32, 1), "M", (64, 1), (64, 1), "M", (128, 1), (128, 1), (128, 1), "M",
-    (256, 1), (256, 1), (256, 2), (512, 1),
-)  # fmt: skip
+    (32, 1),
+    (32, 1),
+    "M",
+    (64, 1),
+    (64, 1),
+    "M",
+    (128, 1),
+    (128, 1),
+    (128, 1),
+    "M",
+    (256, 1),
+    (256, 1),
+    (256, 2),
+    (512, 1),
+)
 
 
 def hetero_cnn(classes: int = 100) -> Any:
@@ -61,8 +73,11 @@ def hetero_cnn(classes: int = 100) -> Any:
     from torch import nn
 
     def conv(c_in: int, c_out: int, stride: int) -> nn.Module:
-        return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False),
-                             nn.BatchNorm2d(c_out), nn.ReLU())  # fmt: skip
+        return nn.Sequential(
+            nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False),
+            nn.BatchNorm2d(c_out),
+            nn.ReLU(),
+        )
 
     class HeteroCNN(nn.Module):
         def __init__(self) -> None:
@@ -97,8 +112,9 @@ def profile_gpt2(batch: int, seq: int, repeats: int) -> Any:
     cfg = load_config({"model_type": "gpt2"})
     model = build_model(cfg, device="cpu", dtype=torch.float32)
     inputs = example_inputs(cfg, batch, seq, "cpu")
-    return paraplan.profile(model, inputs, mode="measure", name="gpt2-small", warmup=1,
-                            repeats=repeats)  # fmt: skip
+    return paraplan.profile(
+        model, inputs, mode="measure", name="gpt2-small", warmup=1, repeats=repeats
+    )
 
 
 def profile_cnn(batch: int, image: int, repeats: int) -> Any:
@@ -112,9 +128,15 @@ def profile_cnn(batch: int, image: int, repeats: int) -> Any:
     x = torch.randn(batch, 3, image, image)  # (B, 3, H, W)
     y = torch.randint(0, 100, (batch,))
     return paraplan.profile(
-        model, (x,), mode="measure", blocks="features", name="hetero-cnn", warmup=1,
-        repeats=repeats, loss_fn=lambda out: torch.nn.functional.cross_entropy(out, y),
-    )  # fmt: skip
+        model,
+        (x,),
+        mode="measure",
+        blocks="features",
+        name="hetero-cnn",
+        warmup=1,
+        repeats=repeats,
+        loss_fn=lambda out: torch.nn.functional.cross_entropy(out, y),
+    )
 
 
 def check(curves: tuple[TradeoffCurve, ...]) -> list[str]:
@@ -129,11 +151,14 @@ def check(curves: tuple[TradeoffCurve, ...]) -> list[str]:
         for s in ("paraplan-dp", "paraplan-ilp"):
             mine = by[s][i].overhead
             if mine is None:
-                problems.append(f"{s} has no schedule at {budget / MIB:.1f} MiB where "
-                                f"{sorted(fitting)} fit")  # fmt: skip
+                problems.append(
+                    f"{s} has no schedule at {budget / MIB:.1f} MiB where {sorted(fitting)} fit"
+                )
             elif mine > best + TOL * (1 + abs(best)):
-                problems.append(f"{s} overhead {mine:.4%} at {budget / MIB:.1f} MiB is worse than "
-                                f"the best fitting baseline's {best:.4%}")  # fmt: skip
+                problems.append(
+                    f"{s} overhead {mine:.4%} at {budget / MIB:.1f} MiB is worse than "
+                    f"the best fitting baseline's {best:.4%}"
+                )
     return problems
 
 
@@ -155,15 +180,17 @@ def table(
             mark = "*" if p.status == "feasible" else ""
             cells.append("—" if p.overhead is None else f"{p.overhead:.1%}{mark}")
         base = [by[s][i].overhead for s in BASELINES if by[s][i].overhead is not None]
-        ours = [by[s][i].overhead for s in ("paraplan-dp", "paraplan-ilp")
-                if by[s][i].overhead is not None]  # fmt: skip
+        ours = [
+            by[s][i].overhead
+            for s in ("paraplan-dp", "paraplan-ilp")
+            if by[s][i].overhead is not None
+        ]
         gain = f"{(min(base) - min(ours)) * 100:.1f}" if base and ours else "—"
         lines.append(f"| {point.budget_bytes / MIB:.0f} | " + " | ".join(cells) + f" | {gain} |")
     return lines
 
 
-def run_model(label: str, profile: Any, batch: int, n: int, time_limit_s: float
-              ) -> dict[str, Any]:  # fmt: skip
+def run_model(label: str, profile: Any, batch: int, n: int, time_limit_s: float) -> dict[str, Any]:
     """Curves of one profiled model (a micro-batch is the profiled batch), table, checks."""
     chain = chain_from_profile(profile, micro_batch_size=batch)
     store = simulate(chain, baseline_schedule(chain, "store-all"))
@@ -177,12 +204,17 @@ def run_model(label: str, profile: Any, batch: int, n: int, time_limit_s: float
     for p in problems:
         print(f"FAIL: {p}")
     return {
-        "model": label, "chain": chain.name, "layers": len(chain),
-        "store_all_makespan_s": store.makespan_s, "store_all_peak_bytes": store.peak_bytes,
+        "model": label,
+        "chain": chain.name,
+        "layers": len(chain),
+        "store_all_makespan_s": store.makespan_s,
+        "store_all_peak_bytes": store.peak_bytes,
         "min_peak_bytes": solve_checkpoint_dp(chain, 0.0).min_budget_bytes,
-        "curves_wall_s": wall, "table": lines, "problems": problems,
+        "curves_wall_s": wall,
+        "table": lines,
+        "problems": problems,
         "curves": [asdict(c) for c in curves],
-    }  # fmt: skip
+    }
 
 
 def main() -> int:
@@ -197,8 +229,7 @@ def main() -> int:
     n = args.budgets or (4 if quick else 8)
     limit = args.ilp_time_limit or (5.0 if quick else 10.0)
     gpt2 = {"batch": 2, "seq": 128 if quick else 256, "repeats": 1 if quick else 3}
-    cnn = {"batch": 8 if quick else 16, "image": 32 if quick else 64,
-           "repeats": 1 if quick else 3}  # fmt: skip
+    cnn = {"batch": 8 if quick else 16, "image": 32 if quick else 64, "repeats": 1 if quick else 3}
     import torch
 
     torch.set_num_threads(min(2, os.cpu_count() or 1))
@@ -214,11 +245,18 @@ def main() -> int:
     out = Path(__file__).parent / "results" / "tradeoff.json"
     out.parent.mkdir(exist_ok=True)
     result = {
-        "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                    "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads()},
-        "quick": quick, "budgets": n, "ilp_time_limit_s": limit, "ilp_backend": DEFAULT_BACKEND,
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+        },
+        "quick": quick,
+        "budgets": n,
+        "ilp_time_limit_s": limit,
+        "ilp_backend": DEFAULT_BACKEND,
         "models": results,
-    }  # fmt: skip
+    }
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     ok = not any(r["problems"] for r in results)
     print(

@@ -118,17 +118,29 @@ def _spec(row: dict[str, Any]) -> TransformerSpec | None:
     if "llama" in name:
         base = PRESETS["llama3-8b"]
         return dataclasses.replace(
-            base, name=row["id"], layers=m["layers"], hidden=m["hidden"], heads=m["heads"],
-            kv_heads=m.get("kv_heads") or m["heads"], ffn=m.get("ffn") or base.ffn,
-            vocab=m["vocab"], seq=m["seq_len"],
-        )  # fmt: skip
+            base,
+            name=row["id"],
+            layers=m["layers"],
+            hidden=m["hidden"],
+            heads=m["heads"],
+            kv_heads=m.get("kv_heads") or m["heads"],
+            ffn=m.get("ffn") or base.ffn,
+            vocab=m["vocab"],
+            seq=m["seq_len"],
+        )
     base = PRESETS["gpt3-175b"]
     return dataclasses.replace(
-        base, name=row["id"], layers=m["layers"], hidden=m["hidden"], heads=m["heads"],
-        kv_heads=m.get("kv_heads") or m["heads"], ffn=m.get("ffn") or 4 * m["hidden"],
-        vocab=m["vocab"], seq=m["seq_len"],
+        base,
+        name=row["id"],
+        layers=m["layers"],
+        hidden=m["hidden"],
+        heads=m["heads"],
+        kv_heads=m.get("kv_heads") or m["heads"],
+        ffn=m.get("ffn") or 4 * m["hidden"],
+        vocab=m["vocab"],
+        seq=m["seq_len"],
         attention=Attention.FLASH if flash else Attention.MATH,
-    )  # fmt: skip
+    )
 
 
 def _published_step_s(row: dict[str, Any], spec: TransformerSpec) -> float | None:
@@ -194,8 +206,11 @@ def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
             continue
         assert spec is not None and step is not None
         precision = Precision.FP16 if cfg.get("precision") == "fp16" or gpu == "v100" else None
-        train = TrainConfig(global_batch=cfg["global_batch"], seq_len=spec.seq,
-                            precision=precision or Precision.BF16)  # fmt: skip
+        train = TrainConfig(
+            global_batch=cfg["global_batch"],
+            seq_len=spec.seq,
+            precision=precision or Precision.BF16,
+        )
         v = cfg.get("virtual_stages")
         pp = cfg["pp"]
         schedule = None
@@ -205,25 +220,37 @@ def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
             schedule = Schedule.INTERLEAVED_1F1B if v > 1 else Schedule.ONE_F_ONE_B
         rc = cfg.get("recompute")
         pins = Pins(
-            dp=cfg["dp"], tp=cfg["tp"], pp=pp, cp=cfg.get("cp") or 1,
-            zero_stage=cfg.get("zero_stage"), micro_batch_size=cfg.get("micro_batch_size"),
-            virtual_stages=v, schedule=schedule,
+            dp=cfg["dp"],
+            tp=cfg["tp"],
+            pp=pp,
+            cp=cfg.get("cp") or 1,
+            zero_stage=cfg.get("zero_stage"),
+            micro_batch_size=cfg.get("micro_batch_size"),
+            virtual_stages=v,
+            schedule=schedule,
             recompute=Recompute(rc) if rc else None,
             sequence_parallel=cfg.get("sequence_parallel") if cfg["tp"] > 1 else False,
             offload_optimizer=False,  # no published run here offloads
-        )  # fmt: skip
+        )
         gpn = row["cluster"].get("gpus_per_node") or 8
         cases.append(
             Case(
-                id=row["id"], spec=spec,
+                id=row["id"],
+                spec=spec,
                 cluster=f"{row['cluster']['num_gpus']}x{gpu}" + (f":{gpn}" if gpn != 8 else ""),
-                train=train, pins=pins,
-                split=(StageSplit.EVEN if row["id"].startswith(_EVEN_SPLIT_SOURCES)
-                       else StageSplit.BALANCED),
-                published_step_s=step, pair=row.get("pair"), held_out=held_out(row["id"]),
+                train=train,
+                pins=pins,
+                split=(
+                    StageSplit.EVEN
+                    if row["id"].startswith(_EVEN_SPLIT_SOURCES)
+                    else StageSplit.BALANCED
+                ),
+                published_step_s=step,
+                pair=row.get("pair"),
+                held_out=held_out(row["id"]),
                 family=_family(cfg),
             )
-        )  # fmt: skip
+        )
     return cases, skipped
 
 
@@ -322,12 +349,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = time.perf_counter()
     results, skipped = run()
-    print(f"{'row':44s} {'family':14s} {'set':5s} {'published s':>11s} {'predicted s':>11s} "
-          f"{'error':>7s}  strategy")  # fmt: skip
+    print(
+        f"{'row':44s} {'family':14s} {'set':5s} {'published s':>11s} {'predicted s':>11s} "
+        f"{'error':>7s}  strategy"
+    )
     for r in sorted(results, key=lambda r: (r.case.held_out, r.case.id)):
-        print(f"{r.case.id[:44]:44s} {r.case.family:14s} {'held' if r.case.held_out else 'fit':5s} "
-              f"{r.case.published_step_s:11.3f} {r.predicted_step_s:11.3f} {r.error:+7.1%}  "
-              f"{r.strategy}")  # fmt: skip
+        print(
+            f"{r.case.id[:44]:44s} {r.case.family:14s} {'held' if r.case.held_out else 'fit':5s} "
+            f"{r.case.published_step_s:11.3f} {r.predicted_step_s:11.3f} {r.error:+7.1%}  "
+            f"{r.strategy}"
+        )
     fit = summarize([r for r in results if not r.case.held_out])
     held = summarize([r for r in results if r.case.held_out])
     pairs = pair_orders(results)
@@ -345,15 +376,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {row_id}: {why}")
     print(f"({time.perf_counter() - start:.1f} s)")
     if args.json:
-        args.json.write_text(json.dumps({
-            "rows": [{"id": r.case.id, "family": r.case.family, "held_out": r.case.held_out,
-                      "published_step_s": r.case.published_step_s,
-                      "predicted_step_s": r.predicted_step_s, "error": r.error,
-                      "strategy": r.strategy} for r in results],
-            "fitted": dataclasses.asdict(fit), "held_out": dataclasses.asdict(held),
-            "pairs": [{"faster": f, "slower": s, "ordered": ok} for f, s, ok in pairs],
-            "skipped": [{"id": i, "why": w} for i, w in skipped],
-        }, indent=2) + "\n")  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                {
+                    "rows": [
+                        {
+                            "id": r.case.id,
+                            "family": r.case.family,
+                            "held_out": r.case.held_out,
+                            "published_step_s": r.case.published_step_s,
+                            "predicted_step_s": r.predicted_step_s,
+                            "error": r.error,
+                            "strategy": r.strategy,
+                        }
+                        for r in results
+                    ],
+                    "fitted": dataclasses.asdict(fit),
+                    "held_out": dataclasses.asdict(held),
+                    "pairs": [{"faster": f, "slower": s, "ordered": ok} for f, s, ok in pairs],
+                    "skipped": [{"id": i, "why": w} for i, w in skipped],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 0 if all(math.isfinite(r.predicted_step_s) for r in results) else 1
 
 

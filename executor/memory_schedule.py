@@ -40,10 +40,21 @@ from torch.utils.checkpoint import checkpoint
 from ..planner.solvers.graph import TensorPart
 from ..planner.solvers.schedule import Backward, Forward, Offload, Op, SolveStatus
 
-_NUMPY_DTYPES = frozenset({
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-    torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128,
-})  # fmt: skip
+_NUMPY_DTYPES = frozenset(
+    {
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.float32,
+        torch.float64,
+        torch.complex64,
+        torch.complex128,
+    }
+)
 """Dtypes NumPy holds as they are; others are stored as raw integers of the same width."""
 _RAW_DTYPES = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 """Element size -> integer dtype used to copy the bits of a dtype NumPy lacks (e.g. bf16)."""
@@ -239,13 +250,16 @@ class _TreeParser:
             "of solve_checkpoint_dp or uniform_schedule"
         )
 
-    def _take(self, kind: type[Forward] | type[Backward], node: int,
-              keep: bool | None = None) -> None:  # fmt: skip
+    def _take(
+        self, kind: type[Forward] | type[Backward], node: int, keep: bool | None = None
+    ) -> None:
         """Consume the next op if it is `kind` on `node` (a Forward with `keep_saved=keep`)."""
         op = self.ops[self.pos][1] if self.pos < len(self.ops) else None
-        if isinstance(op, kind) and op.node == node and (
-            keep is None or getattr(op, "keep_saved", None) == keep
-        ):  # fmt: skip
+        if (
+            isinstance(op, kind)
+            and op.node == node
+            and (keep is None or getattr(op, "keep_saved", None) == keep)
+        ):
             self.pos += 1
             return
         what = f"{kind.__name__}(node={node}" + ("" if keep is None else f", keep_saved={keep}")
@@ -261,8 +275,9 @@ class _TreeParser:
                 if isinstance(prev, Backward) and s < prev.node <= t:
                     return prev.node
                 break
-        raise self._fail(f"a run of Forward(keep_saved=False) from node {s} followed by its "
-                         f"recomputation")  # fmt: skip
+        raise self._fail(
+            f"a run of Forward(keep_saved=False) from node {s} followed by its recomputation"
+        )
 
     def segment(self, s: int, t: int) -> tuple[Segment, ...]:
         """Segments (0-based layers) for nodes s..t, consuming their operations: first the
@@ -291,10 +306,14 @@ class _TreeParser:
             else:
                 self._take(Backward, first)
         return _merge(
-            Segment(first=first - 1, stop=stop - 1, checkpointed=checkpointed,
-                    inner=inner.get(first, ()) if checkpointed else ())
+            Segment(
+                first=first - 1,
+                stop=stop - 1,
+                checkpointed=checkpointed,
+                inner=inner.get(first, ()) if checkpointed else (),
+            )
             for first, stop, checkpointed in runs
-        )  # fmt: skip
+        )
 
 
 def _merge(segments: Iterable[Segment]) -> tuple[Segment, ...]:
@@ -342,16 +361,18 @@ def _segment_ops(segments: tuple[Segment, ...]) -> list[Op]:
 def _is_dense(t: torch.Tensor) -> bool:
     """Whether `t`'s strides lay its elements out without gaps or overlaps, in any order."""
     expected = 1
-    for stride, size in sorted((st, n) for n, st in zip(t.size(), t.stride(), strict=True)
-                               if n != 1):  # fmt: skip
+    for stride, size in sorted(
+        (st, n) for n, st in zip(t.size(), t.stride(), strict=True) if n != 1
+    ):
         if stride != expected:
             return False
         expected *= size
     return True
 
 
-def _empty(size: torch.Size, stride: tuple[int, ...] | None, dtype: torch.dtype,
-           *, pin: bool = False) -> torch.Tensor:  # fmt: skip
+def _empty(
+    size: torch.Size, stride: tuple[int, ...] | None, dtype: torch.dtype, *, pin: bool = False
+) -> torch.Tensor:
     """An uninitialized CPU tensor with these strides (None: contiguous)."""
     if stride is None:
         return torch.empty(size, dtype=dtype, pin_memory=pin)
@@ -428,8 +449,7 @@ class ScheduledChain(nn.Module):
         """Run the chain on `x` (the first layer's input) as the schedule says."""
         store = None
         if self.schedule.offload:
-            keep = {t.untyped_storage().data_ptr()
-                    for t in [*self.parameters(), *self.buffers()]}  # fmt: skip
+            keep = {t.untyped_storage().data_ptr() for t in [*self.parameters(), *self.buffers()]}
             store = _HostStore(keep)
         return self._run(self.schedule.segments, x, store)
 

@@ -15,9 +15,14 @@ if TYPE_CHECKING:
 
 
 def model_profile(
-    model: str, *, seq_len: int | None, precision: str = "bf16", source: str = "auto",
-    progress: bool = False, notes: list[str] | None = None,
-) -> ModelProfile:  # fmt: skip
+    model: str,
+    *,
+    seq_len: int | None,
+    precision: str = "bf16",
+    source: str = "auto",
+    progress: bool = False,
+    notes: list[str] | None = None,
+) -> ModelProfile:
     """The planner's view of `--model`: a Hugging Face preset or config.json traced on the meta
     device (source "trace"; needs torch), or an analytic spec (source "spec": a preset,
     'family:key=value,...' or a spec file). "auto" traces Hugging Face models and falls back to
@@ -100,9 +105,12 @@ def plan(
     else:
         cl = parse_cluster(cluster, gpus_per_node=gpus_per_node)
     train = TrainConfig(
-        global_batch=global_batch, seq_len=seq, precision=precision,  # type: ignore[arg-type]
-        optimizer=optimizer, memory_headroom=memory_headroom,  # type: ignore[arg-type]
-    )  # fmt: skip
+        global_batch=global_batch,
+        seq_len=seq,
+        precision=precision,  # type: ignore[arg-type]
+        optimizer=optimizer,
+        memory_headroom=memory_headroom,  # type: ignore[arg-type]
+    )
     pins = Pins.parse(fix) if isinstance(fix, str) else fix
     return make_plan(profile, cl, train, pins=pins, top_k=top_k, progress=progress)
 
@@ -157,8 +165,7 @@ def auto_parallelize(
     from .planner.pins import Pins
     from .profiler import profile as run_profile
 
-    prof = run_profile(model, example_inputs, loss_fn=loss_fn, measured_on="", repeats=0,
-                       warmup=0)  # fmt: skip
+    prof = run_profile(model, example_inputs, loss_fn=loss_fn, measured_on="", repeats=0, warmup=0)
     model.zero_grad(set_to_none=True)
     dtype = next(model.parameters()).dtype
     precision = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(dtype, "fp32")

@@ -39,10 +39,16 @@ _CAUSES = {
 def parallelism_of(s: Strategy) -> Parallelism:
     """The plan's parallelism record of a strategy."""
     return Parallelism(
-        dp=s.dp, tp=s.tp, pp=s.pp, cp=s.cp, ep=s.ep, zero_stage=s.zero_stage,
-        sequence_parallel=s.sequence_parallel, virtual_stages=s.virtual_stages,
+        dp=s.dp,
+        tp=s.tp,
+        pp=s.pp,
+        cp=s.cp,
+        ep=s.ep,
+        zero_stage=s.zero_stage,
+        sequence_parallel=s.sequence_parallel,
+        virtual_stages=s.virtual_stages,
         offload_optimizer=s.offload_optimizer,
-    )  # fmt: skip
+    )
 
 
 def lost_because(loser: Estimate, winner: Estimate) -> str:
@@ -97,11 +103,11 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
         for st in range(s.pp)
     )
     layers = tuple(
-        LayerDecision(index=i, name=x.name, recompute=policy, kept_bytes=kept,
-                      recompute_s=seconds)
+        LayerDecision(index=i, name=x.name, recompute=policy, kept_bytes=kept, recompute_s=seconds)
         for i, (x, (policy, kept, seconds)) in enumerate(
-            zip(p.layers, ev.per_layer.decisions(s), strict=True))
-    )  # fmt: skip
+            zip(p.layers, ev.per_layer.decisions(s), strict=True)
+        )
+    )
     mem, tb = chosen.memory, chosen.time
     return Plan(
         schema_version=SCHEMA_VERSION,

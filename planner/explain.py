@@ -48,18 +48,23 @@ def format_plan(plan: Plan) -> str:
     ]
     total = pr.memory_per_gpu_bytes or 1.0
     for name, value in (
-        ("params", mb.params_bytes), ("grads", mb.grads_bytes),
-        ("optimizer", mb.optimizer_bytes), ("activations", mb.activations_bytes),
+        ("params", mb.params_bytes),
+        ("grads", mb.grads_bytes),
+        ("optimizer", mb.optimizer_bytes),
+        ("activations", mb.activations_bytes),
         ("other", mb.other_bytes),
-    ):  # fmt: skip
+    ):
         bar = "#" * round(30 * value / total)
         lines.append(f"  {name:<12}{_gb(value):>12}  {value / total:6.1%}  {bar}")
     lines += ["", "Time per step"]
     step = pr.step_time_s or 1.0
     for name, value in (
-        ("compute", tb.compute_s), ("recompute", tb.recompute_s), ("comm", tb.comm_s),
-        ("bubble", tb.bubble_s), ("optimizer", tb.optimizer_s),
-    ):  # fmt: skip
+        ("compute", tb.compute_s),
+        ("recompute", tb.recompute_s),
+        ("comm", tb.comm_s),
+        ("bubble", tb.bubble_s),
+        ("optimizer", tb.optimizer_s),
+    ):
         lines.append(f"  {name:<12}{value:>10,.3f} s  {value / step:6.1%}")
     if plan.runners_up:
         lines += ["", "Runners-up"]
@@ -89,8 +94,10 @@ def _recompute_summary(plan: Plan) -> str:
     pr = plan.predicted
     if policy != Recompute.NONE:
         rc = pr.time_breakdown.recompute_s
-        text += (f"; +{rc:,.3f} s per step ({rc / (pr.step_time_s - rc or 1.0):.1%} over no "
-                 f"recompute), saves {_gb(pr.recompute_saved_bytes)} per GPU")  # fmt: skip
+        text += (
+            f"; +{rc:,.3f} s per step ({rc / (pr.step_time_s - rc or 1.0):.1%} over no "
+            f"recompute), saves {_gb(pr.recompute_saved_bytes)} per GPU"
+        )
     return text
 
 
@@ -103,10 +110,12 @@ def explain(plan: Plan) -> str:
         out.append(f"It does NOT fit: {plan.infeasible_reason}.")
     use = pr.memory_per_gpu_bytes / pr.memory_capacity_bytes
     parts = {
-        "parameters": mb.params_bytes, "gradients": mb.grads_bytes,
-        "optimizer states": mb.optimizer_bytes, "activations": mb.activations_bytes,
+        "parameters": mb.params_bytes,
+        "gradients": mb.grads_bytes,
+        "optimizer states": mb.optimizer_bytes,
+        "activations": mb.activations_bytes,
         "buffers and runtime": mb.other_bytes,
-    }  # fmt: skip
+    }
     biggest = max(parts, key=lambda k: parts[k])
     verdict = "memory-bound" if use >= MEMORY_BOUND_SHARE else "not memory-bound"
     out.append(
@@ -116,9 +125,11 @@ def explain(plan: Plan) -> str:
     )
     step = pr.step_time_s
     shares = {
-        "the pipeline bubble": tb.bubble_s, "exposed communication": tb.comm_s,
-        "recomputation": tb.recompute_s, "the optimizer step": tb.optimizer_s,
-    }  # fmt: skip
+        "the pipeline bubble": tb.bubble_s,
+        "exposed communication": tb.comm_s,
+        "recomputation": tb.recompute_s,
+        "the optimizer step": tb.optimizer_s,
+    }
     out.append(
         f"Time: {step:.3f} s per step, {tb.compute_s / step:.0%} useful compute, MFU {pr.mfu:.1%}."
     )
@@ -174,10 +185,16 @@ def format_profile(profile: ModelProfile) -> str:
     ]
     rows: list[tuple[str, tuple]] = []
     for x in p.layers:
-        key = (x.params + x.expert_params, x.fwd_flops, x.bwd_flops,
-               x.act_tp_bytes + x.act_replicated_bytes, x.output_bytes,
-               max(x.fwd_tmp_bytes, x.bwd_tmp_bytes),
-               x.fwd_time_s, x.bwd_time_s)  # fmt: skip
+        key = (
+            x.params + x.expert_params,
+            x.fwd_flops,
+            x.bwd_flops,
+            x.act_tp_bytes + x.act_replicated_bytes,
+            x.output_bytes,
+            max(x.fwd_tmp_bytes, x.bwd_tmp_bytes),
+            x.fwd_time_s,
+            x.bwd_time_s,
+        )
         if rows and x.kind == LayerKind.BLOCK and rows[-1][1][:6] == key[:6]:
             first = rows[-1][0].split("..")[0]
             rows[-1] = (f"{first}..{x.name.split('.')[-1]}", rows[-1][1])

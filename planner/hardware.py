@@ -25,11 +25,17 @@ DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 """dtype keys a `peak_flops` mapping may hold."""
 
 NUMERIC_FIELDS: tuple[str, ...] = (
-    "peak_flops", "memory_bytes", "memory_bw_bytes_per_s",
-    "intra_node_bw_bytes_per_s", "intra_node_latency_s",
-    "inter_node_bw_bytes_per_s", "inter_node_latency_s",
-    "pcie_bw_bytes_per_s", "matmul_efficiency", "runtime_overhead_bytes",
-)  # fmt: skip
+    "peak_flops",
+    "memory_bytes",
+    "memory_bw_bytes_per_s",
+    "intra_node_bw_bytes_per_s",
+    "intra_node_latency_s",
+    "inter_node_bw_bytes_per_s",
+    "inter_node_latency_s",
+    "pcie_bw_bytes_per_s",
+    "matmul_efficiency",
+    "runtime_overhead_bytes",
+)
 """Fields that hold figures; each needs a source, each can be calibrated."""
 
 CALIBRATABLE_FIELDS = NUMERIC_FIELDS
@@ -203,9 +209,15 @@ _NET_400G = (
 
 
 def _sources(
-    datasheet: str, *, intra: str, intra_lat: str, inter: str, inter_lat: str, eff: str,
+    datasheet: str,
+    *,
+    intra: str,
+    intra_lat: str,
+    inter: str,
+    inter_lat: str,
+    eff: str,
     pcie: str | None = None,
-) -> dict[str, str]:  # fmt: skip
+) -> dict[str, str]:
     return {
         "peak_flops": f"{datasheet}; dense figures (the 'with sparsity' tensor figures halved)",
         "memory_bytes": f"{datasheet}; device-memory GB read as GiB (binary capacity)",
@@ -387,9 +399,14 @@ def get_accelerator(name: str) -> Accelerator:
 
 
 _DEVICE_NAME_WORDS: tuple[tuple[str, str], ...] = (
-    ("H100 PCIe", "h100-pcie"), ("H100", "h100"), ("H200", "h200"), ("B200", "b200"),
-    ("L4", "l4"), ("V100", "v100"), ("MI300X", "mi300x"),
-)  # fmt: skip
+    ("H100 PCIe", "h100-pcie"),
+    ("H100", "h100"),
+    ("H200", "h200"),
+    ("B200", "b200"),
+    ("L4", "l4"),
+    ("V100", "v100"),
+    ("MI300X", "mi300x"),
+)
 """Catalog names by the words CUDA reports in device names, most specific first (e.g.
 torch.cuda.get_device_name() gives "NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe" or
 "NVIDIA A100-SXM4-80GB"). Matched as whole words, so an L40S is not taken for an L4."""

@@ -295,17 +295,35 @@ _LLAMA3: dict[str, Any] = {"ffn_kind": FfnKind.SWIGLU, "vocab": 128256, "seq": 8
 PRESETS: dict[str, TransformerSpec] = {
     # GPT-2: Radford et al. 2019, Table 2; 124,439,808 params with the 50,257-token vocab.
     "gpt2": TransformerSpec(
-        name="gpt2", layers=12, hidden=768, heads=12, vocab=50257, seq=1024,
-        tied_embeddings=True, **_GPT_MATH,
+        name="gpt2",
+        layers=12,
+        hidden=768,
+        heads=12,
+        vocab=50257,
+        seq=1024,
+        tied_embeddings=True,
+        **_GPT_MATH,
     ),
     "gpt2-xl": TransformerSpec(
-        name="gpt2-xl", layers=48, hidden=1600, heads=25, vocab=50257, seq=1024,
-        tied_embeddings=True, **_GPT_MATH,
+        name="gpt2-xl",
+        layers=48,
+        hidden=1600,
+        heads=25,
+        vocab=50257,
+        seq=1024,
+        tied_embeddings=True,
+        **_GPT_MATH,
     ),
     # GPT-3 175B: Brown et al. 2020, Table 2.1 (96 layers, d=12288, 96 heads, 2048 context).
     "gpt3-175b": TransformerSpec(
-        name="gpt3-175b", layers=96, hidden=12288, heads=96, vocab=50257, seq=2048,
-        tied_embeddings=True, **_GPT_MATH,
+        name="gpt3-175b",
+        layers=96,
+        hidden=12288,
+        heads=96,
+        vocab=50257,
+        seq=2048,
+        tied_embeddings=True,
+        **_GPT_MATH,
     ),
     # Llama 3 herd: Dubey et al. 2024, Table 3.
     "llama3-8b": TransformerSpec(
@@ -319,10 +337,19 @@ PRESETS: dict[str, TransformerSpec] = {
     ),
     # Mixtral 8x7B: Jiang et al. 2024, Table 1.
     "mixtral-8x7b": TransformerSpec(
-        name="mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336,
-        ffn_kind=FfnKind.SWIGLU, vocab=32000, seq=32768, experts=8, top_k=2,
+        name="mixtral-8x7b",
+        layers=32,
+        hidden=4096,
+        heads=32,
+        kv_heads=8,
+        ffn=14336,
+        ffn_kind=FfnKind.SWIGLU,
+        vocab=32000,
+        seq=32768,
+        experts=8,
+        top_k=2,
     ),
-}  # fmt: skip
+}
 
 _FAMILIES: dict[str, dict[str, Any]] = {
     "gpt": {**_GPT_MATH, "tied_embeddings": True},  # GPT-2/3 tie the output head

@@ -8,12 +8,27 @@ from typing import Any
 from .strategy import Recompute, Schedule, Strategy
 
 FIX_KEYS = (
-    "dp", "tp", "pp", "cp", "ep", "zero_stage", "sequence_parallel", "virtual_stages",
-    "micro_batch_size", "schedule", "recompute", "offload_optimizer",
-)  # fmt: skip
+    "dp",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "zero_stage",
+    "sequence_parallel",
+    "virtual_stages",
+    "micro_batch_size",
+    "schedule",
+    "recompute",
+    "offload_optimizer",
+)
 """The pinnable dimensions, by their plan-JSON names, in the order `describe` writes them."""
-FIX_ALIASES = {"zero": "zero_stage", "sp": "sequence_parallel", "vpp": "virtual_stages",
-               "mbs": "micro_batch_size", "offload": "offload_optimizer"}  # fmt: skip
+FIX_ALIASES = {
+    "zero": "zero_stage",
+    "sp": "sequence_parallel",
+    "vpp": "virtual_stages",
+    "mbs": "micro_batch_size",
+    "offload": "offload_optimizer",
+}
 """Short names `--fix` accepts for some keys."""
 PINNED_FOR_SINGLE = frozenset(
     {"dp", "tp", "pp", "zero_stage", "micro_batch_size", "schedule", "recompute"}
@@ -22,8 +37,16 @@ PINNED_FOR_SINGLE = frozenset(
 _INT_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "virtual_stages", "micro_batch_size")
 _BOOL_KEYS = ("sequence_parallel", "offload_optimizer")
 _ZERO_STAGES = (0, 1, 2, 3)
-_BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True,
-               "false": False, "0": False, "no": False, "off": False}  # fmt: skip
+_BOOL_WORDS = {
+    "true": True,
+    "1": True,
+    "yes": True,
+    "on": True,
+    "false": False,
+    "0": False,
+    "no": False,
+    "off": False,
+}
 FIX_FORMS = (
     "comma-separated key=value pairs, e.g. 'tp=8,pp=8,dp=24,zero=1,mbs=2,schedule=1f1b,"
     "recompute=full'; keys: "

@@ -42,8 +42,9 @@ def profile_to_dict(profile: ModelProfile) -> dict[str, typing.Any]:
 def profile_from_dict(data: typing.Any) -> ModelProfile:
     """Validate against the schema and build (ValueError on any problem)."""
     if isinstance(data, dict) and data.get("schema_version") not in (
-        None, PROFILE_SCHEMA_VERSION,
-    ):  # fmt: skip
+        None,
+        PROFILE_SCHEMA_VERSION,
+    ):
         raise ValueError(
             f"schema_version {data.get('schema_version')!r} is not supported (this paraplan "
             f"reads version {PROFILE_SCHEMA_VERSION}); profile the model again"

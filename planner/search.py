@@ -34,8 +34,12 @@ MIN_TOKENS_PER_CP_RANK = 1024
 sequence (unless pinned): below that, each ring step's latency outweighs its attention block
 (ring attention works on blocks of thousands of tokens, Liu et al. 2023 §3)."""
 _T = TypeVar("_T")
-_RECOMPUTE_RANK = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2,
-                   Recompute.PER_LAYER: 3}  # fmt: skip
+_RECOMPUTE_RANK = {
+    Recompute.NONE: 0,
+    Recompute.SELECTIVE: 1,
+    Recompute.FULL: 2,
+    Recompute.PER_LAYER: 3,
+}
 """Order of recompute policies by added time when several fit. `per_layer` is never slower
 than a uniform policy that fits except through TP/EP collectives redone, so only `none`
 fitting dominates it (the solver then picks `none` everywhere)."""
@@ -131,12 +135,14 @@ class Search:
             if f.virtual_stages is not None:
                 fv = f.virtual_stages
                 scheds = [x for x in scheds if x[1] == fv] or [(x[0], fv) for x in scheds[:1]]
-            rest = list(itertools.product(
-                _options(f.sequence_parallel, [False, True] if tp > 1 else [False]),
-                _options(f.zero_stage, [0, 1, 2, 3]),
-                _options(f.offload_optimizer, [False, True]),
-                _options(f.recompute, list(Recompute)),
-            ))  # fmt: skip
+            rest = list(
+                itertools.product(
+                    _options(f.sequence_parallel, [False, True] if tp > 1 else [False]),
+                    _options(f.zero_stage, [0, 1, 2, 3]),
+                    _options(f.offload_optimizer, [False, True]),
+                    _options(f.recompute, list(Recompute)),
+                )
+            )
             if f.offload_optimizer is None:
                 rest = [r for r in rest if not (r[2] and r[1] == 0)]  # offload needs ZeRO >= 1
             for mbs in mbss:
@@ -223,11 +229,14 @@ class Search:
                         continue
                     rc_rank = _RECOMPUTE_RANK[rc]
                     if any(
-                        f[0] == sp and f[1] == zero and f[2] <= off and f[3] <= rc_rank
+                        f[0] == sp
+                        and f[1] == zero
+                        and f[2] <= off
+                        and f[3] <= rc_rank
                         and (f[2] == off or offload_slower)
                         and (rc != Recompute.PER_LAYER or f[3] == 0)
                         for f in fitted
-                    ):  # fmt: skip
+                    ):
                         continue  # only adds recompute/offload to a faster strategy that fits
                     fitted.append((sp, zero, off, rc_rank))
                     s = block.strategy(sched, v, sp, zero, off, rc)
@@ -237,8 +246,12 @@ class Search:
                             continue
                     memory, peak_stage = ev.memory(s)
                     est = self._best_order(s, memory, peak_stage)
-                    entry = (-est.step_time_s, -memory.total_bytes, _Neg(est.strategy.sort_key()),
-                             est)  # fmt: skip
+                    entry = (
+                        -est.step_time_s,
+                        -memory.total_bytes,
+                        _Neg(est.strategy.sort_key()),
+                        est,
+                    )
                     if len(heap) < keep:
                         heapq.heappush(heap, entry)
                     elif entry[:3] > heap[0][:3]:
@@ -316,10 +329,19 @@ class _Block:
         """One strategy of the block (default mesh order)."""
         b = self.base
         return Strategy(
-            dp=b.dp, tp=b.tp, pp=b.pp, cp=b.cp, ep=b.ep, micro_batch_size=b.micro_batch_size,
-            schedule=sched, virtual_stages=v, sequence_parallel=sp, recompute=rc,
-            zero_stage=zero, offload_optimizer=off,
-        )  # fmt: skip
+            dp=b.dp,
+            tp=b.tp,
+            pp=b.pp,
+            cp=b.cp,
+            ep=b.ep,
+            micro_batch_size=b.micro_batch_size,
+            schedule=sched,
+            virtual_stages=v,
+            sequence_parallel=sp,
+            recompute=rc,
+            zero_stage=zero,
+            offload_optimizer=off,
+        )
 
     def strategies(self) -> Iterator[Strategy]:
         """Each strategy of the block (default mesh order)."""

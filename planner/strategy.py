@@ -41,8 +41,12 @@ DEFAULT_MESH_ORDER: tuple[MeshAxis, ...] = (MeshAxis.PP, MeshAxis.DP, MeshAxis.C
 """Outermost to innermost, as torchtitan and Megatron order them: TP inside a node first."""
 
 
-LOCALITY_RANK: dict[MeshAxis, int] = {MeshAxis.TP: 0, MeshAxis.CP: 1, MeshAxis.DP: 2,
-                                      MeshAxis.PP: 3}  # fmt: skip
+LOCALITY_RANK: dict[MeshAxis, int] = {
+    MeshAxis.TP: 0,
+    MeshAxis.CP: 1,
+    MeshAxis.DP: 2,
+    MeshAxis.PP: 3,
+}
 """Which axis deserves the fastest links, when the cost model cannot tell mesh orders apart:
 TP innermost (it communicates every layer, on the critical path), then CP (every attention
 block), then DP, with PP (one activation per stage boundary) outermost (torchtitan's and
@@ -87,17 +91,31 @@ class Strategy:
 
     def axis_size(self, axis: MeshAxis) -> int:
         """Degree of a mesh axis."""
-        return {MeshAxis.PP: self.pp, MeshAxis.DP: self.dp, MeshAxis.CP: self.cp,
-                MeshAxis.TP: self.tp}[axis]  # fmt: skip
+        return {
+            MeshAxis.PP: self.pp,
+            MeshAxis.DP: self.dp,
+            MeshAxis.CP: self.cp,
+            MeshAxis.TP: self.tp,
+        }[axis]
 
     def sort_key(self) -> tuple:
         """Deterministic tie-break between equally fast strategies."""
         return (
-            self.tp, self.pp, self.cp, self.ep, self.dp, self.zero_stage, self.offload_optimizer,
-            not self.sequence_parallel, str(self.schedule), self.virtual_stages,
-            -self.micro_batch_size, self.recompute == Recompute.PER_LAYER, str(self.recompute),
+            self.tp,
+            self.pp,
+            self.cp,
+            self.ep,
+            self.dp,
+            self.zero_stage,
+            self.offload_optimizer,
+            not self.sequence_parallel,
+            str(self.schedule),
+            self.virtual_stages,
+            -self.micro_batch_size,
+            self.recompute == Recompute.PER_LAYER,
+            str(self.recompute),
             tuple(LOCALITY_RANK[a] for a in reversed(self.mesh_order)),
-        )  # fmt: skip
+        )
 
     def short(
         self, *, num_microbatches: int | None = None, block_recompute: Sequence[Recompute] = ()

@@ -46,9 +46,11 @@ def _call(model: nn.Module, inputs: Any) -> Any:
 
 
 def _batch_and_seq(inputs: Any, shape: Shape | None) -> tuple[int, int]:
-    first = next(iter(inputs.values())) if isinstance(inputs, dict) else (
-        inputs[0] if isinstance(inputs, tuple | list) else inputs
-    )  # fmt: skip
+    first = (
+        next(iter(inputs.values()))
+        if isinstance(inputs, dict)
+        else (inputs[0] if isinstance(inputs, tuple | list) else inputs)
+    )
     if not isinstance(first, torch.Tensor) or first.dim() < 1:
         raise ValueError("example_inputs must start with a batched tensor (batch first)")
     seq = int(first.shape[1]) if shape is not None and first.dim() >= 2 else 1
@@ -96,12 +98,14 @@ def _faked(model: nn.Module, inputs: Any) -> Iterator[Any]:
                     continue
                 if id(t) not in memo:
                     fake = fm.from_tensor(t)
-                    memo[id(t)] = nn.Parameter(fake, t.requires_grad) if isinstance(
-                        t, nn.Parameter) else fake  # fmt: skip
+                    memo[id(t)] = (
+                        nn.Parameter(fake, t.requires_grad) if isinstance(t, nn.Parameter) else fake
+                    )
                 originals.append((table, key, t))
                 table[key] = memo[id(t)]
-    fake_inputs = tree_map(lambda t: fm.from_tensor(t) if isinstance(t, torch.Tensor) else t,
-                           inputs)  # fmt: skip
+    fake_inputs = tree_map(
+        lambda t: fm.from_tensor(t) if isinstance(t, torch.Tensor) else t, inputs
+    )
     try:
         with fm:
             yield fake_inputs
@@ -136,8 +140,10 @@ def profile(
         raise ValueError(f"mode={mode!r} must be 'measure' or 'meta'")
     dev = torch.device(device) if device is not None else _device_of(model)
     if mode == "meta" and dev.type != "meta":
-        raise ValueError(f"mode='meta' needs the model on the meta device, it is on {dev}; "
-                         "build it under `with torch.device('meta'):`")  # fmt: skip
+        raise ValueError(
+            f"mode='meta' needs the model on the meta device, it is on {dev}; "
+            "build it under `with torch.device('meta'):`"
+        )
     if mode == "measure" and dev.type == "meta":
         raise ValueError("mode='measure' cannot time a meta model; use mode='meta'")
     config = getattr(model, "config", None)
@@ -152,17 +158,24 @@ def profile(
     keep = 2 if (mode == "meta" and identical) else len(found.modules)
     bar = _progress(progress, 2 * (keep + 2) + (warmup + repeats if mode == "measure" else 0))
     model.train()
-    faked = _faked(model, example_inputs) if mode == "meta" else contextlib.nullcontext(
-        example_inputs)  # fmt: skip
-    fused = FusedAttention(causal="CausalLM" in type(model).__name__) if mode == "meta" else (
-        contextlib.nullcontext())  # fmt: skip
+    faked = (
+        _faked(model, example_inputs) if mode == "meta" else contextlib.nullcontext(example_inputs)
+    )
+    fused = (
+        FusedAttention(causal="CausalLM" in type(model).__name__)
+        if mode == "meta"
+        else (contextlib.nullcontext())
+    )
     with _shrunk(model, found, keep) as traced_blocks, faked as example_inputs, fused:
         hidden = shape.hidden if shape else 0
         tracer = Tracer(
-            model, traced_blocks, seq_len=seq, hidden=hidden,
+            model,
+            traced_blocks,
+            seq_len=seq,
+            hidden=hidden,
             graph_segments=set(range(len(traced_blocks) + 2)),
             on_segment=lambda *_: bar.update(1) if bar else None,
-        )  # fmt: skip
+        )
         try:
             with torch.autograd.graph.saved_tensors_hooks(tracer.pack, lambda t: t), tracer:
                 loss = loss_of(_call(model, example_inputs))
@@ -186,16 +199,28 @@ def profile(
                 model.zero_grad(set_to_none=True)
 
             times = measure_times(
-                model, traced_blocks, step, device=dev, warmup=warmup, repeats=repeats,
+                model,
+                traced_blocks,
+                step,
+                device=dev,
+                warmup=warmup,
+                repeats=repeats,
                 tick=(lambda: bar.update(1)) if bar else None,
-            )  # fmt: skip
+            )
     if bar is not None:
         bar.close()
     return _assemble(
-        name or type(model).__name__, tracer.stats, times, len(found.modules), batch, seq,
-        shape, _act_bytes(model), measured_on if measured_on is not None else (
-            "" if times is None else dev.type), digest,
-    )  # fmt: skip
+        name or type(model).__name__,
+        tracer.stats,
+        times,
+        len(found.modules),
+        batch,
+        seq,
+        shape,
+        _act_bytes(model),
+        measured_on if measured_on is not None else ("" if times is None else dev.type),
+        digest,
+    )
 
 
 def _device_of(model: nn.Module) -> torch.device:
@@ -218,8 +243,14 @@ def _progress(enabled: bool, total: int) -> Any:
     return tqdm(total=total, desc="profiling", unit="segment", leave=False)
 
 
-def _layer(kind: LayerKind, name: str, st: SegmentStats, times: list[list[float]] | None,
-           seg: int, batch: int) -> LayerCost:  # fmt: skip
+def _layer(
+    kind: LayerKind,
+    name: str,
+    st: SegmentStats,
+    times: list[list[float]] | None,
+    seg: int,
+    batch: int,
+) -> LayerCost:
     b = float(batch)
     rep = st.replicated_bytes / b
     return LayerCost(
@@ -257,9 +288,18 @@ def _graph(layer: int, st: SegmentStats, batch: int) -> LayerGraph:
     return LayerGraph(layer=layer, nodes=nodes, output=st.output_node)
 
 
-def _assemble(name: str, stats: list[SegmentStats], times: list[list[float]] | None,
-              num_blocks: int, batch: int, seq: int, shape: Shape | None, act_bytes: int,
-              measured_on: str, digest: str) -> ModelProfile:  # fmt: skip
+def _assemble(
+    name: str,
+    stats: list[SegmentStats],
+    times: list[list[float]] | None,
+    num_blocks: int,
+    batch: int,
+    seq: int,
+    shape: Shape | None,
+    act_bytes: int,
+    measured_on: str,
+    digest: str,
+) -> ModelProfile:
     traced = len(stats) - 2
     layers = [_layer(LayerKind.EMBEDDING, "embedding", stats[0], times, 0, batch)]
     graphs = [_graph(0, stats[0], batch)]
@@ -270,8 +310,11 @@ def _assemble(name: str, stats: list[SegmentStats], times: list[list[float]] | N
             graphs.append(_graph(i + 1, stats[seg], batch))
     layers.append(_layer(LayerKind.HEAD, "head", stats[-1], times, traced + 1, batch))
     graphs.append(_graph(num_blocks + 1, stats[-1], batch))
-    hidden = shape.hidden if shape else int(max((x.output_bytes for x in layers[1:-1]),
-                                                default=0) // max(1, act_bytes))  # fmt: skip
+    hidden = (
+        shape.hidden
+        if shape
+        else int(max((x.output_bytes for x in layers[1:-1]), default=0) // max(1, act_bytes))
+    )
     return ModelProfile(
         name=name,
         layers=tuple(layers),

@@ -52,8 +52,9 @@ class FusedAttention(TorchFunctionMode):
         q, k, v = bound["query"], bound["key"], bound["value"]
         causal = bool(bound.get("is_causal")) or (
             self.causal and bound.get("attn_mask") is not None
-        )  # fmt: skip
-        out, _lse = _FLASH(q, k, v, float(bound.get("dropout_p") or 0.0), causal,
-                           scale=bound.get("scale"))  # fmt: skip
+        )
+        out, _lse = _FLASH(
+            q, k, v, float(bound.get("dropout_p") or 0.0), causal, scale=bound.get("scale")
+        )
         # (enable_gqa is implied: the kernel shares K/V heads across query-head groups)
         return out

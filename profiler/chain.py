@@ -70,8 +70,11 @@ def _block_list(name: str, container: nn.Module) -> BlockList:
 
 
 def _suggest(model: nn.Module) -> str:
-    names = [n or "(root)" for n, m in model.named_modules()
-             if isinstance(m, nn.ModuleList | nn.Sequential)]  # fmt: skip
+    names = [
+        n or "(root)"
+        for n, m in model.named_modules()
+        if isinstance(m, nn.ModuleList | nn.Sequential)
+    ]
     return ", ".join(names[:5]) or "none found"
 
 
@@ -89,7 +92,8 @@ def same_structure(a: nn.Module, b: nn.Module) -> bool:
         return False
 
     def sig(m: nn.Module) -> list[tuple]:
-        return [(n, tuple(t.shape), t.dtype) for n, t in
-                [*m.named_parameters(), *m.named_buffers()]]  # fmt: skip
+        return [
+            (n, tuple(t.shape), t.dtype) for n, t in [*m.named_parameters(), *m.named_buffers()]
+        ]
 
     return sig(a) == sig(b)

@@ -85,11 +85,17 @@ class LiveBytes(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         # A view or in-place op returns an input's storage: nothing new (parameters included).
-        inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs))
-                  if isinstance(t, torch.Tensor)}  # fmt: skip
+        inputs = {
+            id(t.untyped_storage())
+            for t in tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor)
+        }
         for t in tree_leaves(out):
-            if (isinstance(t, torch.Tensor) and t.device.type != "meta"
-                    and id(t.untyped_storage()) not in inputs):  # fmt: skip
+            if (
+                isinstance(t, torch.Tensor)
+                and t.device.type != "meta"
+                and id(t.untyped_storage()) not in inputs
+            ):
                 self._track(t)
         self.peak = max(self.peak, self.live)
         return out
@@ -138,8 +144,11 @@ def profile_chain(
     random numbers. Sizes are for this input's shape; train with inputs of the same shape.
     """
     _check_layers(layers, example_input)
-    params = [p for p in dict.fromkeys(p for layer in layers for p in layer.parameters())
-              if p.requires_grad]  # fmt: skip
+    params = [
+        p
+        for p in dict.fromkeys(p for layer in layers for p in layer.parameters())
+        if p.requires_grad
+    ]
     saved_grads = [p.grad for p in params]
     for p in params:
         p.grad = torch.zeros_like(p)

@@ -57,8 +57,9 @@ def load_config(source: str | dict[str, Any]) -> Any:
             ) from None
 
 
-def build_model(config: Any, *, device: str | torch.device = "meta",
-                dtype: torch.dtype = torch.float32) -> nn.Module:  # fmt: skip
+def build_model(
+    config: Any, *, device: str | torch.device = "meta", dtype: torch.dtype = torch.float32
+) -> nn.Module:
     """The training model for `config` (causal LM, or masked LM for BERT), random weights."""
     with scoped_env(HUB_OFFLINE, "1", override=False):
         from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
@@ -78,9 +79,14 @@ def example_inputs(config: Any, batch: int, seq_len: int, device: str | torch.de
 
 
 def profile_hf(
-    source: str | dict[str, Any], *, seq_len: int | None = None, batch: int = 1,
-    dtype: torch.dtype = torch.bfloat16, mode: str = "meta", progress: bool = False,
-) -> ModelProfile:  # fmt: skip
+    source: str | dict[str, Any],
+    *,
+    seq_len: int | None = None,
+    batch: int = 1,
+    dtype: torch.dtype = torch.bfloat16,
+    mode: str = "meta",
+    progress: bool = False,
+) -> ModelProfile:
     """Profile a Hugging Face model given by preset name, config.json path or config dict:
     built on the meta device (mode="meta", nothing allocated) or on the CPU (mode="measure")."""
     config = load_config(source)
@@ -92,8 +98,15 @@ def profile_hf(
         )
     device = "meta" if mode == "meta" else "cpu"
     model = build_model(config, device=device, dtype=dtype)
-    name = source if isinstance(source, str) and source.lower() in HF_PRESETS else (
-        Path(source).stem if isinstance(source, str) else str(config.model_type)
-    )  # fmt: skip
-    return profile(model, example_inputs(config, batch, seq, device), mode=mode,  # type: ignore[arg-type]
-                   name=name, progress=progress)  # fmt: skip
+    name = (
+        source
+        if isinstance(source, str) and source.lower() in HF_PRESETS
+        else (Path(source).stem if isinstance(source, str) else str(config.model_type))
+    )
+    return profile(
+        model,
+        example_inputs(config, batch, seq, device),
+        mode=mode,  # type: ignore[arg-type]
+        name=name,
+        progress=progress,
+    )

@@ -38,9 +38,15 @@ class _Clock:
 
 
 def measure_times(
-    model: nn.Module, blocks: tuple[nn.Module, ...], step: Callable[[Callable], None], *,
-    device: torch.device, warmup: int, repeats: int, tick: Callable[[], None] | None = None,
-) -> list[list[float]]:  # fmt: skip
+    model: nn.Module,
+    blocks: tuple[nn.Module, ...],
+    step: Callable[[Callable], None],
+    *,
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    tick: Callable[[], None] | None = None,
+) -> list[list[float]]:
     """Median seconds per (phase, segment) of a training step. `step(mark)` runs one forward
     and backward, calling mark(phase, segment) before the forward, before the backward, and
     after it (the block hooks mark the rest)."""

@@ -97,9 +97,15 @@ class Tracer(TorchDispatchMode):
     """Attributes every op of one forward+backward to chain segments."""
 
     def __init__(
-        self, model: nn.Module, blocks: tuple[nn.Module, ...], *, seq_len: int, hidden: int,
-        graph_segments: set[int], on_segment: Callable[[int, int], None] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        model: nn.Module,
+        blocks: tuple[nn.Module, ...],
+        *,
+        seq_len: int,
+        hidden: int,
+        graph_segments: set[int],
+        on_segment: Callable[[int, int], None] | None = None,
+    ) -> None:
         super().__init__()
         self.num_segments = len(blocks) + 2
         self.stats = [SegmentStats() for _ in range(self.num_segments)]
@@ -222,8 +228,10 @@ class Tracer(TorchDispatchMode):
 
         for m in model.modules():
             if "norm" in type(m).__name__.lower():
-                self._handles += [m.register_forward_pre_hook(enter),
-                                  m.register_forward_hook(leave)]  # fmt: skip
+                self._handles += [
+                    m.register_forward_pre_hook(enter),
+                    m.register_forward_hook(leave),
+                ]
 
     @staticmethod
     def _device_note(args: tuple) -> str:
@@ -310,10 +318,13 @@ class Tracer(TorchDispatchMode):
                     numel, expert = self._params[key]
                     seg.params += numel
                     seg.expert_params += numel if expert else 0
-            if flops and (is_attention_op(func) or any(
-                t.dim() >= 2 and t.shape[-1] == t.shape[-2] == self.seq_len > 1
-                for t in _tensors((args, out))
-            )):  # fmt: skip
+            if flops and (
+                is_attention_op(func)
+                or any(
+                    t.dim() >= 2 and t.shape[-1] == t.shape[-2] == self.seq_len > 1
+                    for t in _tensors((args, out))
+                )
+            ):
                 seg.attn_core_flops += flops
         new_bytes = sum(self._track(t) for t in _tensors(out))
         seg.peak[self.phase] = max(seg.peak[self.phase], self.live)
@@ -355,8 +366,9 @@ class Tracer(TorchDispatchMode):
         self._flush_saved(set())
         self._called_since_op = True
 
-    def _record(self, func: Any, args: tuple, kwargs: dict, out: Any, flops: int,
-                new_bytes: int) -> None:  # fmt: skip
+    def _record(
+        self, func: Any, args: tuple, kwargs: dict, out: Any, flops: int, new_bytes: int
+    ) -> None:
         seg = self.stats[self.seg]
         keys = [id(t.untyped_storage()) for t in _tensors((args, kwargs))]
         reads = self._flush_saved(set(keys))

@@ -50,14 +50,31 @@ def tiny_model(family: str = "gpt2", seed: int = 0) -> torch.nn.Module:
 
     torch.manual_seed(seed)
     if family == "gpt2":
-        cfg = GPT2Config(n_layer=LAYERS, n_embd=HIDDEN, n_head=HEADS, vocab_size=VOCAB,
-                         n_positions=POSITIONS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                         bos_token_id=0, eos_token_id=0)  # fmt: skip
+        cfg = GPT2Config(
+            n_layer=LAYERS,
+            n_embd=HIDDEN,
+            n_head=HEADS,
+            vocab_size=VOCAB,
+            n_positions=POSITIONS,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
         return GPT2LMHeadModel(cfg)
-    cfg = LlamaConfig(num_hidden_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS,
-                      num_key_value_heads=KV_HEADS, intermediate_size=FFN, vocab_size=VOCAB,
-                      max_position_embeddings=POSITIONS, tie_word_embeddings=False,
-                      bos_token_id=0, eos_token_id=0)  # fmt: skip
+    cfg = LlamaConfig(
+        num_hidden_layers=LAYERS,
+        hidden_size=HIDDEN,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        intermediate_size=FFN,
+        vocab_size=VOCAB,
+        max_position_embeddings=POSITIONS,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -76,11 +93,24 @@ def _chunks(pp: int, v: int) -> tuple[StagePlan, ...]:
     )
 
 
-def make_plan(*, family: str = "gpt2", dp: int = 1, tp: int = 1, pp: int = 1, zero: int = 0,
-              sp: bool = False, schedule: str = "none", vpp: int = 1, mbs: int = 2,
-              nmb: int = 1, recompute: tuple[str, ...] = (), offload: bool = False,
-              precision: str = "fp32", optimizer: str = "sgd",
-              axis_order: tuple[str, ...] = ("pp", "dp", "cp", "tp")) -> Plan:  # fmt: skip
+def make_plan(
+    *,
+    family: str = "gpt2",
+    dp: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    zero: int = 0,
+    sp: bool = False,
+    schedule: str = "none",
+    vpp: int = 1,
+    mbs: int = 2,
+    nmb: int = 1,
+    recompute: tuple[str, ...] = (),
+    offload: bool = False,
+    precision: str = "fp32",
+    optimizer: str = "sgd",
+    axis_order: tuple[str, ...] = ("pp", "dp", "cp", "tp"),
+) -> Plan:
     """A plan for the tiny model with the given degrees; `recompute` lists the blocks'
     policies (default none). Predictions are placeholders (1 s, 1 GB)."""
     world = dp * tp * pp
@@ -99,35 +129,82 @@ def make_plan(*, family: str = "gpt2", dp: int = 1, tp: int = 1, pp: int = 1, ze
     )
     num_params = sum(p.numel() for p in tiny_model(family).parameters())
     return Plan(
-        schema_version=SCHEMA_VERSION, generator="tests", feasible=True, infeasible_reason="",
-        model=ModelInfo(name=f"{family}-tiny", fingerprint="tests", num_params=num_params,
-                        num_blocks=LAYERS, hidden=HIDDEN, heads=HEADS,
-                        kv_heads=HEADS if family == "gpt2" else KV_HEADS, vocab=VOCAB,
-                        experts=0, module_digest=""),
-        cluster=ClusterInfo(name=f"{world}xcpu", fingerprint="tests", accelerator="cpu",
-                            num_nodes=1, gpus_per_node=world, num_gpus=world),
-        train=TrainInfo(global_batch=dp * mbs * nmb, seq_len=SEQ_LEN,
-                        precision=Precision(precision), optimizer=Optimizer(optimizer),
-                        memory_headroom=0.1),
-        parallelism=Parallelism(dp=dp, tp=tp, pp=pp, cp=1, ep=1, zero_stage=zero,
-                                sequence_parallel=sp, virtual_stages=vpp,
-                                offload_optimizer=offload),
-        mesh=Mesh(axis_order=tuple(MeshAxis(a) for a in axis_order),
-                  shape=tuple(sizes[a] for a in axis_order)),
-        schedule=Schedule(schedule), micro_batch_size=mbs, num_microbatches=nmb,
-        stages=_chunks(pp, vpp), layers=layers,
+        schema_version=SCHEMA_VERSION,
+        generator="tests",
+        feasible=True,
+        infeasible_reason="",
+        model=ModelInfo(
+            name=f"{family}-tiny",
+            fingerprint="tests",
+            num_params=num_params,
+            num_blocks=LAYERS,
+            hidden=HIDDEN,
+            heads=HEADS,
+            kv_heads=HEADS if family == "gpt2" else KV_HEADS,
+            vocab=VOCAB,
+            experts=0,
+            module_digest="",
+        ),
+        cluster=ClusterInfo(
+            name=f"{world}xcpu",
+            fingerprint="tests",
+            accelerator="cpu",
+            num_nodes=1,
+            gpus_per_node=world,
+            num_gpus=world,
+        ),
+        train=TrainInfo(
+            global_batch=dp * mbs * nmb,
+            seq_len=SEQ_LEN,
+            precision=Precision(precision),
+            optimizer=Optimizer(optimizer),
+            memory_headroom=0.1,
+        ),
+        parallelism=Parallelism(
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            cp=1,
+            ep=1,
+            zero_stage=zero,
+            sequence_parallel=sp,
+            virtual_stages=vpp,
+            offload_optimizer=offload,
+        ),
+        mesh=Mesh(
+            axis_order=tuple(MeshAxis(a) for a in axis_order),
+            shape=tuple(sizes[a] for a in axis_order),
+        ),
+        schedule=Schedule(schedule),
+        micro_batch_size=mbs,
+        num_microbatches=nmb,
+        stages=_chunks(pp, vpp),
+        layers=layers,
         recompute_policy=Recompute("per_layer" if len(set(rc)) > 1 else rc[0]),
-        predicted=Predicted(step_time_s=1.0, tokens_per_s=1.0, mfu=0.1, memory_per_gpu_bytes=1e9,
-                            memory_capacity_bytes=16e9, peak_stage=0,
-                            memory_breakdown=MemoryBreakdown(params_bytes=0.0, grads_bytes=0.0,
-                                optimizer_bytes=0.0, activations_bytes=0.0, other_bytes=0.0),
-                            time_breakdown=TimeBreakdown(compute_s=0.0, recompute_s=0.0,
-                                comm_s=0.0, bubble_s=0.0, optimizer_s=0.0),
-                            bubble_fraction=0.0, exposed_comm_s=0.0,
-                            recompute_saved_bytes=0.0,
-                            replay=Replay(step_time_s=1.0, peak_memory_bytes=1.0, peak_stage=0)),
+        predicted=Predicted(
+            step_time_s=1.0,
+            tokens_per_s=1.0,
+            mfu=0.1,
+            memory_per_gpu_bytes=1e9,
+            memory_capacity_bytes=16e9,
+            peak_stage=0,
+            memory_breakdown=MemoryBreakdown(
+                params_bytes=0.0,
+                grads_bytes=0.0,
+                optimizer_bytes=0.0,
+                activations_bytes=0.0,
+                other_bytes=0.0,
+            ),
+            time_breakdown=TimeBreakdown(
+                compute_s=0.0, recompute_s=0.0, comm_s=0.0, bubble_s=0.0, optimizer_s=0.0
+            ),
+            bubble_fraction=0.0,
+            exposed_comm_s=0.0,
+            recompute_saved_bytes=0.0,
+            replay=Replay(step_time_s=1.0, peak_memory_bytes=1.0, peak_stage=0),
+        ),
         runners_up=(),
-    )  # fmt: skip
+    )
 
 
 def write_plans(folder: Path, plans: dict[str, Plan]) -> list[str]:
@@ -140,14 +217,30 @@ def write_plans(folder: Path, plans: dict[str, Plan]) -> list[str]:
     return paths
 
 
-def launch(nproc: int, scenario: str, out_dir: Path, *args: str, timeout_s: float = 240,
-           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def launch(
+    nproc: int,
+    scenario: str,
+    out_dir: Path,
+    *args: str,
+    timeout_s: float = 240,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run this file's `scenario` under torchrun with `nproc` ranks."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nproc}", __file__, scenario, str(out_dir), *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        __file__,
+        scenario,
+        str(out_dir),
+        *args,
+    ]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=full_env,
-                          cwd=ROOT)  # fmt: skip
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout_s, env=full_env, cwd=ROOT
+    )
 
 
 def free_port() -> int:
@@ -159,20 +252,35 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def spawn_ranks(nproc: int, scenario: str, out_dir: Path, *args: str,
-                wait_s: float) -> tuple[list[int | None], float, str]:  # fmt: skip
+def spawn_ranks(
+    nproc: int, scenario: str, out_dir: Path, *args: str, wait_s: float
+) -> tuple[list[int | None], float, str]:
     """Start the ranks as plain processes (no torchrun, so nothing else kills them), wait up to
     `wait_s` for rank 0, then end the others. Returns (exit codes, seconds rank 0 took, rank 0's
     stderr); a code is None for a rank that was still running and had to be killed."""
     port = str(free_port())
     procs = []
     for rank in range(nproc):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
-               "HF_HUB_OFFLINE": "1"}  # fmt: skip
-        procs.append(subprocess.Popen([sys.executable, __file__, scenario, str(out_dir), *args],
-                                      env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, text=True))  # fmt: skip
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "OMP_NUM_THREADS": "1",
+            "HF_HUB_OFFLINE": "1",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, __file__, scenario, str(out_dir), *args],
+                env=env,
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     start = time.monotonic()
     try:
         _, err = procs[0].communicate(timeout=wait_s)
@@ -194,8 +302,9 @@ def synthetic_batch(plan: Plan, step: int = 0) -> tuple[torch.Tensor, torch.Tens
     """The global batch of `step`: token ids and next-token labels, (global_batch, T) each."""
     from paraplan.executor.data import synthetic_tokens
 
-    return synthetic_tokens(plan.train.global_batch, plan.train.seq_len, plan.model.vocab,
-                            seed=1234, step=step)  # fmt: skip
+    return synthetic_tokens(
+        plan.train.global_batch, plan.train.seq_len, plan.model.vocab, seed=1234, step=step
+    )
 
 
 # ---- worker scenarios (inside torchrun) -------------------------------------------------------
@@ -244,9 +353,13 @@ def _numerics_one(path: str) -> dict[str, object]:
                 grad_err[name] = max(grad_err.get(name, 0.0), err)
             checked = sorted(grads)
         opt.step()
-    return {"ref_losses": ref_losses, "losses": losses, "grad_rel_err": grad_err,
-            "layout": _layout(pm),
-            "checked": checked}  # fmt: skip
+    return {
+        "ref_losses": ref_losses,
+        "losses": losses,
+        "grad_rel_err": grad_err,
+        "layout": _layout(pm),
+        "checked": checked,
+    }
 
 
 def _layout(pm: object) -> dict[str, object]:
@@ -361,10 +474,14 @@ def scenario_resume(out: Path, args: list[str]) -> None:
             parallelize(tiny_model(), plan, timeout_s=60),
             RunOptions(steps=6, warmup_steps=0, checkpoint_dir=folder, resume=True),
         )
-        whole = train(parallelize(tiny_model(), plan, timeout_s=60),
-                      RunOptions(steps=6, warmup_steps=0))  # fmt: skip
-        results[name] = {"resumed_first": resumed.first_step, "resumed": resumed.losses,
-                         "whole": whole.losses}  # fmt: skip
+        whole = train(
+            parallelize(tiny_model(), plan, timeout_s=60), RunOptions(steps=6, warmup_steps=0)
+        )
+        results[name] = {
+            "resumed_first": resumed.first_step,
+            "resumed": resumed.losses,
+            "whole": whole.losses,
+        }
     _write(out, results)
     _finish()
 

@@ -16,19 +16,48 @@ HF_TINY: dict[str, dict] = {
     # GPT-2 small itself (124M parameters), as Hugging Face ships it.
     "gpt2-small": {"model_type": "gpt2"},
     # GPT-2 as Hugging Face ships it (tanh GELU written out, dropout on), only smaller.
-    "gpt2": {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256,
-             "n_positions": 64, "bos_token_id": 0, "eos_token_id": 0},
-    "llama": {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
-              "intermediate_size": 176, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "vocab_size": 256, "max_position_embeddings": 64},
-    "bert": {"model_type": "bert", "num_hidden_layers": 2, "hidden_size": 64,
-             "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 256,
-             "max_position_embeddings": 64},
-    "mixtral": {"model_type": "mixtral", "num_hidden_layers": 2, "hidden_size": 64,
-                "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
-                "vocab_size": 256, "num_local_experts": 4, "num_experts_per_tok": 2,
-                "max_position_embeddings": 64},
-}  # fmt: skip
+    "gpt2": {
+        "model_type": "gpt2",
+        "n_layer": 2,
+        "n_embd": 64,
+        "n_head": 4,
+        "vocab_size": 256,
+        "n_positions": 64,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+    },
+    "llama": {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "intermediate_size": 176,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 256,
+        "max_position_embeddings": 64,
+    },
+    "bert": {
+        "model_type": "bert",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "vocab_size": 256,
+        "max_position_embeddings": 64,
+    },
+    "mixtral": {
+        "model_type": "mixtral",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 256,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 64,
+    },
+}
 
 
 class ResidualBlock(nn.Module):
@@ -42,8 +71,9 @@ class ResidualBlock(nn.Module):
         self.bn2 = nn.BatchNorm2d(c_out)
         self.skip = nn.Sequential()
         if stride != 1 or c_in != c_out:
-            self.skip = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False),
-                                      nn.BatchNorm2d(c_out))  # fmt: skip
+            self.skip = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, C, H, W)
         y = torch.relu(self.bn1(self.conv1(x)))
@@ -55,12 +85,15 @@ class TinyResNet(nn.Module):
 
     def __init__(self, classes: int = 10) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16),
-                                  nn.ReLU())  # fmt: skip
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU()
+        )
         self.layers = nn.Sequential(
-            ResidualBlock(16, 16, 1), ResidualBlock(16, 32, 2), ResidualBlock(32, 64, 2),
+            ResidualBlock(16, 16, 1),
+            ResidualBlock(16, 32, 2),
+            ResidualBlock(32, 64, 2),
             ResidualBlock(64, 64, 1),
-        )  # fmt: skip
+        )
         self.fc = nn.Linear(64, classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 3, H, W) -> (B, classes)

@@ -14,11 +14,22 @@ import networkx as nx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {"paraplan": "paraplan", "paraplan.planner": "planner",
-            "paraplan.profiler": "profiler", "paraplan.executor": "executor"}  # fmt: skip
+PACKAGES = {
+    "paraplan": "paraplan",
+    "paraplan.planner": "planner",
+    "paraplan.profiler": "profiler",
+    "paraplan.executor": "executor",
+}
 MAX_LINES = 500
-THIRD_PARTY = ("torch", "torch.distributed.checkpoint", "torch.distributed.pipelining",
-               "torch.distributed.fsdp", "transformers", "matplotlib", "pulp")  # fmt: skip
+THIRD_PARTY = (
+    "torch",
+    "torch.distributed.checkpoint",
+    "torch.distributed.pipelining",
+    "torch.distributed.fsdp",
+    "transformers",
+    "matplotlib",
+    "pulp",
+)
 
 
 def _modules() -> dict[str, Path]:
@@ -121,6 +132,10 @@ def test_importing_any_module_changes_no_environment_variable() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "MASTER_ADDR")}
     out = subprocess.run(
         [sys.executable, "-c", script, json.dumps(names)],
-        capture_output=True, text=True, env=env, check=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=300,
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {}

@@ -22,10 +22,20 @@ def test_auto_parallelize_two_ranks(tmp_path: Path) -> None:
     out = tmp_path / "auto.json"
     script = ROOT / "tests" / "scripts" / "auto_parallelize_gpt2.py"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         str(script), str(out)],
-        capture_output=True, text=True, timeout=240, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(script),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     plan = result["plan"]

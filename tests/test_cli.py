@@ -23,9 +23,19 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 def test_readme_example_writes_a_valid_plan(capsys, tmp_path: Path) -> None:
     out_path = tmp_path / "p.json"
     code, out, err = run(
-        capsys, "plan", "--model", "llama3-8b", "--cluster", "8xh100", "--global-batch", "256",
-        "--seq-len", "8192", "-o", str(out_path),
-    )  # fmt: skip
+        capsys,
+        "plan",
+        "--model",
+        "llama3-8b",
+        "--cluster",
+        "8xh100",
+        "--global-batch",
+        "256",
+        "--seq-len",
+        "8192",
+        "-o",
+        str(out_path),
+    )
     assert code == 0, err
     for heading in ("Plan", "Predicted", "Memory per GPU", "Runners-up"):
         assert heading in out
@@ -45,18 +55,35 @@ def test_json_on_stdout(capsys) -> None:
 
 def test_tokens_batch_form(capsys) -> None:
     code, out, _ = run(
-        capsys, "plan", "--model", "gpt2", "--cluster", "8xh100", "--global-batch-tokens", "16K",
-        "--seq-len", "1024", "--json",
-    )  # fmt: skip
+        capsys,
+        "plan",
+        "--model",
+        "gpt2",
+        "--cluster",
+        "8xh100",
+        "--global-batch-tokens",
+        "16K",
+        "--seq-len",
+        "1024",
+        "--json",
+    )
     assert code == 0
     assert json.loads(out)["train"]["global_batch"] == 16
 
 
 def test_model_that_fits_nowhere(capsys) -> None:
     code, out, err = run(
-        capsys, "plan", "--model", "llama3-405b", "--cluster", "8xl4", "--global-batch", "8",
-        "--seq-len", "8192",
-    )  # fmt: skip
+        capsys,
+        "plan",
+        "--model",
+        "llama3-405b",
+        "--cluster",
+        "8xl4",
+        "--global-batch",
+        "8",
+        "--seq-len",
+        "8192",
+    )
     assert code == 2
     assert "smallest per-GPU memory any plan needs is" in err
     assert "Traceback" not in err and out == ""
@@ -96,9 +123,19 @@ def test_bad_input_names_the_token(capsys, args: list[str], needles: list[str]) 
 def test_pinned_infeasible_plan_is_reported(capsys, tmp_path: Path) -> None:
     out_path = tmp_path / "p.json"
     code, _, err = run(
-        capsys, "plan", "--model", "gpt3-175b", "--cluster", "8xh100", "--global-batch", "64",
-        "--fix", "dp=8,tp=1,pp=1,zero=0,mbs=1,schedule=none,recompute=none", "-o", str(out_path),
-    )  # fmt: skip
+        capsys,
+        "plan",
+        "--model",
+        "gpt3-175b",
+        "--cluster",
+        "8xh100",
+        "--global-batch",
+        "64",
+        "--fix",
+        "dp=8,tp=1,pp=1,zero=0,mbs=1,schedule=none,recompute=none",
+        "-o",
+        str(out_path),
+    )
     assert code == 2
     assert "does not fit" in err
     plan = load_plan(out_path)
@@ -110,9 +147,18 @@ def test_pinned_infeasible_plan_is_reported(capsys, tmp_path: Path) -> None:
 
 def test_pinned_dimensions_are_respected(capsys) -> None:
     code, out, _ = run(
-        capsys, "plan", "--model", "gpt2", "--cluster", "8xh100", "--global-batch", "16",
-        "--fix", "tp=2,pp=2,schedule=1f1b,recompute=full", "--json",
-    )  # fmt: skip
+        capsys,
+        "plan",
+        "--model",
+        "gpt2",
+        "--cluster",
+        "8xh100",
+        "--global-batch",
+        "16",
+        "--fix",
+        "tp=2,pp=2,schedule=1f1b,recompute=full",
+        "--json",
+    )
     assert code == 0
     d = json.loads(out)
     assert (d["parallelism"]["tp"], d["parallelism"]["pp"], d["schedule"]) == (2, 2, "1f1b")
@@ -123,8 +169,22 @@ def test_pinned_dimensions_are_respected(capsys) -> None:
 
 def test_explain_says_what_bounds_the_plan(capsys, tmp_path: Path) -> None:
     out_path = tmp_path / "p.json"
-    assert main(["plan", "--model", "gpt3-175b", "--cluster", "64xa100-80gb",
-                 "--global-batch", "128", "-o", str(out_path)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                "gpt3-175b",
+                "--cluster",
+                "64xa100-80gb",
+                "--global-batch",
+                "128",
+                "-o",
+                str(out_path),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     code, out, _ = run(capsys, "explain", str(out_path))
     assert code == 0

@@ -54,12 +54,14 @@ def chain_for(micro_batch: int = 1):  # type: ignore[no-untyped-def]
     """The chain the command builds from `profile_path` (h100 roofline, bf16)."""
     acc = get_accelerator("h100")
     spf = 1 / (acc.peak_flops_for("bf16") * acc.matmul_efficiency)
-    return chain_from_profile(PRESETS["gpt2"].to_profile(SEQ), micro_batch_size=micro_batch,
-                          seconds_per_flop=spf)  # fmt: skip
+    return chain_from_profile(
+        PRESETS["gpt2"].to_profile(SEQ), micro_batch_size=micro_batch, seconds_per_flop=spf
+    )
 
 
-def test_schedule_fits_the_budget_and_round_trips(capsys, profile_path: Path, tmp_path: Path
-                                                  ) -> None:  # fmt: skip
+def test_schedule_fits_the_budget_and_round_trips(
+    capsys, profile_path: Path, tmp_path: Path
+) -> None:
     chain = chain_for()
     least = solve_checkpoint_dp(chain, 0.0).min_budget_bytes
     top = simulate(chain, baseline_schedule(chain, "store-all")).peak_bytes
@@ -77,13 +79,19 @@ def test_schedule_fits_the_budget_and_round_trips(capsys, profile_path: Path, tm
     assert schedule.layers == tuple(x.name for x in chain.layers)
     assert 0 < schedule.overhead < 1
     # The steps are the schedule: replayed they give the recorded peak and time.
-    ops = [Forward(node=s.layer + 1, keep_saved=s.keep_saved) if s.op == "forward"
-           else Backward(node=s.layer + 1) for s in schedule.steps]  # fmt: skip
+    ops = [
+        Forward(node=s.layer + 1, keep_saved=s.keep_saved)
+        if s.op == "forward"
+        else Backward(node=s.layer + 1)
+        for s in schedule.steps
+    ]
     replay = simulate(chain, ops)
     assert replay.peak_bytes == pytest.approx(schedule.peak_bytes)
     assert replay.makespan_s == pytest.approx(schedule.makespan_s)
-    runs = [sum(1 for s in schedule.steps if s.op == "forward" and s.layer == i)
-            for i in range(len(chain))]  # fmt: skip
+    runs = [
+        sum(1 for s in schedule.steps if s.op == "forward" and s.layer == i)
+        for i in range(len(chain))
+    ]
     assert schedule.recomputed == tuple(r - 1 for r in runs)
     # Strict load: re-saving gives the same file; an unknown key is refused.
     save_schedule(schedule, tmp_path / "again.json")
@@ -100,8 +108,9 @@ def test_budget_below_the_minimum_says_the_smallest_that_works(
     capsys, profile_path: Path, micro_batch: int
 ) -> None:
     least = solve_checkpoint_dp(chain_for(micro_batch), 0.0).min_budget_bytes
-    code = checkpoint("--model", str(profile_path), "--budget", "10MiB", "--micro-batch",
-                      str(micro_batch))  # fmt: skip
+    code = checkpoint(
+        "--model", str(profile_path), "--budget", "10MiB", "--micro-batch", str(micro_batch)
+    )
     err = capsys.readouterr().err
     assert code == 2
     smallest = format_bytes(least, round_up=True)
@@ -112,16 +121,23 @@ def test_budget_below_the_minimum_says_the_smallest_that_works(
     advised = re.search(r"raise --budget to at least ([0-9.]+ [KMG]iB)", err)
     assert advised is not None
     assert parse_bytes(advised.group(1).replace(" ", "")) >= least
-    code = checkpoint("--model", str(profile_path), "--budget", advised.group(1).replace(" ", ""),
-                      "--micro-batch", str(micro_batch))  # fmt: skip
+    code = checkpoint(
+        "--model",
+        str(profile_path),
+        "--budget",
+        advised.group(1).replace(" ", ""),
+        "--micro-batch",
+        str(micro_batch),
+    )
     assert code == 0, capsys.readouterr().err
 
 
 def test_ilp_solver_and_everything_fits(capsys, profile_path: Path) -> None:
     chain = chain_for()
     top = simulate(chain, baseline_schedule(chain, "store-all")).peak_bytes
-    code = checkpoint("--model", str(profile_path), "--budget", f"{0.8 * top:.0f}", "--solver",
-                      "ilp")  # fmt: skip
+    code = checkpoint(
+        "--model", str(profile_path), "--budget", f"{0.8 * top:.0f}", "--solver", "ilp"
+    )
     printed = capsys.readouterr().out
     assert code == 0 and "solver ilp:" in printed and "recompute (" in printed
     assert checkpoint("--model", str(profile_path), "--budget", "80GiB") == 0
@@ -142,16 +158,26 @@ def test_measured_times_are_used_unless_a_gpu_is_named(capsys, tmp_path: Path) -
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("2GiB", 2 * 2**30), ("1500MB", 1.5e9), ("3.5G", 3.5 * 2**30), ("1e9", 1e9),
-     ("512 MiB", 512 * 2**20), ("2gb", 2e9), ("4096", 4096.0), ("1_000KB", 1e6), (".5T", 2**39)],
-)  # fmt: skip
+    [
+        ("2GiB", 2 * 2**30),
+        ("1500MB", 1.5e9),
+        ("3.5G", 3.5 * 2**30),
+        ("1e9", 1e9),
+        ("512 MiB", 512 * 2**20),
+        ("2gb", 2e9),
+        ("4096", 4096.0),
+        ("1_000KB", 1e6),
+        (".5T", 2**39),
+    ],
+)
 def test_budget_sizes_parse(text: str, expected: float) -> None:
     assert parse_bytes(text) == expected
 
 
 @pytest.mark.parametrize("text", ["2XB", "", "GiB", "-1G", "0", "1.2.3G", "2 GiB extra", "nan"])
-def test_bad_budget_sizes_are_refused_naming_the_value(capsys, profile_path: Path, text: str
-                                                       ) -> None:  # fmt: skip
+def test_bad_budget_sizes_are_refused_naming_the_value(
+    capsys, profile_path: Path, text: str
+) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match=re.escape(repr(text))):
         parse_bytes(text)
     with pytest.raises(SystemExit) as info:
@@ -168,8 +194,9 @@ def test_bad_budget_sizes_are_refused_naming_the_value(capsys, profile_path: Pat
         (["--gpu", "tpu9"], ["tpu9"]),
     ],
 )
-def test_bad_input_exits_2_naming_it(capsys, profile_path: Path, argv: list[str],
-                                     words: list[str]) -> None:  # fmt: skip
+def test_bad_input_exits_2_naming_it(
+    capsys, profile_path: Path, argv: list[str], words: list[str]
+) -> None:
     assert checkpoint("--model", str(profile_path), "--budget", "1GiB", *argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("paraplan: error:")
@@ -202,8 +229,10 @@ def schedule_doc(profile_path: Path, tmp_path_factory: pytest.TempPathFactory) -
     chain = chain_for()
     least = solve_checkpoint_dp(chain, 0.0).min_budget_bytes
     out = tmp_path_factory.mktemp("schedules") / "s.json"
-    assert checkpoint("--model", str(profile_path), "--budget", f"{least * 1.2:.0f}",
-                      "-o", str(out)) == 0  # fmt: skip
+    assert (
+        checkpoint("--model", str(profile_path), "--budget", f"{least * 1.2:.0f}", "-o", str(out))
+        == 0
+    )
     return json.loads(out.read_text())
 
 

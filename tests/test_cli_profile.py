@@ -22,15 +22,30 @@ def llama_config(tmp_path: Path) -> Path:
 
 def test_profile_then_plan_from_it(capsys, tmp_path: Path, llama_config: Path) -> None:
     out = tmp_path / "profile.json"
-    code = main(["profile", "--model", str(llama_config), "--seq-len", "32", "--batch", "2",
-                 "--mode", "measure", "-o", str(out), "--no-progress"])  # fmt: skip
+    code = main(
+        [
+            "profile",
+            "--model",
+            str(llama_config),
+            "--seq-len",
+            "32",
+            "--batch",
+            "2",
+            "--mode",
+            "measure",
+            "-o",
+            str(out),
+            "--no-progress",
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0
     assert "block.0..1" in printed or "block.0" in printed
     prof = load_profile(out)
     assert prof.measured_on == "cpu" and prof.num_blocks == 2
-    code = main(["plan", "--profile", str(out), "--cluster", "2xcpu", "--global-batch", "8",
-                 "--json"])  # fmt: skip
+    code = main(
+        ["plan", "--profile", str(out), "--cluster", "2xcpu", "--global-batch", "8", "--json"]
+    )
     plan = json.loads(capsys.readouterr().out)
     assert code == 0
     assert plan["model"]["num_params"] == prof.num_params
@@ -38,8 +53,21 @@ def test_profile_then_plan_from_it(capsys, tmp_path: Path, llama_config: Path) -
 
 
 def test_plan_traces_a_config_file(capsys, llama_config: Path) -> None:
-    code = main(["plan", "--model", str(llama_config), "--cluster", "2xcpu", "--global-batch",
-                 "8", "--seq-len", "32", "--json", "--no-progress"])  # fmt: skip
+    code = main(
+        [
+            "plan",
+            "--model",
+            str(llama_config),
+            "--cluster",
+            "2xcpu",
+            "--global-batch",
+            "8",
+            "--seq-len",
+            "32",
+            "--json",
+            "--no-progress",
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     plan = json.loads(captured.out)
@@ -51,9 +79,24 @@ def test_preset_traced_and_analytic_agree(capsys) -> None:
     plans = {}
     for source in ("trace", "spec"):
         pins = "dp=8,tp=1,pp=1,zero=3,mbs=1,schedule=none,recompute=full"
-        code = main(["plan", "--model", "llama3-8b", "--model-source", source, "--cluster",
-                     "8xh100", "--global-batch", "64", "--seq-len", "2048", "--json",
-                     "--fix", pins])  # fmt: skip
+        code = main(
+            [
+                "plan",
+                "--model",
+                "llama3-8b",
+                "--model-source",
+                source,
+                "--cluster",
+                "8xh100",
+                "--global-batch",
+                "64",
+                "--seq-len",
+                "2048",
+                "--json",
+                "--fix",
+                pins,
+            ]
+        )
         assert code == 0
         plans[source] = json.loads(capsys.readouterr().out)
     traced, analytic = plans["trace"], plans["spec"]
@@ -69,9 +112,33 @@ def test_profile_rejects_non_hf_model(capsys) -> None:
 
 def test_plan_profile_seq_mismatch(capsys, tmp_path: Path, llama_config: Path) -> None:
     out = tmp_path / "p.json"
-    assert main(["profile", "--model", str(llama_config), "--seq-len", "32", "-o", str(out),
-                 "--no-progress"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "profile",
+                "--model",
+                str(llama_config),
+                "--seq-len",
+                "32",
+                "-o",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
-    code = main(["plan", "--profile", str(out), "--cluster", "2xcpu", "--global-batch", "8",
-                 "--seq-len", "64"])  # fmt: skip
+    code = main(
+        [
+            "plan",
+            "--profile",
+            str(out),
+            "--cluster",
+            "2xcpu",
+            "--global-batch",
+            "8",
+            "--seq-len",
+            "64",
+        ]
+    )
     assert code == 2 and "--seq-len 64" in capsys.readouterr().err

@@ -227,8 +227,9 @@ def test_non_multiple_of_node_size_says_how_to_fix_it():
 @pytest.mark.parametrize(("nodes", "per_node"), [(0, 8), (2, 0), (-1, 8), (True, 8)])
 def test_cluster_validates_its_shape(nodes, per_node):
     with pytest.raises(ValueError, match="positive integer"):
-        Cluster(name="x", accelerator=get_accelerator("h100"), num_nodes=nodes,
-                gpus_per_node=per_node)  # fmt: skip
+        Cluster(
+            name="x", accelerator=get_accelerator("h100"), num_nodes=nodes, gpus_per_node=per_node
+        )
 
 
 # --- files -----------------------------------------------------------------------------------

@@ -59,8 +59,9 @@ def test_mesh_order_puts_tp_innermost_unless_pinned():
         assert e.strategy.mesh_order[-1] == MeshAxis.TP, e.strategy.short()
     # equal costs: the locality order wins over any order by name
     s = Strategy(dp=8, tp=8, pp=1)
-    swapped = Strategy(dp=8, tp=8, pp=1, mesh_order=(MeshAxis.PP, MeshAxis.TP, MeshAxis.CP,
-                                                     MeshAxis.DP))  # fmt: skip
+    swapped = Strategy(
+        dp=8, tp=8, pp=1, mesh_order=(MeshAxis.PP, MeshAxis.TP, MeshAxis.CP, MeshAxis.DP)
+    )
     assert s.sort_key() < swapped.sort_key()
     assert s.mesh_order == DEFAULT_MESH_ORDER
 

@@ -20,8 +20,25 @@ CONFIG = Path(__file__).resolve().parents[1] / "examples" / "configs" / "gpt2-ti
 
 def test_plan_records_digest_and_executor_checks_it(tmp_path: Path, capsys) -> None:
     out = tmp_path / "p.json"
-    assert main(["plan", "--model", str(CONFIG), "--cluster", "2xcpu", "--global-batch", "8",
-                 "--seq-len", "64", "-o", str(out), "--no-progress"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                str(CONFIG),
+                "--cluster",
+                "2xcpu",
+                "--global-batch",
+                "8",
+                "--seq-len",
+                "64",
+                "-o",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     plan = load_plan(out)
     assert len(plan.model.module_digest) == 16

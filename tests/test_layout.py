@@ -76,9 +76,24 @@ def test_plan_stages_come_from_the_partition(
     model's per-block seconds) is the optimum found by an independent dynamic program."""
     out = tmp_path / "plan.json"
     code = main(
-        ["plan", "--model", model, "--model-source", "spec", "--cluster", cluster,
-         "--global-batch", "1024", "--seq-len", str(seq), "--fix", fix, "-o", str(out)]
-    )  # fmt: skip
+        [
+            "plan",
+            "--model",
+            model,
+            "--model-source",
+            "spec",
+            "--cluster",
+            cluster,
+            "--global-batch",
+            "1024",
+            "--seq-len",
+            str(seq),
+            "--fix",
+            fix,
+            "-o",
+            str(out),
+        ]
+    )
     capsys.readouterr()
     assert code == 0
     plan = json.loads(out.read_text())
@@ -117,9 +132,19 @@ def _strategies(pp: int) -> list[Strategy]:
     ):
         if (sched == Schedule.INTERLEAVED_1F1B) != (v > 1):
             continue
-        out.append(Strategy(dp=2 // tp, tp=tp, pp=pp, schedule=sched, virtual_stages=v,
-                            recompute=rc, micro_batch_size=mbs, zero_stage=1,
-                            sequence_parallel=tp > 1))  # fmt: skip
+        out.append(
+            Strategy(
+                dp=2 // tp,
+                tp=tp,
+                pp=pp,
+                schedule=sched,
+                virtual_stages=v,
+                recompute=rc,
+                micro_batch_size=mbs,
+                zero_stage=1,
+                sequence_parallel=tp > 1,
+            )
+        )
     return out
 
 

@@ -120,11 +120,22 @@ class GPT2Head(nn.Module):
 
 
 GPT2_CONFIGS = {
-    "gpt2-tiny": ({"model_type": "gpt2", "n_layer": 4, "n_embd": 128, "n_head": 4,
-                   "vocab_size": 1024, "n_positions": 128, "tie_word_embeddings": False}, 2, 64),
+    "gpt2-tiny": (
+        {
+            "model_type": "gpt2",
+            "n_layer": 4,
+            "n_embd": 128,
+            "n_head": 4,
+            "vocab_size": 1024,
+            "n_positions": 128,
+            "tie_word_embeddings": False,
+        },
+        2,
+        64,
+    ),
     # GPT-2 small (Radford et al. 2019): GPT2Config() but untied (see the module docstring).
     "gpt2-small": ({"model_type": "gpt2", "tie_word_embeddings": False}, 1, 128),
-}  # fmt: skip
+}
 """name -> (config, batch, sequence length)."""
 
 
@@ -198,10 +209,12 @@ def test_simulated_peak_matches_memtracker(name: str) -> None:
         simulated = simulate(chain, solution.ops).peak_bytes
         start = time.perf_counter()
         measured, loss, grads = measured_step(apply_memory_schedule(layers, schedule), x)
-        print(f"{name} budget {budget / 1e6:.2f} MB: simulated {simulated / 1e6:.3f} MB, "
-              f"MemTracker {measured / 1e6:.3f} MB, ratio {simulated / measured:.4f}, "
-              f"{len(schedule.checkpointed_layers)} layers recomputed, "
-              f"step {time.perf_counter() - start:.1f} s")  # fmt: skip
+        print(
+            f"{name} budget {budget / 1e6:.2f} MB: simulated {simulated / 1e6:.3f} MB, "
+            f"MemTracker {measured / 1e6:.3f} MB, ratio {simulated / measured:.4f}, "
+            f"{len(schedule.checkpointed_layers)} layers recomputed, "
+            f"step {time.perf_counter() - start:.1f} s"
+        )
         assert simulated <= budget * (1 + 1e-9)
         assert simulated == pytest.approx(measured, rel=REL_TOL)
         # Recomputation replays the same ops with the same RNG state: same numbers.
@@ -274,12 +287,21 @@ def test_offload_on_cuda_uses_pinned_host_memory() -> None:
 def synthetic_chain(num_layers: int = 9) -> LayerChain:
     """A heterogeneous chain (sizes in bytes, times in seconds) for the parser tests."""
     sizes = [10.0 + 7 * (i % 4) for i in range(num_layers + 1)]
-    return LayerChain(layers=tuple(
-        ChainLayer(name=f"l{i}", fwd_s=1.0 + i % 3, bwd_s=2.0 + i % 2, input_bytes=sizes[i],
-                   saved_bytes=sizes[i] * (2 + i % 3), output_bytes=sizes[i + 1],
-                   fwd_tmp_bytes=3.0 * (i % 2), bwd_tmp_bytes=5.0 * (i % 3))
-        for i in range(num_layers)
-    ))  # fmt: skip
+    return LayerChain(
+        layers=tuple(
+            ChainLayer(
+                name=f"l{i}",
+                fwd_s=1.0 + i % 3,
+                bwd_s=2.0 + i % 2,
+                input_bytes=sizes[i],
+                saved_bytes=sizes[i] * (2 + i % 3),
+                output_bytes=sizes[i + 1],
+                fwd_tmp_bytes=3.0 * (i % 2),
+                bwd_tmp_bytes=5.0 * (i % 3),
+            )
+            for i in range(num_layers)
+        )
+    )
 
 
 def test_schedule_round_trips_solver_ops() -> None:

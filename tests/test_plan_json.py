@@ -40,18 +40,31 @@ def test_required_fields_present(plan: Plan) -> None:
     d = plan.to_dict()
     assert d["schema_version"] == 3  # v3: predicted.replay
     assert set(d["parallelism"]) >= {
-        "dp", "tp", "pp", "cp", "ep", "zero_stage", "sequence_parallel", "virtual_stages",
-    }  # fmt: skip
+        "dp",
+        "tp",
+        "pp",
+        "cp",
+        "ep",
+        "zero_stage",
+        "sequence_parallel",
+        "virtual_stages",
+    }
     assert set(d["predicted"]["memory_breakdown"]) == {
-        "params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "other_bytes",
-    }  # fmt: skip
+        "params_bytes",
+        "grads_bytes",
+        "optimizer_bytes",
+        "activations_bytes",
+        "other_bytes",
+    }
     breakdown = sum(d["predicted"]["memory_breakdown"].values())
     assert breakdown == pytest.approx(d["predicted"]["memory_per_gpu_bytes"])
     # layer ranges cover the chain exactly once, in order
     covered = [
-        i for st in d["stages"] for ch in st["chunks"]
+        i
+        for st in d["stages"]
+        for ch in st["chunks"]
         for i in range(ch["first_layer"], ch["last_layer"] + 1)
-    ]  # fmt: skip
+    ]
     assert sorted(covered) == list(range(len(d["layers"])))
     p = d["parallelism"]
     assert p["dp"] * p["tp"] * p["pp"] * p["cp"] == d["cluster"]["num_gpus"]

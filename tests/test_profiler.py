@@ -117,31 +117,56 @@ def test_predicted_peak_matches_memtracker(name: str, recompute: Recompute) -> N
     # MemTracker sees tensors only: leave out the runtime context the planner adds.
     predicted = memory.total_bytes - ev.acc.runtime_overhead_bytes
     measured = _measured_peak(model, inputs, loss_fn, recompute == Recompute.FULL)
-    print(f"{name} recompute={recompute}: predicted {predicted / 1e6:.3f} MB, "
-          f"MemTracker {measured / 1e6:.3f} MB ({predicted / measured - 1:+.2%})")  # fmt: skip
+    print(
+        f"{name} recompute={recompute}: predicted {predicted / 1e6:.3f} MB, "
+        f"MemTracker {measured / 1e6:.3f} MB ({predicted / measured - 1:+.2%})"
+    )
     assert predicted == pytest.approx(measured, rel=0.05)
 
 
 @pytest.mark.parametrize(
     ("config", "spec"),
     [
-        ({"model_type": "gpt2", "n_layer": 3, "n_embd": 128, "n_head": 4, "vocab_size": 512,
-          "n_positions": 128, "activation_function": "gelu_pytorch_tanh", "resid_pdrop": 0.0,
-          "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": 0, "eos_token_id": 0},
-         "gpt:layers=3,hidden=128,heads=4,vocab=512,seq=128,dropout=false,attention=flash"),
-        ({"model_type": "llama", "num_hidden_layers": 3, "hidden_size": 128,
-          "intermediate_size": 352, "num_attention_heads": 8, "num_key_value_heads": 2,
-          "vocab_size": 512, "tie_word_embeddings": False},
-         "llama:layers=3,hidden=128,ffn=352,heads=8,kv_heads=2,vocab=512,seq=2048"),
+        (
+            {
+                "model_type": "gpt2",
+                "n_layer": 3,
+                "n_embd": 128,
+                "n_head": 4,
+                "vocab_size": 512,
+                "n_positions": 128,
+                "activation_function": "gelu_pytorch_tanh",
+                "resid_pdrop": 0.0,
+                "embd_pdrop": 0.0,
+                "attn_pdrop": 0.0,
+                "bos_token_id": 0,
+                "eos_token_id": 0,
+            },
+            "gpt:layers=3,hidden=128,heads=4,vocab=512,seq=128,dropout=false,attention=flash",
+        ),
+        (
+            {
+                "model_type": "llama",
+                "num_hidden_layers": 3,
+                "hidden_size": 128,
+                "intermediate_size": 352,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 2,
+                "vocab_size": 512,
+                "tie_word_embeddings": False,
+            },
+            "llama:layers=3,hidden=128,ffn=352,heads=8,kv_heads=2,vocab=512,seq=2048",
+        ),
     ],
     ids=["gpt2", "llama"],
-)  # fmt: skip
+)
 def test_analytic_spec_agrees_with_trace(config: dict, spec: str) -> None:
     from paraplan.profiler.hf import build_model, example_inputs, load_config
 
     cfg = load_config(config)
-    traced = profile(build_model(cfg, device="cpu"), example_inputs(cfg, BATCH, SEQ, "cpu"),
-                     repeats=1, warmup=0)  # fmt: skip
+    traced = profile(
+        build_model(cfg, device="cpu"), example_inputs(cfg, BATCH, SEQ, "cpu"), repeats=1, warmup=0
+    )
     analytic = parse_model(spec).to_profile(SEQ, act_bytes=4)
 
     def flops(p):
@@ -150,8 +175,10 @@ def test_analytic_spec_agrees_with_trace(config: dict, spec: str) -> None:
     def acts(p):
         return sum(x.act_tp_bytes + x.act_replicated_bytes for x in p.layers)
 
-    print(f"{config['model_type']}: FLOPs {flops(traced) / flops(analytic) - 1:+.3%}, "
-          f"activations {acts(traced) / acts(analytic) - 1:+.3%}")  # fmt: skip
+    print(
+        f"{config['model_type']}: FLOPs {flops(traced) / flops(analytic) - 1:+.3%}, "
+        f"activations {acts(traced) / acts(analytic) - 1:+.3%}"
+    )
     assert traced.num_params == analytic.num_params
     assert [x.kind for x in traced.layers] == [x.kind for x in analytic.layers]
     assert flops(traced) == pytest.approx(flops(analytic), rel=0.02)

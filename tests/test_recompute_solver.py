@@ -42,18 +42,26 @@ def _choice(rng: random.Random) -> LayerChoice:
     sel = full + rng.randint(0, 60)
     none = sel + rng.randint(0, 60)
     fwd = rng.uniform(0.5, 2.0)
-    return LayerChoice(none_bytes=none, selective_bytes=sel, full_bytes=full,
-                       selective_s=fwd * rng.uniform(0.05, 0.4), full_s=fwd,
-                       back_bytes=none - full + rng.randint(0, 40))  # fmt: skip
+    return LayerChoice(
+        none_bytes=none,
+        selective_bytes=sel,
+        full_bytes=full,
+        selective_s=fwd * rng.uniform(0.05, 0.4),
+        full_s=fwd,
+        back_bytes=none - full + rng.randint(0, 40),
+    )
 
 
 def _problem(rng: random.Random, choices: list[LayerChoice | None]) -> StageProblem:
     total = sum(c.none_bytes for c in choices if c is not None)
     return StageProblem(
-        choices=tuple(choices), fixed_bytes=rng.randint(0, 30), inflight=rng.choice([1, 2, 3]),
-        transient_bytes=rng.randint(0, 50), head_bytes=rng.choice([0, rng.randint(1, 40)]),
+        choices=tuple(choices),
+        fixed_bytes=rng.randint(0, 30),
+        inflight=rng.choice([1, 2, 3]),
+        transient_bytes=rng.randint(0, 50),
+        head_bytes=rng.choice([0, rng.randint(1, 40)]),
         budget_bytes=rng.uniform(0.2, 1.1) * 3 * total,
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -79,14 +87,21 @@ def test_identical_blocks_equal_brute_force(seed: int) -> None:
     """The closed form over counts (every transformer stage), any byte sizes."""
     rng = random.Random(1000 + seed)
     block = _choice(rng)
-    block = replace(block, none_bytes=block.none_bytes * 1.37e6, selective_bytes=block.
-                    selective_bytes * 1.37e6, full_bytes=block.full_bytes * 1.37e6,
-                    back_bytes=block.back_bytes * 1.37e6)  # fmt: skip
+    block = replace(
+        block,
+        none_bytes=block.none_bytes * 1.37e6,
+        selective_bytes=block.selective_bytes * 1.37e6,
+        full_bytes=block.full_bytes * 1.37e6,
+        back_bytes=block.back_bytes * 1.37e6,
+    )
     choices: list[LayerChoice | None] = [None, *([block] * rng.randint(1, 7)), None]
     problem = _problem(rng, choices)
-    problem = replace(problem, fixed_bytes=problem.fixed_bytes * 1.37e6,
-                      transient_bytes=problem.transient_bytes * 1.37e6,
-                      head_bytes=problem.head_bytes * 1.37e6)  # fmt: skip
+    problem = replace(
+        problem,
+        fixed_bytes=problem.fixed_bytes * 1.37e6,
+        transient_bytes=problem.transient_bytes * 1.37e6,
+        head_bytes=problem.head_bytes * 1.37e6,
+    )
     picks = solve_stage(problem)
     best = _brute(problem)
     if best is None:
@@ -98,18 +113,28 @@ def test_identical_blocks_equal_brute_force(seed: int) -> None:
 
 
 def test_everything_fits_means_no_recompute() -> None:
-    block = LayerChoice(none_bytes=10, selective_bytes=5, full_bytes=1, selective_s=0.1,
-                        full_s=1.0, back_bytes=9)  # fmt: skip
-    problem = StageProblem(choices=(block,) * 4, fixed_bytes=0, inflight=1, transient_bytes=0,
-                           head_bytes=0, budget_bytes=40)  # fmt: skip
+    block = LayerChoice(
+        none_bytes=10, selective_bytes=5, full_bytes=1, selective_s=0.1, full_s=1.0, back_bytes=9
+    )
+    problem = StageProblem(
+        choices=(block,) * 4,
+        fixed_bytes=0,
+        inflight=1,
+        transient_bytes=0,
+        head_bytes=0,
+        budget_bytes=40,
+    )
     assert solve_stage(problem) == (Recompute.NONE,) * 4
     tighter = replace(problem, budget_bytes=39)
     assert solve_stage(tighter) == (Recompute.SELECTIVE,) + (Recompute.NONE,) * 3
 
 
 def _ev(model: str, cluster: str, batch: int, seq: int) -> Evaluator:
-    return Evaluator(parse_model(model).to_profile(seq_len=seq), parse_cluster(cluster),
-                     TrainConfig(global_batch=batch, seq_len=seq))  # fmt: skip
+    return Evaluator(
+        parse_model(model).to_profile(seq_len=seq),
+        parse_cluster(cluster),
+        TrainConfig(global_batch=batch, seq_len=seq),
+    )
 
 
 def test_per_layer_is_never_slower_than_a_uniform_policy_that_fits() -> None:
@@ -154,9 +179,13 @@ def test_plan_records_per_layer_decisions(tmp_path) -> None:
     if full_kept and none_kept:
         assert max(full_kept) < min(none_kept)
     ev = Evaluator(profile, cluster, train)
-    pinned = {**{k: getattr(plan.parallelism, k) for k in ("dp", "tp", "pp", "cp", "zero_stage",
-                                                          "sequence_parallel", "virtual_stages")},
-              "micro_batch_size": plan.micro_batch_size}  # fmt: skip
+    pinned = {
+        **{
+            k: getattr(plan.parallelism, k)
+            for k in ("dp", "tp", "pp", "cp", "zero_stage", "sequence_parallel", "virtual_stages")
+        },
+        "micro_batch_size": plan.micro_batch_size,
+    }
     for rc in POLICIES:  # every uniform policy with the same degrees is slower or does not fit
         result = Search(ev, Pins(**pinned, recompute=rc)).run(top_k=0)
         if result.best is not None:

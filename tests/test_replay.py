@@ -35,8 +35,18 @@ def _strategies() -> list[Strategy]:
     ):
         if (sched == Schedule.INTERLEAVED_1F1B) != (v > 1):
             continue
-        out.append(Strategy(dp=4 // tp, tp=tp, pp=4, schedule=sched, virtual_stages=v,
-                            recompute=rc, zero_stage=zero, sequence_parallel=tp > 1))  # fmt: skip
+        out.append(
+            Strategy(
+                dp=4 // tp,
+                tp=tp,
+                pp=4,
+                schedule=sched,
+                virtual_stages=v,
+                recompute=rc,
+                zero_stage=zero,
+                sequence_parallel=tp > 1,
+            )
+        )
     out += [Strategy(dp=16 // tp, tp=tp, pp=1, zero_stage=z) for tp in (1, 2) for z in (0, 3)]
     return out
 
@@ -73,8 +83,21 @@ def test_every_plan_records_its_replay(model: str, cluster: str, fix: str, tmp_p
     """The plan JSON carries the replay next to the closed form, and they agree: the same
     peak memory, the step time within one pipeline bubble."""
     out = tmp_path / "plan.json"
-    args = ["plan", "--model", model, "--model-source", "spec", "--cluster", cluster,
-            "--global-batch", "64", "--seq-len", "2048", "-o", str(out)]  # fmt: skip
+    args = [
+        "plan",
+        "--model",
+        model,
+        "--model-source",
+        "spec",
+        "--cluster",
+        cluster,
+        "--global-batch",
+        "64",
+        "--seq-len",
+        "2048",
+        "-o",
+        str(out),
+    ]
     assert main(args + (["--fix", fix] if fix else [])) == 0
     capsys.readouterr()
     predicted = json.loads(out.read_text())["predicted"]

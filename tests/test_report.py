@@ -67,11 +67,19 @@ def mid_report(tmp_path_factory):
 # ---- the pipeline replay -------------------------------------------------------------------
 CASES = [
     *((Schedule.NONE, 1, m, 1) for m in (1, 3)),
-    *((s, pp, m, 1) for s in (Schedule.GPIPE, Schedule.ONE_F_ONE_B) for pp in (2, 3, 4)
-      for m in (1, 2, 5, 8)),
-    *((Schedule.INTERLEAVED_1F1B, pp, k * pp, v) for pp in (2, 4) for k in (1, 2, 3)
-      for v in (2, 3)),
-]  # fmt: skip
+    *(
+        (s, pp, m, 1)
+        for s in (Schedule.GPIPE, Schedule.ONE_F_ONE_B)
+        for pp in (2, 3, 4)
+        for m in (1, 2, 5, 8)
+    ),
+    *(
+        (Schedule.INTERLEAVED_1F1B, pp, k * pp, v)
+        for pp in (2, 4)
+        for k in (1, 2, 3)
+        for v in (2, 3)
+    ),
+]
 """(schedule, pp, m, v): m below, at and above pp; interleaving needs m a multiple of pp."""
 
 
@@ -81,9 +89,13 @@ def test_uniform_stages_match_the_cost_model(schedule, pp, m, v, fwd_s, bwd_s) -
     """Equal stages, no p2p: makespan (m + (pp-1)/v) slots and bubble (pp-1)/v of them
     (planner/cost/evaluate.py), in-flight micro-batches as planner/cost/memory.py counts."""
     t = simulate_pipeline(
-        schedule, num_stages=pp, num_microbatches=m, forward_s=fwd_s, backward_s=bwd_s,
+        schedule,
+        num_stages=pp,
+        num_microbatches=m,
+        forward_s=fwd_s,
+        backward_s=bwd_s,
         virtual_stages=v,
-    )  # fmt: skip
+    )
     slots = m + (pp - 1) / v
     assert t.makespan_s == pytest.approx(slots * (fwd_s + bwd_s), rel=1e-12)
     assert t.bubble_fraction == pytest.approx(((pp - 1) / v) / slots, rel=1e-12)
@@ -104,9 +116,14 @@ def test_dependencies_hold_with_uneven_stages_and_p2p(schedule, v, m) -> None:
     after its own forward); a stage never runs two operations at once."""
     pp, p2p = 3, 0.05
     t = simulate_pipeline(
-        schedule, num_stages=pp, num_microbatches=m, forward_s=[1.0, 1.5, 0.8],
-        backward_s=[2.2, 2.9, 1.4], virtual_stages=v, p2p_s=p2p,
-    )  # fmt: skip
+        schedule,
+        num_stages=pp,
+        num_microbatches=m,
+        forward_s=[1.0, 1.5, 0.8],
+        backward_s=[2.2, 2.9, 1.4],
+        virtual_stages=v,
+        p2p_s=p2p,
+    )
     ops = {(x.phase, x.microbatch, x.chunk): x for x in t.intervals}
     chunks = pp * v
     assert len(ops) == len(t.intervals) == 2 * m * chunks
@@ -129,15 +146,17 @@ def test_dependencies_hold_with_uneven_stages_and_p2p(schedule, v, m) -> None:
 def test_replay_rejects_bad_schedules() -> None:
     kw = {"forward_s": 1.0, "backward_s": 2.0}
     with pytest.raises(ValueError, match="multiple of pp"):
-        simulate_pipeline("interleaved_1f1b", num_stages=4, num_microbatches=6, virtual_stages=2,
-                          **kw)  # fmt: skip
+        simulate_pipeline(
+            "interleaved_1f1b", num_stages=4, num_microbatches=6, virtual_stages=2, **kw
+        )
     with pytest.raises(ValueError, match="v > 1 exactly with interleaved_1f1b"):
         simulate_pipeline("1f1b", num_stages=2, num_microbatches=4, virtual_stages=2, **kw)
     with pytest.raises(ValueError, match="needs pp >= 2"):
         simulate_pipeline("gpipe", num_stages=1, num_microbatches=4, **kw)
     with pytest.raises(ValueError, match="one per stage"):
-        simulate_pipeline("gpipe", num_stages=3, num_microbatches=4, forward_s=[1.0, 1.0],
-                          backward_s=2.0)  # fmt: skip
+        simulate_pipeline(
+            "gpipe", num_stages=3, num_microbatches=4, forward_s=[1.0, 1.0], backward_s=2.0
+        )
 
 
 def test_plan_stage_times_reproduce_its_pipeline_time(mid_report) -> None:
@@ -148,10 +167,13 @@ def test_plan_stage_times_reproduce_its_pipeline_time(mid_report) -> None:
     assert plan is not None and plan.parallelism.pp > 1
     times = stage_times(plan)
     t = simulate_pipeline(
-        plan.schedule, num_stages=plan.parallelism.pp, num_microbatches=plan.num_microbatches,
-        forward_s=times.forward_s, backward_s=times.backward_s,
+        plan.schedule,
+        num_stages=plan.parallelism.pp,
+        num_microbatches=plan.num_microbatches,
+        forward_s=times.forward_s,
+        backward_s=times.backward_s,
         virtual_stages=plan.parallelism.virtual_stages,
-    )  # fmt: skip
+    )
     bubble = t.makespan_s - plan.num_microbatches * times.slot_s
     assert bubble == pytest.approx(plan.predicted.time_breakdown.bubble_s, rel=1e-9)
     assert t.bubble_fraction == pytest.approx(plan.predicted.bubble_fraction, rel=1e-9)
@@ -174,8 +196,15 @@ def test_parse_strategies() -> None:
 
 def test_named_strategies_pin_what_they_say(mid_report) -> None:
     by = {e.name: e for e in mid_report.entries}
-    assert list(by) == ["plan", "fsdp", "megatron", "dp-recompute", "runner-up-1",
-                        "runner-up-2", "runner-up-3"]  # fmt: skip
+    assert list(by) == [
+        "plan",
+        "fsdp",
+        "megatron",
+        "dp-recompute",
+        "runner-up-1",
+        "runner-up-2",
+        "runner-up-3",
+    ]
     fsdp = by["fsdp"].plan
     assert fsdp is not None
     assert (fsdp.parallelism.dp, fsdp.parallelism.tp, fsdp.parallelism.pp) == (8, 1, 1)
@@ -201,9 +230,27 @@ def test_named_strategies_pin_what_they_say(mid_report) -> None:
 
 
 def test_nothing_fits_is_a_report_not_a_crash(tmp_path: Path, capsys) -> None:
-    code = compare(["--model", "llama3-405b", "--model-source", "spec", "--cluster", "8xl4",
-                    "--global-batch", "8", "--seq-len", "8192", "--strategies", "plan,fsdp",
-                    "--tradeoff", "none", "-o", str(tmp_path / "r"), "--no-progress"])  # fmt: skip
+    code = compare(
+        [
+            "--model",
+            "llama3-405b",
+            "--model-source",
+            "spec",
+            "--cluster",
+            "8xl4",
+            "--global-batch",
+            "8",
+            "--seq-len",
+            "8192",
+            "--strategies",
+            "plan,fsdp",
+            "--tradeoff",
+            "none",
+            "-o",
+            str(tmp_path / "r"),
+            "--no-progress",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 2 and "no compared strategy fits" in err
     readme = (tmp_path / "r" / "README.md").read_text()
@@ -268,21 +315,35 @@ def test_figures_label_axes_with_units_and_keep_colours(mid_report) -> None:
     assert context in fig.get_suptitle()
     # Hand-made curves (the shape of planner/solvers/tradeoff.py), one infeasible point.
     curves = [
-        TradeoffCurve(strategy=name, points=(
-            TradeoffPoint(budget_bytes=1e9, status="infeasible", makespan_s=None,
-                          peak_bytes=None, overhead=None),
-            TradeoffPoint(budget_bytes=2e9, status="optimal", makespan_s=1.3, peak_bytes=1.9e9,
-                          overhead=0.3 - k / 10),
-        ))
+        TradeoffCurve(
+            strategy=name,
+            points=(
+                TradeoffPoint(
+                    budget_bytes=1e9,
+                    status="infeasible",
+                    makespan_s=None,
+                    peak_bytes=None,
+                    overhead=None,
+                ),
+                TradeoffPoint(
+                    budget_bytes=2e9,
+                    status="optimal",
+                    makespan_s=1.3,
+                    peak_bytes=1.9e9,
+                    overhead=0.3 - k / 10,
+                ),
+            ),
+        )
         for k, name in enumerate(("sqrt-L", "paraplan-dp"))
-    ]  # fmt: skip
+    ]
     fig = tradeoff_figure(curves, what="checkpointing", context=context, source="data")
     (ax,) = fig.axes
     assert ax.get_xlabel() == "memory budget for activations (GB)"
     assert ax.get_ylabel() == "time overhead vs store-all (%)"
     assert [_hex(line.get_color()) for line in ax.get_lines()] == [
-        strategy_color("sqrt-L"), strategy_color("paraplan-dp")
-    ]  # fmt: skip
+        strategy_color("sqrt-L"),
+        strategy_color("paraplan-dp"),
+    ]
     assert list(ax.get_lines()[1].get_ydata()) == pytest.approx([20.0])  # percent
 
 
@@ -292,11 +353,17 @@ def test_report_folder_and_figures_on_disk(mid_report) -> None:
     folder = mid_report.folder
     names = [e.name for e in mid_report.entries if e.plan is not None]
     assert set(mid_report.files) == {
-        "README.md", "report.html", "data/schedules.json", "data/tradeoff.json",
+        "README.md",
+        "report.html",
+        "data/schedules.json",
+        "data/tradeoff.json",
         *(f"plans/{n}.json" for n in names),
-        *(f"figures/{k}.{ext}" for k in ("memory", "time", "gantt", "tradeoff")
-          for ext in ("png", "svg")),
-    }  # fmt: skip
+        *(
+            f"figures/{k}.{ext}"
+            for k in ("memory", "time", "gantt", "tradeoff")
+            for ext in ("png", "svg")
+        ),
+    }
     for key in ("memory", "time", "gantt", "tradeoff"):
         pixels = imread(folder / "figures" / f"{key}.png")
         assert pixels.shape[0] > 300 and pixels.shape[1] > 800
@@ -374,8 +441,17 @@ def test_cli_parser_plugs_into_paraplan() -> None:
 
 
 def test_cli_bad_input_exits_2(tmp_path: Path, capsys) -> None:
-    base = ["--model", SMALL_MODEL, "--cluster", "8xh100", "--global-batch", "64",
-            "--tradeoff", "none", "--no-progress"]  # fmt: skip
+    base = [
+        "--model",
+        SMALL_MODEL,
+        "--cluster",
+        "8xh100",
+        "--global-batch",
+        "64",
+        "--tradeoff",
+        "none",
+        "--no-progress",
+    ]
     assert compare([*base, "--strategies", "plan,zero3", "-o", str(tmp_path / "a")]) == 2
     assert "unknown strategy 'zero3'" in capsys.readouterr().err
     assert compare([*base, "--tradeoff", "rotor", "-o", str(tmp_path / "a")]) == 2
@@ -393,9 +469,25 @@ def test_cli_bad_input_exits_2(tmp_path: Path, capsys) -> None:
 
 def test_cli_writes_then_replaces_a_report(tmp_path: Path, capsys) -> None:
     out = tmp_path / "rep"
-    argv = ["--model", SMALL_MODEL, "--cluster", "8xh100", "--global-batch", "64",
-            "--strategies", "plan,megatron", "--top", "1", "--tradeoff", "sqrt-L,paraplan-dp",
-            "--tradeoff-budgets", "3", "-o", str(out), "--no-progress"]  # fmt: skip
+    argv = [
+        "--model",
+        SMALL_MODEL,
+        "--cluster",
+        "8xh100",
+        "--global-batch",
+        "64",
+        "--strategies",
+        "plan,megatron",
+        "--top",
+        "1",
+        "--tradeoff",
+        "sqrt-L,paraplan-dp",
+        "--tradeoff-budgets",
+        "3",
+        "-o",
+        str(out),
+        "--no-progress",
+    ]
     assert compare(argv) == 0
     first = capsys.readouterr().out
     assert "report written to" in first and "Megatron TP x PP" in first
@@ -403,8 +495,17 @@ def test_cli_writes_then_replaces_a_report(tmp_path: Path, capsys) -> None:
     tradeoff = json.loads((out / "data" / "tradeoff.json").read_text())
     assert [c["strategy"] for c in tradeoff["curves"]] == ["sqrt-L", "paraplan-dp"]
     (out / "stale.txt").write_text("from an earlier report")
-    again = [*argv[: argv.index("--strategies")], "--strategies", "plan", "--top", "0",
-             "--tradeoff", "none", "-o", str(out)]  # fmt: skip
+    again = [
+        *argv[: argv.index("--strategies")],
+        "--strategies",
+        "plan",
+        "--top",
+        "0",
+        "--tradeoff",
+        "none",
+        "-o",
+        str(out),
+    ]
     assert compare(again) == 0
     assert not (out / "stale.txt").exists()
     assert [p.name for p in (out / "plans").iterdir()] == ["plan.json"]
@@ -421,15 +522,15 @@ def test_failed_report_leaves_nothing_half_written(tmp_path: Path, monkeypatch) 
     profile, cluster, train = _inputs(SMALL_MODEL, "8xh100", 64, 2048)
     options = ReportOptions(strategies=("plan",), top_k=0, tradeoff=())
     with pytest.raises(RuntimeError, match="drawing failed"):
-        build_report(tmp_path / "r", profile=profile, cluster=cluster, train=train,
-                     options=options)  # fmt: skip
+        build_report(tmp_path / "r", profile=profile, cluster=cluster, train=train, options=options)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_compare_strategies_reports_progress() -> None:
     profile, cluster, train = _inputs(SMALL_MODEL, "8xh100", 64, 2048)
     steps: list[str] = []
-    got = compare_strategies(profile, cluster, train, names=("fsdp", "runners-up"), top_k=2,
-                             on_step=steps.append)  # fmt: skip
+    got = compare_strategies(
+        profile, cluster, train, names=("fsdp", "runners-up"), top_k=2, on_step=steps.append
+    )
     assert [e.name for e in got] == ["fsdp", "runner-up-1", "runner-up-2"]
     assert steps == ["paraplan plan", "pure FSDP", "runner-up #1", "runner-up #2"]

@@ -51,9 +51,21 @@ def readme_report(tmp_path_factory) -> Path:
     """`paraplan compare` on the README's example, as a user runs it (default model source)."""
     folder = tmp_path_factory.mktemp("compare") / "report"
     code = paraplan_main(
-        ["compare", "--model", "llama3-8b", "--cluster", "8xh100", "--global-batch", "256",
-         "--seq-len", "8192", "-o", str(folder), "--no-progress"]
-    )  # fmt: skip
+        [
+            "compare",
+            "--model",
+            "llama3-8b",
+            "--cluster",
+            "8xh100",
+            "--global-batch",
+            "256",
+            "--seq-len",
+            "8192",
+            "-o",
+            str(folder),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     return folder
 
@@ -61,12 +73,23 @@ def readme_report(tmp_path_factory) -> Path:
 def _chromium(url: str, profile_dir: Path, height_px: int, *mode: str) -> str:
     """Run headless Chromium on `url` in one of its one-shot modes; returns its stdout."""
     cmd = [
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-        "--no-first-run", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", f"--user-data-dir={profile_dir}", "--hide-scrollbars",
-        "--force-device-scale-factor=1", f"--window-size={WINDOW_WIDTH_PX},{height_px}",
-        "--virtual-time-budget=10000", *mode, url,
-    ]  # fmt: skip
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile_dir}",
+        "--hide-scrollbars",
+        "--force-device-scale-factor=1",
+        f"--window-size={WINDOW_WIDTH_PX},{height_px}",
+        "--virtual-time-budget=10000",
+        *mode,
+        url,
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
@@ -74,8 +97,15 @@ def _chromium(url: str, profile_dir: Path, height_px: int, *mode: str) -> str:
 
 def test_report_folder(readme_report: Path) -> None:
     plans = sorted(p.name for p in (readme_report / "plans").iterdir())
-    assert plans == ["dp-recompute.json", "fsdp.json", "megatron.json", "plan.json",
-                     "runner-up-1.json", "runner-up-2.json", "runner-up-3.json"]  # fmt: skip
+    assert plans == [
+        "dp-recompute.json",
+        "fsdp.json",
+        "megatron.json",
+        "plan.json",
+        "runner-up-1.json",
+        "runner-up-2.json",
+        "runner-up-3.json",
+    ]
     for key in FIGURES:
         assert (readme_report / "figures" / f"{key}.png").stat().st_size > 10_000
         assert (readme_report / "figures" / f"{key}.svg").stat().st_size > 10_000
@@ -110,8 +140,12 @@ def test_chromium_renders_every_plot_and_the_table(readme_report: Path, tmp_path
     # A screenshot of the whole page: each plot's region is drawn, not blank.
     height = min(int(found["height"]) + 20, MAX_PAGE_HEIGHT_PX)
     shot = tmp_path / "page.png"
-    _chromium((readme_report / "report.html").as_uri(), tmp_path / "profile-shot", height,
-              f"--screenshot={shot}")  # fmt: skip
+    _chromium(
+        (readme_report / "report.html").as_uri(),
+        tmp_path / "profile-shot",
+        height,
+        f"--screenshot={shot}",
+    )
     pixels = imread(shot)[..., :3]
     assert pixels.shape[1] == WINDOW_WIDTH_PX and pixels.shape[0] >= found["height"]
     for img in images:

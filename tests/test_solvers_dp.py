@@ -34,14 +34,19 @@ def random_chain(n: int, rng: random.Random, *, integer: bool = True) -> LayerCh
     return LayerChain(
         layers=tuple(
             ChainLayer(
-                name=f"l{i}", fwd_s=rng.uniform(1, 3), bwd_s=rng.uniform(2, 5),
-                input_bytes=xs[i], saved_bytes=xs[i] + size(0, 9), output_bytes=xs[i + 1],
-                fwd_tmp_bytes=size(0, 3), bwd_tmp_bytes=size(0, 3),
+                name=f"l{i}",
+                fwd_s=rng.uniform(1, 3),
+                bwd_s=rng.uniform(2, 5),
+                input_bytes=xs[i],
+                saved_bytes=xs[i] + size(0, 9),
+                output_bytes=xs[i + 1],
+                fwd_tmp_bytes=size(0, 3),
+                bwd_tmp_bytes=size(0, 3),
             )
             for i in range(n)
         ),
         name=f"random{n}",
-    )  # fmt: skip
+    )
 
 
 def persistent_schedules(s: int, t: int) -> Iterator[list[Op]]:
@@ -131,8 +136,10 @@ def test_dp_never_worse_than_uniform_policies(seed: int) -> None:
 
 def test_uniform_policies_match_their_definitions() -> None:
     chain = random_chain(7, random.Random(3))
-    names = lambda ops: [(type(op).__name__[0], op.node, getattr(op, "keep_saved", None))  # noqa: E731
-                         for op in ops]  # fmt: skip
+
+    def names(ops):
+        return [(type(op).__name__[0], op.node, getattr(op, "keep_saved", None)) for op in ops]
+
     full = uniform_schedule(chain, Policy.FULL_RECOMPUTE)
     assert names(full[:7]) == [("F", k, k == 7) for k in range(1, 8)]
     assert names(full[7:9]) == [("B", 7, None), ("F", 6, True)]

@@ -26,13 +26,18 @@ def random_chain(n: int, rng: random.Random) -> LayerChain:
     return LayerChain(
         layers=tuple(
             ChainLayer(
-                name=f"l{i}", fwd_s=rng.uniform(1, 3), bwd_s=rng.uniform(2, 5),
-                input_bytes=xs[i], saved_bytes=xs[i] + rng.randint(0, 9), output_bytes=xs[i + 1],
-                fwd_tmp_bytes=float(rng.randint(0, 3)), bwd_tmp_bytes=float(rng.randint(0, 3)),
+                name=f"l{i}",
+                fwd_s=rng.uniform(1, 3),
+                bwd_s=rng.uniform(2, 5),
+                input_bytes=xs[i],
+                saved_bytes=xs[i] + rng.randint(0, 9),
+                output_bytes=xs[i + 1],
+                fwd_tmp_bytes=float(rng.randint(0, 3)),
+                bwd_tmp_bytes=float(rng.randint(0, 3)),
             )
             for i in range(n)
         )
-    )  # fmt: skip
+    )
 
 
 def assert_replays(model, solution, bw: float | None = None) -> None:  # type: ignore[no-untyped-def]
@@ -44,8 +49,11 @@ def assert_replays(model, solution, bw: float | None = None) -> None:  # type: i
 
 def budgets(chain: LayerChain) -> list[float]:
     least = solve_checkpoint_dp(chain, 1.0).min_budget_bytes
-    top = simulate(chain, [Forward(node=i) for i in range(1, len(chain) + 1)]
-                   + [Backward(node=i) for i in range(len(chain), 0, -1)]).peak_bytes  # fmt: skip
+    top = simulate(
+        chain,
+        [Forward(node=i) for i in range(1, len(chain) + 1)]
+        + [Backward(node=i) for i in range(len(chain), 0, -1)],
+    ).peak_bytes
     return sorted({float(round(least + (top - least) * k / 4)) for k in range(5)})
 
 

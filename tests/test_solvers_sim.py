@@ -116,9 +116,16 @@ def test_store_all_peak_and_time_by_hand() -> None:
 def test_checkpointing_peak_and_time_by_hand() -> None:
     # F1 (no keep): x0+x1 = 20; F2: x2 in, x1 out: 20; F*3: 50, x3 freed: 40 (x0, x2, a3);
     # B3: seed 50, grad x2 60, then 20 (x0, grad x2); F*1: 50; F*2: 80 (peak); x2 freed: 70...
-    ops = [Forward(node=1, keep_saved=False), Forward(node=2, keep_saved=False), Forward(node=3),
-           Backward(node=3), Forward(node=1), Forward(node=2), Backward(node=2),
-           Backward(node=1)]  # fmt: skip
+    ops = [
+        Forward(node=1, keep_saved=False),
+        Forward(node=2, keep_saved=False),
+        Forward(node=3),
+        Backward(node=3),
+        Forward(node=1),
+        Forward(node=2),
+        Backward(node=2),
+        Backward(node=1),
+    ]
     result = simulate(_uniform3(), ops)
     assert result.peak_bytes == 80
     assert result.makespan_s == 11.0
@@ -134,8 +141,16 @@ def test_offload_frees_after_the_wait_and_prefetch_stalls_by_hand() -> None:
     # F*2 [1,2]: 70 (x2, freed after), then 60. Wait: now 3 (stall 1), a1 goes: 20.
     # B2 [3,5]: seed 30, grad x1 40; then x0 + grad x1 = 20. Prefetch a1 [5,7]: 60.
     # Wait: now 7 (stall 2). B1 [7,9]: grad x0 -> 70.
-    ops = [Forward(node=1), Offload(node=1, part=SAV), Forward(node=2), Wait(),
-           Backward(node=2), Prefetch(node=1, part=SAV), Wait(), Backward(node=1)]  # fmt: skip
+    ops = [
+        Forward(node=1),
+        Offload(node=1, part=SAV),
+        Forward(node=2),
+        Wait(),
+        Backward(node=2),
+        Prefetch(node=1, part=SAV),
+        Wait(),
+        Backward(node=1),
+    ]
     result = simulate(_offload_chain(), ops, pcie_bytes_per_s=20.0)
     assert result.peak_bytes == 70
     assert result.makespan_s == 9.0
@@ -147,9 +162,18 @@ def test_offload_frees_after_the_wait_and_prefetch_stalls_by_hand() -> None:
 
 def test_sliced_offload_overlaps_several_operations() -> None:
     # Half of a1 (20 B at 20 B/s) under each of F*2 and B2; nothing stalls until the prefetch.
-    ops = [Forward(node=1), Offload(node=1, part=SAV, fraction=0.5, release=False),
-           Forward(node=2), Wait(), Offload(node=1, part=SAV, fraction=0.5), Backward(node=2),
-           Wait(), Prefetch(node=1, part=SAV), Wait(), Backward(node=1)]  # fmt: skip
+    ops = [
+        Forward(node=1),
+        Offload(node=1, part=SAV, fraction=0.5, release=False),
+        Forward(node=2),
+        Wait(),
+        Offload(node=1, part=SAV, fraction=0.5),
+        Backward(node=2),
+        Wait(),
+        Prefetch(node=1, part=SAV),
+        Wait(),
+        Backward(node=1),
+    ]
     result = simulate(_offload_chain(), ops, pcie_bytes_per_s=20.0)
     # F*2 [1,2], channel [1,2]; B2 [2,4], channel [2,3]; prefetch [4,6] stalls 2; B1 [6,8]
     assert result.makespan_s == 8.0
@@ -192,9 +216,15 @@ def test_recomputing_a_tensor_a_transfer_still_reads_is_refused() -> None:
 def test_autograd_state_holds_the_layer_input() -> None:
     # Layer 2 kept its saved state; recomputing its input x1 while that state lives is refused
     # (in PyTorch the saved tensors reference x1), so "store all" keeps the input, as Rotor.
-    ops = [Forward(node=1, keep_saved=False), Forward(node=2), Forward(node=3),
-           Forward(node=1, keep_saved=False), Backward(node=3), Backward(node=2),
-           Backward(node=1)]  # fmt: skip
+    ops = [
+        Forward(node=1, keep_saved=False),
+        Forward(node=2),
+        Forward(node=3),
+        Forward(node=1, keep_saved=False),
+        Backward(node=3),
+        Backward(node=2),
+        Backward(node=1),
+    ]
     with pytest.raises(ValueError, match="held by the saved tensors of \\['l1'\\]"):
         simulate(_uniform3(), ops)
     graph = chain_to_graph(_uniform3())
@@ -203,10 +233,17 @@ def test_autograd_state_holds_the_layer_input() -> None:
 
 
 def test_prefetch_needs_a_finished_offload() -> None:
-    ops = [Forward(node=1), Offload(node=1, part=SAV, fraction=0.5, release=False), Wait(),
-           Prefetch(node=1, part=SAV)]  # fmt: skip
+    ops = [
+        Forward(node=1),
+        Offload(node=1, part=SAV, fraction=0.5, release=False),
+        Wait(),
+        Prefetch(node=1, part=SAV),
+    ]
     with pytest.raises(ValueError, match="no host copy yet"):
         simulate(_offload_chain(), ops, pcie_bytes_per_s=1.0)
     with pytest.raises(ValueError, match="slices add up to 1, and release comes with the last"):
-        simulate(_offload_chain(), [Forward(node=1), Offload(node=1, part=SAV, fraction=0.5)],
-                 pcie_bytes_per_s=1.0)  # fmt: skip
+        simulate(
+            _offload_chain(),
+            [Forward(node=1), Offload(node=1, part=SAV, fraction=0.5)],
+            pcie_bytes_per_s=1.0,
+        )

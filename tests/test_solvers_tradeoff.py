@@ -44,14 +44,18 @@ def small_chain(n: int = 6, seed: int = 0) -> LayerChain:
     return LayerChain(
         layers=tuple(
             ChainLayer(
-                name=f"l{i}", fwd_s=rng.uniform(1, 2) * 1e-3, bwd_s=rng.uniform(2, 4) * 1e-3,
-                input_bytes=xs[i], saved_bytes=xs[i] + rng.uniform(0, 9) * 1e6,
-                output_bytes=xs[i + 1], fwd_tmp_bytes=rng.uniform(0, 1) * 1e6,
+                name=f"l{i}",
+                fwd_s=rng.uniform(1, 2) * 1e-3,
+                bwd_s=rng.uniform(2, 4) * 1e-3,
+                input_bytes=xs[i],
+                saved_bytes=xs[i] + rng.uniform(0, 9) * 1e6,
+                output_bytes=xs[i + 1],
+                fwd_tmp_bytes=rng.uniform(0, 1) * 1e6,
             )
             for i in range(n)
         ),
         name=f"small{n}",
-    )  # fmt: skip
+    )
 
 
 def check_invariants(curves: tuple[TradeoffCurve, ...], budgets: list[float]) -> None:
@@ -102,8 +106,9 @@ def test_dp_and_ilp_never_worse_than_a_fitting_baseline(layers: int, pcie: float
             assert ilp.makespan_s <= dp.makespan_s * (1 + 1e-6)
 
 
-@pytest.mark.parametrize("chain", [gpt2_layer_chain(), vgg16_chain(), small_chain()],
-                         ids=["gpt2", "vgg16", "small"])  # fmt: skip
+@pytest.mark.parametrize(
+    "chain", [gpt2_layer_chain(), vgg16_chain(), small_chain()], ids=["gpt2", "vgg16", "small"]
+)
 def test_a_baseline_fits_exactly_when_its_simulated_peak_does(chain: LayerChain) -> None:
     sims = {s: simulate(chain, baseline_schedule(chain, s)) for s in BASELINES}
     peaks = sorted(r.peak_bytes for r in sims.values())
@@ -154,8 +159,9 @@ def test_sqrt_segments_are_checkpoint_sequentials(num_layers: int) -> None:
     k = max(1, round(num_layers**0.5))
     starts = torch_segment_starts(num_layers, k)
     assert sqrt_segment_starts(num_layers) == starts
-    layer = ChainLayer(name="l", fwd_s=1.0, bwd_s=2.0, input_bytes=1.0, saved_bytes=3.0,
-                       output_bytes=1.0)  # fmt: skip
+    layer = ChainLayer(
+        name="l", fwd_s=1.0, bwd_s=2.0, input_bytes=1.0, saved_bytes=3.0, output_bytes=1.0
+    )
     chain = LayerChain(layers=(layer,) * num_layers)
     ops = baseline_schedule(chain, "sqrt-L")
     runs = recompute_runs(ops)
@@ -185,12 +191,14 @@ def test_recomputation_order_matches_torch(num_layers: int, segments: int) -> No
     model = torch.nn.Sequential(*[Logged(i) for i in range(num_layers)])
     x = torch.randn(1, 2, requires_grad=True)
     checkpoint_sequential(model, segments, x, use_reentrant=True).sum().backward()
-    layer = ChainLayer(name="l", fwd_s=1.0, bwd_s=2.0, input_bytes=1.0, saved_bytes=3.0,
-                       output_bytes=1.0)  # fmt: skip
+    layer = ChainLayer(
+        name="l", fwd_s=1.0, bwd_s=2.0, input_bytes=1.0, saved_bytes=3.0, output_bytes=1.0
+    )
     from paraplan.planner.solvers import Policy, uniform_schedule
 
-    ops = uniform_schedule(LayerChain(layers=(layer,) * num_layers), Policy.SQRT_SEGMENTS,
-                           segments=segments)  # fmt: skip
+    ops = uniform_schedule(
+        LayerChain(layers=(layer,) * num_layers), Policy.SQRT_SEGMENTS, segments=segments
+    )
     recomputed = [n for run in recompute_runs(ops) for n in run]
     assert calls[:num_layers] == list(range(1, num_layers + 1))
     assert calls[num_layers:] == recomputed
@@ -234,7 +242,7 @@ def test_default_budgets_span_smallest_feasible_to_store_all() -> None:
         (lambda c: default_budgets(c, 0), ["n=0", ">= 1"]),
         (lambda c: baseline_schedule(c, "paraplan-dp"), ["paraplan-dp", "baseline"]),
     ],
-)  # fmt: skip
+)
 def test_bad_arguments_name_the_value(call, words: list[str]) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError) as info:
         call(small_chain())
@@ -260,8 +268,10 @@ def test_chain_from_profile_uses_measured_times_and_transients() -> None:
     with pytest.raises(ValueError, match="no measured layer times"):
         chain_from_profile(profile)
     # Transients (a traced profile has them; the spec's are 0) scale with the micro-batch.
-    layers = [dataclasses.replace(x, fwd_tmp_bytes=100.0 + i, bwd_tmp_bytes=200.0 + i)
-              for i, x in enumerate(profile.layers)]  # fmt: skip
+    layers = [
+        dataclasses.replace(x, fwd_tmp_bytes=100.0 + i, bwd_tmp_bytes=200.0 + i)
+        for i, x in enumerate(profile.layers)
+    ]
     traced = dataclasses.replace(profile, layers=tuple(layers))
     by_flops = chain_from_profile(traced, micro_batch_size=2, seconds_per_flop=1e-12)
     assert [x.fwd_tmp_bytes for x in by_flops.layers] == [2 * (100.0 + i) for i in range(14)]
@@ -269,8 +279,10 @@ def test_chain_from_profile_uses_measured_times_and_transients() -> None:
     assert by_flops.layers[1].fwd_s == pytest.approx(2 * profile.layers[1].fwd_flops * 1e-12)
     # Measured: per-sequence times scale with the micro-batch; a head traced without its
     # input size (as the profiler leaves it) still chains onto the last block.
-    layers = [dataclasses.replace(x, fwd_time_s=0.01 * (i + 1), bwd_time_s=0.02 * (i + 1))
-              for i, x in enumerate(profile.layers)]  # fmt: skip
+    layers = [
+        dataclasses.replace(x, fwd_time_s=0.01 * (i + 1), bwd_time_s=0.02 * (i + 1))
+        for i, x in enumerate(profile.layers)
+    ]
     layers[-1] = dataclasses.replace(layers[-1], input_bytes=0.0)
     measured = dataclasses.replace(profile, layers=tuple(layers))
     chain = chain_from_profile(measured, micro_batch_size=3)

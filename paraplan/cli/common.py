@@ -35,12 +35,21 @@ Handler = Callable[[argparse.Namespace], int]
 _COUNT_SUFFIXES = {"k": 2**10, "m": 2**20, "g": 2**30}
 """Count suffixes are binary, as token budgets are quoted: 16M tokens = 16 * 2**20."""
 _BYTE_UNITS = {
-    "": 1, "b": 1,
-    "k": 2**10, "kib": 2**10, "kb": 10**3,
-    "m": 2**20, "mib": 2**20, "mb": 10**6,
-    "g": 2**30, "gib": 2**30, "gb": 10**9,
-    "t": 2**40, "tib": 2**40, "tb": 10**12,
-}  # fmt: skip
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kib": 2**10,
+    "kb": 10**3,
+    "m": 2**20,
+    "mib": 2**20,
+    "mb": 10**6,
+    "g": 2**30,
+    "gib": 2**30,
+    "gb": 10**9,
+    "t": 2**40,
+    "tib": 2**40,
+    "tb": 10**12,
+}
 """Memory size suffixes: KiB/MiB/GiB/TiB and bare K/M/G/T are binary (as PyTorch and nvidia-smi
 report memory); KB/MB/GB/TB are decimal (SI)."""
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$")

@@ -101,8 +101,12 @@ class Links:
 
     def axis(self, axis: MeshAxis) -> AxisLink:
         """The link of one mesh axis."""
-        return {MeshAxis.PP: self.pp, MeshAxis.DP: self.dp, MeshAxis.CP: self.cp,
-                MeshAxis.TP: self.tp}[axis]  # fmt: skip
+        return {
+            MeshAxis.PP: self.pp,
+            MeshAxis.DP: self.dp,
+            MeshAxis.CP: self.cp,
+            MeshAxis.TP: self.tp,
+        }[axis]
 
     @staticmethod
     def ideal_of(size: int) -> AxisLink:
@@ -112,8 +116,10 @@ class Links:
     def ideal(self) -> Links:
         """Every group inside one node (a lower bound on any placement's time when priced
         with `Collectives(acc, lower_bound=True)`)."""
-        ideal = {f.name: AxisLink(getattr(self, f.name).size, getattr(self, f.name).size, 1)
-                 for f in fields(self)}  # fmt: skip
+        ideal = {
+            f.name: AxisLink(getattr(self, f.name).size, getattr(self, f.name).size, 1)
+            for f in fields(self)
+        }
         return Links(**ideal)
 
 

@@ -121,31 +121,59 @@ def _table(sms: int, sm_src: str, gemm: float, gemm_src: str, attn: float, attn_
         gemm_efficiency=gemm,
         k_overhead=128.0,
         attention_efficiency=attn,
-        sources={"sm_count": sm_src, "gemm_efficiency": gemm_src, "k_overhead": _K_OVERHEAD,
-                 "attention_efficiency": attn_src},
-    )  # fmt: skip
+        sources={
+            "sm_count": sm_src,
+            "gemm_efficiency": gemm_src,
+            "k_overhead": _K_OVERHEAD,
+            "attention_efficiency": attn_src,
+        },
+    )
 
 
 KERNELS: dict[str, KernelTable] = {
     "a100-40gb": _table(108, _WHITEPAPER_A100, 0.85, _GEMM_A100, 0.60, _FA2),
     "a100-80gb": _table(108, _WHITEPAPER_A100, 0.85, _GEMM_A100, 0.60, _FA2),
     "h100": _table(132, _WHITEPAPER_H100, 0.75, _GEMM_HOPPER, 0.50, _FA_HOPPER),
-    "h200": _table(132, _WHITEPAPER_H100 + "; H200 is the same GH100 die", 0.75, _GEMM_HOPPER,
-                   0.50, _FA_HOPPER),
-    "h100-pcie": _table(114, "NVIDIA H100 whitepaper: 114 SMs (PCIe)", 0.75, _GEMM_HOPPER, 0.50,
-                        _FA_HOPPER),
-    "b200": _table(148, "NVIDIA Blackwell architecture technical brief: 148 SMs (2 dies)", 0.70,
-                   "assumption: young stack, below Hopper", 0.50, "assumption, as Hopper"),
-    "v100": _table(80, "NVIDIA Tesla V100 whitepaper (2017): 80 SMs", 0.80,
-                   "assumption: cuBLAS fp16 tensor-core GEMMs near 100 of 125 TFLOP/s", 0.45,
-                   "assumption: FlashAttention-1 on V100 (Dao et al. 2022 report large gains "
-                   "but no utilization figure)"),
-    "mi300x": _table(304, "AMD CDNA 3 white paper: 304 compute units", 0.55,
-                     "assumption: hipBLASLt reaches about half of the datasheet peak", 0.40,
-                     "assumption: CK flash attention, below GEMM rate"),
-    "l4": _table(58, "NVIDIA Ada GPU architecture whitepaper: 58 SMs (L4)", 0.65,
-                 "assumption: 72 W part, clocks drop under load", 0.45, "assumption"),
-}  # fmt: skip
+    "h200": _table(
+        132, _WHITEPAPER_H100 + "; H200 is the same GH100 die", 0.75, _GEMM_HOPPER, 0.50, _FA_HOPPER
+    ),
+    "h100-pcie": _table(
+        114, "NVIDIA H100 whitepaper: 114 SMs (PCIe)", 0.75, _GEMM_HOPPER, 0.50, _FA_HOPPER
+    ),
+    "b200": _table(
+        148,
+        "NVIDIA Blackwell architecture technical brief: 148 SMs (2 dies)",
+        0.70,
+        "assumption: young stack, below Hopper",
+        0.50,
+        "assumption, as Hopper",
+    ),
+    "v100": _table(
+        80,
+        "NVIDIA Tesla V100 whitepaper (2017): 80 SMs",
+        0.80,
+        "assumption: cuBLAS fp16 tensor-core GEMMs near 100 of 125 TFLOP/s",
+        0.45,
+        "assumption: FlashAttention-1 on V100 (Dao et al. 2022 report large gains "
+        "but no utilization figure)",
+    ),
+    "mi300x": _table(
+        304,
+        "AMD CDNA 3 white paper: 304 compute units",
+        0.55,
+        "assumption: hipBLASLt reaches about half of the datasheet peak",
+        0.40,
+        "assumption: CK flash attention, below GEMM rate",
+    ),
+    "l4": _table(
+        58,
+        "NVIDIA Ada GPU architecture whitepaper: 58 SMs (L4)",
+        0.65,
+        "assumption: 72 W part, clocks drop under load",
+        0.45,
+        "assumption",
+    ),
+}
 """Kernel figures per catalog accelerator (absent: the plain roofline with the catalog's
 matmul efficiency, as for the `cpu` test device)."""
 
@@ -231,8 +259,10 @@ def layer_gemms(profile: ModelProfile, layer: LayerCost, tp: int) -> tuple[Gemm,
     if layer.kind != LayerKind.BLOCK or p.heads < 1:
         return None
     kv = p.kv_heads * (h // p.heads)
-    attn = (Gemm(n=max(1, (h + 2 * kv) // tp), k=h, per_token=1.0),
-            Gemm(n=h, k=max(1, h // tp), per_token=1.0))  # fmt: skip
+    attn = (
+        Gemm(n=max(1, (h + 2 * kv) // tp), k=h, per_token=1.0),
+        Gemm(n=h, k=max(1, h // tp), per_token=1.0),
+    )
     mlp_flops = layer.fwd_flops - layer.attn_core_fwd_flops - 2 * s * h * (h + 2 * kv + h)
     routed = float(p.top_k) if p.is_moe else 1.0
     if p.is_moe:

@@ -186,8 +186,9 @@ class Evaluator:
                 out.append(None)
                 continue
             if self.single_pass(s) and zero < 2:
-                choice = replace(s, sequence_parallel=sp, zero_stage=zero,
-                                 offload_optimizer=off, recompute=rc)  # fmt: skip
+                choice = replace(
+                    s, sequence_parallel=sp, zero_stage=zero, offload_optimizer=off, recompute=rc
+                )
                 total = self.memory(choice)[0].total_bytes
             else:
                 pairs = zip(static[(zero, off, lay)], acts[(sp, rc)], strict=True)

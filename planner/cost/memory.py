@@ -63,7 +63,7 @@ def model_state_bytes(
         if offload_optimizer
         else (num_params * train.optimizer_bytes / (n if zero_stage >= 1 else 1))
     )
-    return params, grads, optimizer  # fmt: skip
+    return params, grads, optimizer
 
 
 def layer_act_bytes(layer: LayerCost, *, tp: int, sp: bool, cp: int, recompute: Recompute) -> float:

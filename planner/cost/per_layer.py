@@ -41,8 +41,13 @@ class PerLayerRecompute:
         out = []
         for i, (x, policy) in enumerate(zip(sm.profile.layers, self.policies(s), strict=True)):
             kept = layer_act_bytes(x, tp=s.tp, sp=s.sequence_parallel, cp=s.cp, recompute=policy)
-            out.append((policy, kept * sm.act_scale * s.micro_batch_size,
-                        _recompute_s(times.layer(i), policy)))  # fmt: skip
+            out.append(
+                (
+                    policy,
+                    kept * sm.act_scale * s.micro_batch_size,
+                    _recompute_s(times.layer(i), policy),
+                )
+            )
         return tuple(out)
 
     def _solved_uncached(self, key: tuple) -> tuple[Recompute, ...]:
@@ -60,22 +65,26 @@ class PerLayerRecompute:
         solved: list[tuple[Recompute, ...]] = []
         lay = sm.layout_of(s)
         for stage in sm.stages(lay):
-            static = sm.static_memory(stage, s.tp, s.ep, s.dp * s.cp, s.zero_stage,
-                                      s.offload_optimizer).total_bytes  # fmt: skip
+            static = sm.static_memory(
+                stage, s.tp, s.ep, s.dp * s.cp, s.zero_stage, s.offload_optimizer
+            ).total_bytes
             layers = stage.layers
             problem = StageProblem(
                 choices=tuple(choice[i] for i in layers),
                 fixed_bytes=sum(kept_none[i] for i in layers if choice[i] is None),
-                inflight=in_flight_microbatches(s.schedule, pp=s.pp, stage=stage.index,
-                                                num_microbatches=m, virtual_stages=v),
+                inflight=in_flight_microbatches(
+                    s.schedule, pp=s.pp, stage=stage.index, num_microbatches=m, virtual_stages=v
+                ),
                 transient_bytes=max(tmp[i] for i in layers),
                 head_bytes=kept_none[-1] if stage.has_head else 0.0,
                 budget_bytes=(sm.capacity_bytes - static - boundary) / mbs,
-            )  # fmt: skip
+            )
             picks = self._solve_stage(problem)
             if picks is None:
-                uniform = [tuple(r if c is not None else Recompute.NONE for c in problem.choices)
-                           for r in (Recompute.FULL, Recompute.SELECTIVE)]  # fmt: skip
+                uniform = [
+                    tuple(r if c is not None else Recompute.NONE for c in problem.choices)
+                    for r in (Recompute.FULL, Recompute.SELECTIVE)
+                ]
                 picks = min(uniform, key=problem.bytes_of)
             solved.append(picks)
         out = [Recompute.NONE] * len(p.layers)
@@ -99,8 +108,10 @@ class PerLayerRecompute:
         for j in range(len(p.layers)):
             i = first.setdefault(sm.layer_keys[j], j)
             x = p.layers[i]
-            acts = [layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=r) * k
-                    for r in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)]  # fmt: skip
+            acts = [
+                layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=r) * k
+                for r in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+            ]
             kept_none.append(acts[0])
             tmp.append(max(x.fwd_tmp_bytes, x.bwd_tmp_bytes) * k / (tp * cp))
             if x.kind != LayerKind.BLOCK:
@@ -108,12 +119,16 @@ class PerLayerRecompute:
             elif i < j:
                 choice.append(choice[i])
             else:
-                choice.append(LayerChoice(
-                    none_bytes=acts[0], selective_bytes=acts[1], full_bytes=acts[2],
-                    selective_s=times.layer(i).selective_recompute_s,
-                    full_s=times.layer(i).full_recompute_s,
-                    back_bytes=acts[0] - acts[2],
-                ))  # fmt: skip
+                choice.append(
+                    LayerChoice(
+                        none_bytes=acts[0],
+                        selective_bytes=acts[1],
+                        full_bytes=acts[2],
+                        selective_s=times.layer(i).selective_recompute_s,
+                        full_s=times.layer(i).full_recompute_s,
+                        back_bytes=acts[0] - acts[2],
+                    )
+                )
         return tuple(choice), tuple(kept_none), tuple(tmp)
 
     def stage_recompute(
@@ -154,12 +169,34 @@ def _recompute_s(c: StageCompute, policy: Recompute) -> float:
 
 def _solver_key(s: Strategy) -> tuple:
     """What the per-layer solution depends on: the strategy without its mesh order."""
-    return (s.dp, s.tp, s.pp, s.cp, s.ep, s.zero_stage, s.offload_optimizer,
-            s.sequence_parallel, s.schedule, s.virtual_stages, s.micro_batch_size)  # fmt: skip
+    return (
+        s.dp,
+        s.tp,
+        s.pp,
+        s.cp,
+        s.ep,
+        s.zero_stage,
+        s.offload_optimizer,
+        s.sequence_parallel,
+        s.schedule,
+        s.virtual_stages,
+        s.micro_batch_size,
+    )
 
 
 def _strategy_of(key: tuple) -> Strategy:
     dp, tp, pp, cp, ep, zero, off, sp, schedule, v, mbs = key
-    return Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero_stage=zero, offload_optimizer=off,
-                    sequence_parallel=sp, schedule=schedule, virtual_stages=v,
-                    micro_batch_size=mbs, recompute=Recompute.PER_LAYER)  # fmt: skip
+    return Strategy(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=ep,
+        zero_stage=zero,
+        offload_optimizer=off,
+        sequence_parallel=sp,
+        schedule=schedule,
+        virtual_stages=v,
+        micro_batch_size=mbs,
+        recompute=Recompute.PER_LAYER,
+    )

@@ -164,8 +164,11 @@ def _knapsack(
         merged = list(picks)
         for i, r in zip(others, combo, strict=True):
             merged[i] = r
-        key = (problem.seconds_of(merged), merged.count(Recompute.FULL),
-               merged.count(Recompute.SELECTIVE))  # fmt: skip
+        key = (
+            problem.seconds_of(merged),
+            merged.count(Recompute.FULL),
+            merged.count(Recompute.SELECTIVE),
+        )
         if best is None or key < best[0]:
             best = (key, tuple(merged))
     return None if best is None else best[1]

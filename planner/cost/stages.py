@@ -141,10 +141,20 @@ class StageModel:
             and all(x.fwd_time_s is not None and x.bwd_time_s is not None for x in profile.layers)
         )
         self.layer_keys: tuple[tuple, ...] = tuple(
-            (x.kind, x.params, x.expert_params, x.fwd_flops, x.bwd_flops, x.attn_core_fwd_flops,
-             x.act_tp_bytes, x.act_replicated_bytes, x.act_attn_core_bytes, x.input_bytes)
+            (
+                x.kind,
+                x.params,
+                x.expert_params,
+                x.fwd_flops,
+                x.bwd_flops,
+                x.attn_core_fwd_flops,
+                x.act_tp_bytes,
+                x.act_replicated_bytes,
+                x.act_attn_core_bytes,
+                x.input_bytes,
+            )
             for x in profile.layers
-        )  # fmt: skip
+        )
         """What makes two layers cost the same (identical layers share their decisions)."""
         self.num_blocks = profile.num_blocks
         self.chunks = cache(self._chunks)

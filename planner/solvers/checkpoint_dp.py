@@ -97,19 +97,25 @@ class _Sizes:
 
     def need_leaf(self, s: int) -> float:
         x, a = self.x, self.a
-        return max(x[s - 1] + self.df[s] + x[s] + a[s] + self.tf[s],
-                   x[s - 1] + x[s] + a[s] + x[s - 1] + self.tb[s])  # fmt: skip
+        return max(
+            x[s - 1] + self.df[s] + x[s] + a[s] + self.tf[s],
+            x[s - 1] + x[s] + a[s] + x[s - 1] + self.tb[s],
+        )
 
     def need_sa(self, s: int, t: int) -> float:
         x, a = self.x, self.a
-        return max(x[s - 1] + self.df[t] + x[s] + a[s] + self.tf[s],
-                   x[s - 1] + a[s] + x[s] + x[s - 1] + self.tb[s])  # fmt: skip
+        return max(
+            x[s - 1] + self.df[t] + x[s] + a[s] + self.tf[s],
+            x[s - 1] + a[s] + x[s] + x[s - 1] + self.tb[s],
+        )
 
     def run_peak(self, s: int, sp: int, t: int) -> float:
         """Peak of running layers s..sp-1 keeping only x_{s-1} (and the gradient of x_t)."""
         x = self.x
-        return max(x[s - 1] + self.df[t] + (x[k - 1] if k > s else 0.0) + x[k] + self.tf[k]
-                   for k in range(s, sp))  # fmt: skip
+        return max(
+            x[s - 1] + self.df[t] + (x[k - 1] if k > s else 0.0) + x[k] + self.tf[k]
+            for k in range(s, sp)
+        )
 
 
 # ---- exact evaluation and emission of a schedule tree ----------------------------------------
@@ -183,8 +189,9 @@ def _min_peak(sz: _Sizes) -> tuple[float, Tree]:
         sa = np.maximum(need, x[S - 1] + a[S] + mp[S + 1, T])
         J = np.arange(1, d + 1)[None, :]
         Sc, Tc, Xc = S[:, None], T[:, None], x[S - 1][:, None]
-        ck = np.maximum(np.maximum(Xc + mp[Sc + J, Tc], mp[Sc, Sc + J - 1]),
-                        Xc + df[Tc] + g[Sc, Sc + J])  # fmt: skip
+        ck = np.maximum(
+            np.maximum(Xc + mp[Sc + J, Tc], mp[Sc, Sc + J - 1]), Xc + df[Tc] + g[Sc, Sc + J]
+        )
         best = ck.argmin(axis=1)
         ckmin = ck[np.arange(len(S)), best]
         mp[S, T] = np.minimum(sa, ckmin)
@@ -282,8 +289,11 @@ def _time_tables(sz: _Sizes, g: list[list[float]], M: int) -> list[Any]:
                         np.add(ends[t][s:t, t0 - xs : hi - xs], tab[s][:n, t0:hi], out=c)
                     else:  # whole rows as one flat add (columns past `width` are ignored)
                         start = s * W + t0 - xs
-                        np.add(ends_flat[t][start : start + n * W],
-                               flat[s][t0 : t0 + n * W], out=buf[: n * W])  # fmt: skip
+                        np.add(
+                            ends_flat[t][start : start + n * W],
+                            flat[s][t0 : t0 + n * W],
+                            out=buf[: n * W],
+                        )
                         c = buf[: n * W].reshape(n, W)
                     if t1 > t0:
                         band = min(t1, hi) - t0
@@ -308,8 +318,12 @@ def _read_back(tab: list[Any], sz: _Sizes, g: list[list[float]], s: int, t: int,
     for j in range(1, n + 1):
         if m < base + g[s][j - 1] or m < xs:
             break  # run peaks only grow with j
-        value = (float(tab[s + j][n - j][m - xs]) + sz.Fc[s + j - 1]
-                 + float(tab[s][j - 1][m]) - sz.Fc[s - 1])  # fmt: skip
+        value = (
+            float(tab[s + j][n - j][m - xs])
+            + sz.Fc[s + j - 1]
+            + float(tab[s][j - 1][m])
+            - sz.Fc[s - 1]
+        )
         if value < best:
             best, choice = value, j
     if best == math.inf:
@@ -350,21 +364,37 @@ def solve_checkpoint_dp(
     def done(status: SolveStatus, tree: Tree | None, unit: float, message: str) -> ChainSolution:
         cost = tree_cost(tree, exact) if tree is not None else (None, None)
         return ChainSolution(
-            status=status, budget_bytes=float(budget_bytes),
-            ops=tuple(tree_ops(tree)) if tree is not None else (), makespan_s=cost[0],
-            peak_bytes=cost[1], min_budget_bytes=min_peak, store_all_makespan_s=ref,
-            unit_bytes=unit, message=message, solve_s=time.perf_counter() - start,
-        )  # fmt: skip
+            status=status,
+            budget_bytes=float(budget_bytes),
+            ops=tuple(tree_ops(tree)) if tree is not None else (),
+            makespan_s=cost[0],
+            peak_bytes=cost[1],
+            min_budget_bytes=min_peak,
+            store_all_makespan_s=ref,
+            unit_bytes=unit,
+            message=message,
+            solve_s=time.perf_counter() - start,
+        )
 
     if min_peak > budget_bytes * (1 + _EPS):
-        return done(SolveStatus.INFEASIBLE, None, 0.0, (
-            f"no checkpointing schedule of {chain.name!r} fits in {budget_bytes:.6g} bytes: the "
-            f"smallest peak any schedule reaches is {min_peak:.6g} bytes; raise the budget to at "
-            "least that, or offload or shard activations"))  # fmt: skip
+        return done(
+            SolveStatus.INFEASIBLE,
+            None,
+            0.0,
+            (
+                f"no checkpointing schedule of {chain.name!r} fits in {budget_bytes:.6g} bytes: "
+                f"the smallest peak any schedule reaches is {min_peak:.6g} bytes; raise the budget "
+                "to at least that, or offload or shard activations"
+            ),
+        )
     everything = store_all_tree(1, L)
     if tree_cost(everything, exact)[1] <= budget_bytes * (1 + _EPS):
-        return done(SolveStatus.OPTIMAL, everything, 0.0,
-                    "everything fits: store all activations, no recomputation")  # fmt: skip
+        return done(
+            SolveStatus.OPTIMAL,
+            everything,
+            0.0,
+            "everything fits: store all activations, no recomputation",
+        )
     unit = unit_bytes if unit_bytes is not None else budget_bytes / num_units
     M = math.floor(budget_bytes / unit + _EPS)
     if M > 1_000_000:
@@ -383,17 +413,32 @@ def solve_checkpoint_dp(
             break
         unit, M = unit / _REFINE, M * _REFINE
     candidates = [_read_back(tab, units, g, 1, L, M)] if found else []
-    candidates += [min_tree, segments_tree(list(range(1, L + 1)), L),
-                   segments_tree(sqrt_segment_starts(L), L)]  # fmt: skip
+    candidates += [
+        min_tree,
+        segments_tree(list(range(1, L + 1)), L),
+        segments_tree(sqrt_segment_starts(L), L),
+    ]
     costs = [tree_cost(tree, exact) for tree in candidates]
     fits = [i for i, (_, peak) in enumerate(costs) if peak <= budget_bytes * (1 + _EPS)]
     best = min(fits, key=lambda i: (costs[i][0], i))
     overhead = costs[best][0] / ref - 1 if ref > 0 else 0.0
     if found:
-        return done(SolveStatus.OPTIMAL, candidates[best], unit, (
-            f"optimal for memory in units of {unit:.6g} bytes: {overhead:.2%} over no "
-            "recomputation"))  # fmt: skip
-    return done(SolveStatus.FEASIBLE, candidates[best], unit, (
-        f"with sizes rounded up to {unit:.6g}-byte units nothing fits, so the best of the "
-        f"min-peak and uniform schedules is returned ({overhead:.2%} over no recomputation); "
-        "pass a larger num_units to search the whole space"))  # fmt: skip
+        return done(
+            SolveStatus.OPTIMAL,
+            candidates[best],
+            unit,
+            (
+                f"optimal for memory in units of {unit:.6g} bytes: {overhead:.2%} over no "
+                "recomputation"
+            ),
+        )
+    return done(
+        SolveStatus.FEASIBLE,
+        candidates[best],
+        unit,
+        (
+            f"with sizes rounded up to {unit:.6g}-byte units nothing fits, so the best of the "
+            f"min-peak and uniform schedules is returned ({overhead:.2%} over no recomputation); "
+            "pass a larger num_units to search the whole space"
+        ),
+    )

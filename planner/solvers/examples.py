@@ -52,15 +52,31 @@ def gpt2_block_graph(
     stats = 2 * b * s * STAT_BYTES
     nodes: list[GraphOp] = [GraphOp(name="x", output_bytes=bsh, is_input=True)]
 
-    def add(name: str, inputs: tuple[int, ...], out: float, *, flops: float = 0.0,
-            moved: float | None = None, reads: tuple[int, ...] = (), own: bool = False,
-            extra: float = 0.0) -> int:  # fmt: skip
+    def add(
+        name: str,
+        inputs: tuple[int, ...],
+        out: float,
+        *,
+        flops: float = 0.0,
+        moved: float | None = None,
+        reads: tuple[int, ...] = (),
+        own: bool = False,
+        extra: float = 0.0,
+    ) -> int:
         moved = sum(nodes[i].output_bytes for i in inputs) + out if moved is None else moved
         fwd = roof.time(flops, moved)
-        nodes.append(GraphOp(
-            name=name, inputs=inputs, output_bytes=out, fwd_s=fwd, bwd_s=2 * fwd,
-            bwd_inputs=reads, bwd_output=own, saved_extra_bytes=extra,
-        ))  # fmt: skip
+        nodes.append(
+            GraphOp(
+                name=name,
+                inputs=inputs,
+                output_bytes=out,
+                fwd_s=fwd,
+                bwd_s=2 * fwd,
+                bwd_inputs=reads,
+                bwd_output=own,
+                saved_extra_bytes=extra,
+            )
+        )
         return len(nodes) - 1
 
     ln1 = add("ln1", (0,), bsh, reads=(0,), extra=stats)
@@ -83,25 +99,46 @@ def gpt2_block_graph(
     return OpGraph(nodes=tuple(nodes), name=f"gpt2 block (b={b}, s={s}, h={h}, a={a})")
 
 
-def gpt2_layer_chain(*, micro_batch_size: int = 1, seq: int = 1024, accelerator: str = "a100-80gb"
-               ) -> LayerChain:  # fmt: skip
+def gpt2_layer_chain(
+    *, micro_batch_size: int = 1, seq: int = 1024, accelerator: str = "a100-80gb"
+) -> LayerChain:
     """GPT-2 small (embedding, 12 blocks, head) from the planner's preset, timed at the
     accelerator's bf16 peak times its matmul efficiency."""
     acc = get_accelerator(accelerator)
     profile = PRESETS["gpt2"].to_profile(seq)
     return chain_from_profile(
-        profile, micro_batch_size=micro_batch_size,
+        profile,
+        micro_batch_size=micro_batch_size,
         seconds_per_flop=1 / (acc.peak_flops["bf16"] * acc.matmul_efficiency),
-    )  # fmt: skip
+    )
 
 
-VGG16_CONFIG: tuple[int | str, ...] = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M",
-                                       512, 512, 512, "M", 512, 512, 512, "M")  # fmt: skip
+VGG16_CONFIG: tuple[int | str, ...] = (
+    64,
+    64,
+    "M",
+    128,
+    128,
+    "M",
+    256,
+    256,
+    256,
+    "M",
+    512,
+    512,
+    512,
+    "M",
+    512,
+    512,
+    512,
+    "M",
+)
 """Simonyan & Zisserman 2015, "Very Deep Convolutional Networks", Table 1, configuration D."""
 
 
-def vgg16_chain(*, batch: int = 32, image: int = 224, act_bytes: int = 2,
-                accelerator: str = "a100-80gb") -> LayerChain:  # fmt: skip
+def vgg16_chain(
+    *, batch: int = 32, image: int = 224, act_bytes: int = 2, accelerator: str = "a100-80gb"
+) -> LayerChain:
     """VGG-16 as a heterogeneous chain: conv+ReLU layers (the conv keeps its input, the ReLU its
     output), max-pools (keep their input), then three linear layers, the last one with the
     loss (output: a 4-byte scalar). Early layers hold large activations and cost little per
@@ -116,17 +153,31 @@ def vgg16_chain(*, batch: int = 32, image: int = 224, act_bytes: int = 2,
             hw //= 2
             out = batch * c * hw * hw * p
             fwd = roof.time(0.0, in_bytes + out)
-            layers.append(ChainLayer(name=f"pool{i}", fwd_s=fwd, bwd_s=2 * fwd,
-                                     input_bytes=in_bytes, saved_bytes=in_bytes,
-                                     output_bytes=out))  # fmt: skip
+            layers.append(
+                ChainLayer(
+                    name=f"pool{i}",
+                    fwd_s=fwd,
+                    bwd_s=2 * fwd,
+                    input_bytes=in_bytes,
+                    saved_bytes=in_bytes,
+                    output_bytes=out,
+                )
+            )
         else:
             cout = int(item)
             out = batch * cout * hw * hw * p
             flops = 2 * batch * hw * hw * c * cout * 9
             fwd = roof.time(flops, in_bytes + out + 9 * c * cout * p)
-            layers.append(ChainLayer(name=f"conv{i}", fwd_s=fwd, bwd_s=2 * fwd,
-                                     input_bytes=in_bytes, saved_bytes=in_bytes + out,
-                                     output_bytes=out))  # fmt: skip
+            layers.append(
+                ChainLayer(
+                    name=f"conv{i}",
+                    fwd_s=fwd,
+                    bwd_s=2 * fwd,
+                    input_bytes=in_bytes,
+                    saved_bytes=in_bytes + out,
+                    output_bytes=out,
+                )
+            )
             c = cout
         in_bytes = out
     dims = [c * hw * hw, 4096, 4096, 1000]
@@ -136,8 +187,15 @@ def vgg16_chain(*, batch: int = 32, image: int = 224, act_bytes: int = 2,
         flops = 2 * batch * dims[j] * dims[j + 1]
         fwd = roof.time(flops, in_bytes + batch * dims[j + 1] * p + dims[j] * dims[j + 1] * p)
         saved = in_bytes + (batch * dims[j + 1] * 4 if last else batch * dims[j + 1] * p)
-        layers.append(ChainLayer(name=f"fc{j}" + ("+loss" if last else ""), fwd_s=fwd,
-                                 bwd_s=2 * fwd, input_bytes=in_bytes, saved_bytes=saved,
-                                 output_bytes=out))  # fmt: skip
+        layers.append(
+            ChainLayer(
+                name=f"fc{j}" + ("+loss" if last else ""),
+                fwd_s=fwd,
+                bwd_s=2 * fwd,
+                input_bytes=in_bytes,
+                saved_bytes=saved,
+                output_bytes=out,
+            )
+        )
         in_bytes = out
     return LayerChain(layers=tuple(layers), name=f"vgg16 (batch {batch}, {image}x{image})")

@@ -141,9 +141,14 @@ class OpGraph:
 
 def _check_node(graph: str, index: int, node: GraphOp) -> None:
     owner = f"graph {graph!r} node {index} ({node.name!r})"
-    for field, unit in (("output_bytes", "bytes"), ("fwd_s", "seconds"), ("bwd_s", "seconds"),
-                        ("saved_extra_bytes", "bytes"), ("fwd_tmp_bytes", "bytes"),
-                        ("bwd_tmp_bytes", "bytes")):  # fmt: skip
+    for field, unit in (
+        ("output_bytes", "bytes"),
+        ("fwd_s", "seconds"),
+        ("bwd_s", "seconds"),
+        ("saved_extra_bytes", "bytes"),
+        ("fwd_tmp_bytes", "bytes"),
+        ("bwd_tmp_bytes", "bytes"),
+    ):
         check_nonnegative(owner, field, getattr(node, field), unit)
     for i in node.inputs:
         if not isinstance(i, int) or not 0 <= i < index:
@@ -157,9 +162,16 @@ def _check_node(graph: str, index: int, node: GraphOp) -> None:
                 f"{owner}: bwd_inputs has {i!r}, which is not among inputs={node.inputs!r}; "
                 "a backward can only read the node's own inputs"
             )
-    if node.is_input and (node.inputs or node.fwd_s or node.bwd_s or node.saved_extra_bytes
-                          or node.bwd_output or node.fwd_tmp_bytes or node.bwd_tmp_bytes
-                          or node.autograd_state):  # fmt: skip
+    if node.is_input and (
+        node.inputs
+        or node.fwd_s
+        or node.bwd_s
+        or node.saved_extra_bytes
+        or node.bwd_output
+        or node.fwd_tmp_bytes
+        or node.bwd_tmp_bytes
+        or node.autograd_state
+    ):
         raise ValueError(
             f"{owner}: an input node only has a name and output_bytes (no inputs, times, saved "
             "or transient bytes); make it a regular node if it computes something"

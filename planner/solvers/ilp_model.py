@@ -85,8 +85,7 @@ def structure(graph: OpGraph) -> Structure:
             readers.setdefault(key, []).append(st.bstage[j])
     for i in reversed(range(len(graph))):
         node = graph.nodes[i]
-        out_last = max([*readers.get((i, OUT), []), *(st.useful[j] for j in users[i])],
-                       default=-1)  # fmt: skip
+        out_last = max([*readers.get((i, OUT), []), *(st.useful[j] for j in users[i])], default=-1)
         first = -1 if node.is_input else st.fstage[i]
         st.keys.append((i, OUT))
         st.first[(i, OUT)], st.last[(i, OUT)] = first, max(out_last, first)
@@ -204,8 +203,12 @@ class Model:
         lo, hi = max(st.first[key] + 1, 0), st.last[key]
         read = any(key in st.graph.bwd_reads(j) for j in st.fwd)
         trip_s = 2 * st.size[key] / (self.bw or float("inf"))
-        return (read and hi - lo >= 2 and st.size[key] >= 0.01 * self.mem_scale
-                and trip_s <= st.graph.store_all_makespan_s)  # fmt: skip
+        return (
+            read
+            and hi - lo >= 2
+            and st.size[key] >= 0.01 * self.mem_scale
+            and trip_s <= st.graph.store_all_makespan_s
+        )
 
     def _offload_vars(self) -> None:
         """Per candidate tensor and stage: Rd (an offload slice is issued; share wo), Dn (the
@@ -268,8 +271,13 @@ class Model:
                 self._add(lpSum([self.prod(t, key), *here]) <= 1)
                 nxt = self.S.get((t + 1, key), 0)
                 if t < hi:
-                    self._add(nxt <= self.S.get((t, key), 0) - self.Dn.get((t, key), 0)
-                              + self.prod(t, key) + self.Ar.get((t, key), 0))  # fmt: skip
+                    self._add(
+                        nxt
+                        <= self.S.get((t, key), 0)
+                        - self.Dn.get((t, key), 0)
+                        + self.prod(t, key)
+                        + self.Ar.get((t, key), 0)
+                    )
                 if (t, key) in self.S and not isinstance(self.S[t, key], int):
                     self._add(self.S[t, key] <= lpSum([*self.uses(t, key), nxt]))
                 if self.persistent and t >= len(st.fwd) and (t, key) in self.S and t < hi:
@@ -336,17 +344,23 @@ class Model:
         st, lpSum = self.st, self.pulp.lpSum
         g = st.graph
         c = 1 / self.time_scale
-        comp = [lpSum(c * g.nodes[i].fwd_s * self.R[t, i] for i in self.ops(t))
-                + (c * g.nodes[b].bwd_s if (b := st.bwd_node(t)) is not None else 0.0)
-                for t in range(st.stages)]  # fmt: skip
+        comp = [
+            lpSum(c * g.nodes[i].fwd_s * self.R[t, i] for i in self.ops(t))
+            + (c * g.nodes[b].bwd_s if (b := st.bwd_node(t)) is not None else 0.0)
+            for t in range(st.stages)
+        ]
         if self.bw is None:
             return lpSum(comp)
         # Each stage lasts as long as its compute or its transfers, whichever is longer.
         per_byte = c / self.bw
         self.d = [self.prob.add_variable(f"d_{t}", lowBound=0) for t in range(st.stages)]
         for t in range(st.stages):
-            moved = [st.size[key] * per_byte * w[t, key]
-                     for w in (self.wo, self.wi) for key in st.keys if (t, key) in w]  # fmt: skip
+            moved = [
+                st.size[key] * per_byte * w[t, key]
+                for w in (self.wo, self.wi)
+                for key in st.keys
+                if (t, key) in w
+            ]
             self._add(self.d[t] >= comp[t])
             if moved:
                 self._add(self.d[t] >= lpSum(moved))

@@ -98,12 +98,16 @@ def _solver(backend: str, time_limit_s: float, gap_rel: float, cutoff: float | N
         with warnings.catch_warnings():  # PuLP 3.3 deprecates the bundled CBC for PuLP 4
             warnings.simplefilter("ignore", DeprecationWarning)
             return pulp.PULP_CBC_CMD(
-                msg=False, timeLimit=time_limit_s, gapRel=gap_rel, threads=SOLVER_THREADS,
+                msg=False,
+                timeLimit=time_limit_s,
+                gapRel=gap_rel,
+                threads=SOLVER_THREADS,
                 options=[] if cutoff is None else [f"cutoff {cutoff!r}"],
-            )  # fmt: skip
+            )
     extra = {} if cutoff is None else {"objective_bound": cutoff}
-    return pulp.HiGHS(msg=False, timeLimit=time_limit_s, gapRel=gap_rel,
-                      threads=SOLVER_THREADS, **extra)  # fmt: skip
+    return pulp.HiGHS(
+        msg=False, timeLimit=time_limit_s, gapRel=gap_rel, threads=SOLVER_THREADS, **extra
+    )
 
 
 def _value(v: Any) -> float:
@@ -123,8 +127,10 @@ def _solve(
         for var in model.prob.variables():
             if var.cat == pulp.LpBinary and var.varValue is not None:
                 var.varValue = round(var.varValue)
-    complete = (model.prob.sol_status == pulp.LpSolutionOptimal
-                or model.prob.status == pulp.LpStatusInfeasible)  # fmt: skip
+    complete = (
+        model.prob.sol_status == pulp.LpSolutionOptimal
+        or model.prob.status == pulp.LpStatusInfeasible
+    )
     return found, complete
 
 
@@ -154,8 +160,14 @@ def _schedule(model: Model) -> tuple[list[Op], float]:
         for key in st.keys:
             if _value(model.Rd.get((t, key), 0)):
                 share = _share(model.wo[t, key]) * scale["out", key]
-                ops.append(Offload(node=key[0], part=TensorPart(key[1]), fraction=share,
-                                   release=bool(_value(model.Dn[t, key]))))  # fmt: skip
+                ops.append(
+                    Offload(
+                        node=key[0],
+                        part=TensorPart(key[1]),
+                        fraction=share,
+                        release=bool(_value(model.Dn[t, key])),
+                    )
+                )
                 moved, issued = moved + share * st.size[key], True
             if _value(model.Pi.get((t, key), 0)) and fetched.get(key, 0.0) < 1 - 1e-9:
                 # (an empty slice after the last one would start a new prefetch: left out)
@@ -242,14 +254,20 @@ def solve_remat_ilp(
             optimal = off_complete
 
     def result(status: SolveStatus, message: str, **kw: Any) -> RematSolution:
-        fields: dict[str, Any] = dict(ops=(), makespan_s=None, peak_bytes=None,
-                                      min_budget_bytes=None, gap=None)  # fmt: skip
+        fields: dict[str, Any] = dict(
+            ops=(), makespan_s=None, peak_bytes=None, min_budget_bytes=None, gap=None
+        )
         fields.update(kw)
         return RematSolution(
-            status=status, budget_bytes=float(budget_bytes), store_all_makespan_s=ref,
-            backend=backend, num_binaries=ilp.count, solve_s=time.perf_counter() - start,
-            message=message, **fields,
-        )  # fmt: skip
+            status=status,
+            budget_bytes=float(budget_bytes),
+            store_all_makespan_s=ref,
+            backend=backend,
+            num_binaries=ilp.count,
+            solve_s=time.perf_counter() - start,
+            message=message,
+            **fields,
+        )
 
     if found:
         ops, makespan = _schedule(ilp)
@@ -257,13 +275,26 @@ def solve_remat_ilp(
         over = makespan / ref - 1 if ref > 0 else 0.0
         if optimal:
             message = f"optimal: {over:.2%} over no recomputation"
-            return result(SolveStatus.OPTIMAL, message, ops=tuple(ops), makespan_s=makespan,
-                          peak_bytes=peak, gap=0.0)  # fmt: skip
+            return result(
+                SolveStatus.OPTIMAL,
+                message,
+                ops=tuple(ops),
+                makespan_s=makespan,
+                peak_bytes=peak,
+                gap=0.0,
+            )
         gap = _gap(ilp, makespan, ref)
-        return result(SolveStatus.FEASIBLE, (
-            f"time limit of {time_limit_s:g} s reached: {over:.2%} over no recomputation, within "
-            f"{gap:.2%} of optimal"), ops=tuple(ops), makespan_s=makespan, peak_bytes=peak,
-            gap=gap)  # fmt: skip
+        return result(
+            SolveStatus.FEASIBLE,
+            (
+                f"time limit of {time_limit_s:g} s reached: {over:.2%} over no recomputation, "
+                f"within {gap:.2%} of optimal"
+            ),
+            ops=tuple(ops),
+            makespan_s=makespan,
+            peak_bytes=peak,
+            gap=gap,
+        )
     # Nothing within the budget: proven (the search finished) or the time ran out.
     proven = optimal
     least = Model(structure(graph), None, pcie_bytes_per_s, persistent=persistent)
@@ -271,20 +302,35 @@ def solve_remat_ilp(
     if found and _peak(least) <= budget_bytes * (1 + 1e-9):
         ops, makespan = _schedule(least)
         gap = max(0.0, (makespan - ref) / makespan) if makespan > 0 else 0.0
-        return result(SolveStatus.FEASIBLE, (
-            f"time limit of {time_limit_s:g} s reached before any fast schedule was found; this "
-            "one minimizes memory, not time: raise time_limit_s"), ops=tuple(ops),
-            makespan_s=makespan, peak_bytes=_peak(least), gap=gap)  # fmt: skip
+        return result(
+            SolveStatus.FEASIBLE,
+            (
+                f"time limit of {time_limit_s:g} s reached before any fast schedule was found; "
+                "this one minimizes memory, not time: raise time_limit_s"
+            ),
+            ops=tuple(ops),
+            makespan_s=makespan,
+            peak_bytes=_peak(least),
+            gap=gap,
+        )
     if not found or not (proven or exact):
-        return result(SolveStatus.TIME_LIMIT, (
-            f"no schedule found within {budget_bytes:.6g} bytes in {time_limit_s:g} s, and no "
-            "proof that none exists; raise time_limit_s"))  # fmt: skip
+        return result(
+            SolveStatus.TIME_LIMIT,
+            (
+                f"no schedule found within {budget_bytes:.6g} bytes in {time_limit_s:g} s, and no "
+                "proof that none exists; raise time_limit_s"
+            ),
+        )
     need = _peak(least)
-    return result(SolveStatus.INFEASIBLE, (
-        f"no schedule of {graph.name!r} fits in {budget_bytes:.6g} bytes: the smallest peak any "
-        f"schedule reaches is {need:.6g} bytes{'' if exact else ' (or less)'}; raise the "
-        "budget to at least that" + ("" if pcie_bytes_per_s else ", or allow offload")),
-        min_budget_bytes=need)  # fmt: skip
+    return result(
+        SolveStatus.INFEASIBLE,
+        (
+            f"no schedule of {graph.name!r} fits in {budget_bytes:.6g} bytes: the smallest peak "
+            f"any schedule reaches is {need:.6g} bytes{'' if exact else ' (or less)'}; raise the "
+            "budget to at least that" + ("" if pcie_bytes_per_s else ", or allow offload")
+        ),
+        min_budget_bytes=need,
+    )
 
 
 def min_peak_remat_ilp(

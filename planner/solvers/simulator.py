@@ -77,8 +77,13 @@ def _structure(graph: OpGraph) -> tuple[Any, ...]:
     n = range(len(graph))
     users = graph.consumers()
     sinks = [i for i in graph.compute_nodes if not users[i]]
-    return (users, [graph.bwd_reads(i) for i in n], [graph.holds(i) for i in n],
-            [graph.has_saved(i) for i in n], sinks)  # fmt: skip
+    return (
+        users,
+        [graph.bwd_reads(i) for i in n],
+        [graph.holds(i) for i in n],
+        [graph.has_saved(i) for i in n],
+        sinks,
+    )
 
 
 class _Replay:
@@ -142,10 +147,14 @@ class _Replay:
                 f"schedule ends before the backward of {missing}; add a Backward for each"
             )
         return SimResult(
-            peak_bytes=self.peak, makespan_s=self.now, compute_s=self.compute,
-            recompute_s=self.recompute, stall_s=self.stall, transfer_bytes=self.moved,
+            peak_bytes=self.peak,
+            makespan_s=self.now,
+            compute_s=self.compute,
+            recompute_s=self.recompute,
+            stall_s=self.stall,
+            transfer_bytes=self.moved,
             peak_op=self.peak_op,
-        )  # fmt: skip
+        )
 
     # ---- liveness -------------------------------------------------------------------------
     def _liveness(self) -> dict[int, list[Key]]:
@@ -272,8 +281,13 @@ class _Replay:
         node = graph.nodes[j]
         what = "Backward"
         if node.is_input or done[j] or not runs[j]:
-            reason = ("is a graph input" if node.is_input else "ran already" if done[j]
-                      else "has not run its forward")  # fmt: skip
+            reason = (
+                "is a graph input"
+                if node.is_input
+                else "ran already"
+                if done[j]
+                else "has not run its forward"
+            )
             raise ValueError(
                 f"op {self.index} (Backward {node.name}): the node {reason}; fix the schedule"
             )

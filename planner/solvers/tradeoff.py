@@ -114,11 +114,14 @@ def _overhead(makespan_s: float, ref_s: float) -> float:
     return makespan_s / ref_s - 1.0 if ref_s > 0 else 0.0
 
 
-def _check_claim(strategy: str, budget: float, claimed: tuple[float, float], sim: SimResult
-                 ) -> None:  # fmt: skip
+def _check_claim(
+    strategy: str, budget: float, claimed: tuple[float, float], sim: SimResult
+) -> None:
     """Raise RuntimeError if a solver's (makespan, peak) disagrees with its replay."""
-    for what, mine, replayed in (("makespan_s", claimed[0], sim.makespan_s),
-                                 ("peak_bytes", claimed[1], sim.peak_bytes)):  # fmt: skip
+    for what, mine, replayed in (
+        ("makespan_s", claimed[0], sim.makespan_s),
+        ("peak_bytes", claimed[1], sim.peak_bytes),
+    ):
         if abs(mine - replayed) > CLAIM_REL_TOL * max(abs(replayed), 1.0):
             raise RuntimeError(
                 f"{strategy} at budget {budget:.6g} bytes claims {what}={mine:.9g} but the "
@@ -183,27 +186,52 @@ def tradeoff_curves(
 
 def _baseline_point(budget: float, sim: SimResult, ref_s: float) -> TradeoffPoint:
     if not _fits(sim.peak_bytes, budget):
-        return TradeoffPoint(budget_bytes=float(budget), status=SolveStatus.INFEASIBLE.value,
-                             makespan_s=None, peak_bytes=None, overhead=None,
-                             min_budget_bytes=sim.peak_bytes)  # fmt: skip
-    return TradeoffPoint(budget_bytes=float(budget), status=SolveStatus.OPTIMAL.value,
-                         makespan_s=sim.makespan_s, peak_bytes=sim.peak_bytes,
-                         overhead=_overhead(sim.makespan_s, ref_s))  # fmt: skip
+        return TradeoffPoint(
+            budget_bytes=float(budget),
+            status=SolveStatus.INFEASIBLE.value,
+            makespan_s=None,
+            peak_bytes=None,
+            overhead=None,
+            min_budget_bytes=sim.peak_bytes,
+        )
+    return TradeoffPoint(
+        budget_bytes=float(budget),
+        status=SolveStatus.OPTIMAL.value,
+        makespan_s=sim.makespan_s,
+        peak_bytes=sim.peak_bytes,
+        overhead=_overhead(sim.makespan_s, ref_s),
+    )
 
 
-def _solver_point(chain: LayerChain, strategy: str, budget: float, ref_s: float, pcie: float | None,
-                  time_limit_s: float, num_units: int) -> TradeoffPoint:  # fmt: skip
+def _solver_point(
+    chain: LayerChain,
+    strategy: str,
+    budget: float,
+    ref_s: float,
+    pcie: float | None,
+    time_limit_s: float,
+    num_units: int,
+) -> TradeoffPoint:
     sol: ChainSolution | RematSolution
     if strategy == "paraplan-dp":
         sol = solve_checkpoint_dp(chain, budget, num_units=num_units)
     else:
         sol = solve_remat_ilp(chain, budget, pcie_bytes_per_s=pcie, time_limit_s=time_limit_s)
     if not sol.ops or sol.makespan_s is None or sol.peak_bytes is None:
-        return TradeoffPoint(budget_bytes=float(budget), status=SolveStatus(sol.status).value,
-                             makespan_s=None, peak_bytes=None, overhead=None,
-                             min_budget_bytes=sol.min_budget_bytes)  # fmt: skip
+        return TradeoffPoint(
+            budget_bytes=float(budget),
+            status=SolveStatus(sol.status).value,
+            makespan_s=None,
+            peak_bytes=None,
+            overhead=None,
+            min_budget_bytes=sol.min_budget_bytes,
+        )
     sim = simulate(chain, sol.ops, pcie_bytes_per_s=pcie)
     _check_claim(strategy, budget, (sol.makespan_s, sol.peak_bytes), sim)
-    return TradeoffPoint(budget_bytes=float(budget), status=SolveStatus(sol.status).value,
-                         makespan_s=sim.makespan_s, peak_bytes=sim.peak_bytes,
-                         overhead=_overhead(sim.makespan_s, ref_s))  # fmt: skip
+    return TradeoffPoint(
+        budget_bytes=float(budget),
+        status=SolveStatus(sol.status).value,
+        makespan_s=sim.makespan_s,
+        peak_bytes=sim.peak_bytes,
+        overhead=_overhead(sim.makespan_s, ref_s),
+    )
