@@ -115,20 +115,8 @@ def _spec(row: dict[str, Any]) -> TransformerSpec | None:
         return None
     flash = row["id"].startswith(_FLASH_SOURCES)
     name = str(m["name"]).lower()
-    if "llama" in name:
-        base = PRESETS["llama3-8b"]
-        return dataclasses.replace(
-            base,
-            name=row["id"],
-            layers=m["layers"],
-            hidden=m["hidden"],
-            heads=m["heads"],
-            kv_heads=m.get("kv_heads") or m["heads"],
-            ffn=m.get("ffn") or base.ffn,
-            vocab=m["vocab"],
-            seq=m["seq_len"],
-        )
-    base = PRESETS["gpt3-175b"]
+    llama = "llama" in name
+    base = PRESETS["llama3-8b" if llama else "gpt3-175b"]
     return dataclasses.replace(
         base,
         name=row["id"],
@@ -136,10 +124,10 @@ def _spec(row: dict[str, Any]) -> TransformerSpec | None:
         hidden=m["hidden"],
         heads=m["heads"],
         kv_heads=m.get("kv_heads") or m["heads"],
-        ffn=m.get("ffn") or 4 * m["hidden"],
+        ffn=m.get("ffn") or (base.ffn if llama else 4 * m["hidden"]),
         vocab=m["vocab"],
         seq=m["seq_len"],
-        attention=Attention.FLASH if flash else Attention.MATH,
+        attention=Attention.FLASH if flash or llama else Attention.MATH,
     )
 
 

@@ -91,12 +91,8 @@ class Strategy:
 
     def axis_size(self, axis: MeshAxis) -> int:
         """Degree of a mesh axis."""
-        return {
-            MeshAxis.PP: self.pp,
-            MeshAxis.DP: self.dp,
-            MeshAxis.CP: self.cp,
-            MeshAxis.TP: self.tp,
-        }[axis]
+        size: int = getattr(self, axis.value)  # the fields are named after the axes
+        return size
 
     def sort_key(self) -> tuple:
         """Deterministic tie-break between equally fast strategies."""

@@ -100,13 +100,9 @@ class Links:
     """Gradient group of the experts: the expert-data-parallel part of dp, x cp."""
 
     def axis(self, axis: MeshAxis) -> AxisLink:
-        """The link of one mesh axis."""
-        return {
-            MeshAxis.PP: self.pp,
-            MeshAxis.DP: self.dp,
-            MeshAxis.CP: self.cp,
-            MeshAxis.TP: self.tp,
-        }[axis]
+        """The link of one mesh axis (the fields are named after the axes)."""
+        link: AxisLink = getattr(self, axis.value)
+        return link
 
     @staticmethod
     def ideal_of(size: int) -> AxisLink:
