@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..api import model_profile
 from .common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
@@ -190,7 +191,6 @@ def execute(args: argparse.Namespace) -> int:
 
 def _profile(args: argparse.Namespace) -> ModelProfile:
     """The model's profile: a profile JSON as written, or a traced/analytic model."""
-    from ..api import model_profile
     from ..planner.hf_presets import is_hf_model
     from ..planner.profile_io import load_profile
 

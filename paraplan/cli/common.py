@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from ..api import model_profile
+
 if TYPE_CHECKING:
     from tqdm import tqdm
 
@@ -214,7 +216,6 @@ def read_model(args: argparse.Namespace, notes: list[str]) -> tuple[ModelProfile
     """The model profile (`--profile`, or `--model` traced or analytic) and the global batch in
     sequences (`--global-batch`, or `--global-batch-tokens` over the sequence length). Notes
     (e.g. tracing fell back to the analytic spec) are appended to `notes` and printed."""
-    from ..api import model_profile
     from ..planner.profile_io import load_profile
 
     if args.profile:

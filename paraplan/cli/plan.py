@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..api import plan as make
 from .common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
@@ -52,7 +53,6 @@ def execute(args: argparse.Namespace) -> int:
     """Run `paraplan plan` on parsed arguments; prints, returns the exit status."""
     import json
 
-    from ..api import plan as make
     from ..planner.api import NoFeasiblePlanError
     from ..planner.explain import format_plan
     from ..planner.pins import Pins
