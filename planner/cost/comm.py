@@ -112,11 +112,7 @@ class Links:
     def ideal(self) -> Links:
         """Every group inside one node (a lower bound on any placement's time when priced
         with `Collectives(acc, lower_bound=True)`)."""
-        ideal = {
-            f.name: AxisLink(getattr(self, f.name).size, getattr(self, f.name).size, 1)
-            for f in fields(self)
-        }
-        return Links(**ideal)
+        return Links(**{f.name: Links.ideal_of(getattr(self, f.name).size) for f in fields(self)})
 
 
 def links_for(

@@ -44,7 +44,6 @@ class Evaluator:
         self.acc = cluster.accelerator
         self.stage_model = StageModel(profile, cluster, train, split)
         """Layout, per-layer seconds and static memory."""
-        self.capacity_bytes = self.stage_model.capacity_bytes
         self.coll = Collectives(self.acc)
         self.lower_bound_coll = Collectives(self.acc, lower_bound=True)
         """Collectives on the fastest link with no latency: bounds for the search."""
@@ -54,6 +53,11 @@ class Evaluator:
         """What the structural rules read (see `violation`)."""
         self.per_layer = PerLayerRecompute(self.stage_model)
         self._links = cache(self._links_uncached)
+
+    @property
+    def capacity_bytes(self) -> float:
+        """Usable bytes per GPU (the stage model's)."""
+        return self.stage_model.capacity_bytes
 
     # ---- structure ------------------------------------------------------------------------
     def num_microbatches(self, s: Strategy) -> int:
@@ -177,7 +181,11 @@ class Evaluator:
                     for i, a in enumerate(sums)
                 ]
             plain = none_totals.get((sp, zero, off))
-            if rc == Recompute.PER_LAYER and plain is not None and plain <= self.capacity_bytes:
+            if (
+                rc == Recompute.PER_LAYER
+                and plain is not None
+                and plain <= self.stage_model.capacity_bytes
+            ):
                 # `none` fits: the solver keeps everything, so this is that strategy (or one
                 # recomputing more where `none` fits only by the single-pass timeline).
                 out.append(plain)
@@ -354,7 +362,7 @@ class Evaluator:
             mfu=model_flops / (step * self.cluster.num_gpus * peak),
             memory=memory,
             peak_stage=peak_stage,
-            capacity_bytes=self.capacity_bytes,
+            capacity_bytes=self.stage_model.capacity_bytes,
             bubble_fraction=(s.pp - 1) / s.virtual_stages / slots,
             exposed_comm_s=time.comm_s,
             time=time,

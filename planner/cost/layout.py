@@ -137,10 +137,7 @@ def balanced_cuts(unit_costs_s: Sequence[float], num_chunks: int) -> list[int]:
     for c in range(num_chunks - 1):
         even_end += even[c]
         left = num_chunks - c - 1  # chunks still to place after this one
-        reach, total = start, 0.0
-        while reach < n and reach - start < most and total + costs[reach] <= bound:
-            total += costs[reach]
-            reach += 1
+        reach = reach_of[start]
         # the cut must leave `left` non-empty chunks that meet both limits
         feasible = [
             e for e in range(start + 1, reach + 1) if n - e >= left and suffix_parts[e] <= left
