@@ -17,6 +17,8 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -74,11 +76,12 @@ def free_port() -> int:
 
 
 def spawn_ranks(
-    nproc: int, scenario: str, out_dir: Path, *args: str, wait_s: float
+    nproc: int, scenario: str, out_dir: Path, *args: str, wait_s: float, wait_all: bool = False
 ) -> tuple[list[int | None], float, str]:
     """Start the ranks as plain processes (no torchrun, so nothing else kills them), wait up to
-    `wait_s` for rank 0, then end the others. Returns (exit codes, seconds rank 0 took, rank 0's
-    stderr); a code is None for a rank that was still running and had to be killed."""
+    `wait_s` for rank 0 (for every rank with `wait_all`), then end the others. Returns (exit
+    codes, seconds rank 0 took, rank 0's stderr); a code is None for a rank that was still
+    running and had to be killed."""
     port = str(free_port())
     procs = []
     for rank in range(nproc):
@@ -112,6 +115,9 @@ def spawn_ranks(
     elapsed = time.monotonic() - start
     codes: list[int | None] = [procs[0].returncode]
     for proc in procs[1:]:
+        if wait_all:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, wait_s - (time.monotonic() - start)))
         code = proc.poll()
         if code is None:
             proc.kill()
