@@ -45,6 +45,7 @@ def parallelism_of(s: Strategy) -> Parallelism:
         cp=s.cp,
         ep=s.ep,
         zero_stage=s.zero_stage,
+        dp_shard=s.shard_dp,
         sequence_parallel=s.sequence_parallel,
         virtual_stages=s.virtual_stages,
         offload_optimizer=s.offload_optimizer,

@@ -14,6 +14,7 @@ FIX_KEYS = (
     "cp",
     "ep",
     "zero_stage",
+    "dp_shard",
     "sequence_parallel",
     "virtual_stages",
     "micro_batch_size",
@@ -34,7 +35,17 @@ PINNED_FOR_SINGLE = frozenset(
     {"dp", "tp", "pp", "zero_stage", "micro_batch_size", "schedule", "recompute"}
 )
 """Pinning these evaluates one configuration (cp, ep, sp, offload still take their best)."""
-_INT_KEYS = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "virtual_stages", "micro_batch_size")
+_INT_KEYS = (
+    "dp",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "zero_stage",
+    "dp_shard",
+    "virtual_stages",
+    "micro_batch_size",
+)
 _BOOL_KEYS = ("sequence_parallel", "offload_optimizer")
 _ZERO_STAGES = (0, 1, 2, 3)
 _BOOL_WORDS = {
@@ -78,6 +89,8 @@ class Pins:
     """Expert-parallel degree (MoE only)."""
     zero_stage: int | None = None
     """ZeRO stage, 0 to 3."""
+    dp_shard: int | None = None
+    """Data-parallel ranks of one ZeRO-3 shard group (HSDP when below dp; dp: plain FSDP)."""
     sequence_parallel: bool | None = None
     """Megatron sequence parallelism (needs tp > 1)."""
     virtual_stages: int | None = None
@@ -147,6 +160,7 @@ class Pins:
             cp=s.cp,
             ep=s.ep,
             zero_stage=s.zero_stage,
+            dp_shard=s.shard_dp,
             sequence_parallel=s.sequence_parallel,
             virtual_stages=s.virtual_stages,
             micro_batch_size=s.micro_batch_size,

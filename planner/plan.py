@@ -16,7 +16,7 @@ from .cost.memory import MemoryBreakdown
 from .jsonio import to_json
 from .strategy import MeshAxis, Recompute, Schedule, Strategy
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Bumped on any incompatible change of the plan JSON."""
 
 LAYER_RECOMPUTE: tuple[Recompute, ...] = tuple(r for r in Recompute if r != Recompute.PER_LAYER)
@@ -99,6 +99,11 @@ class Parallelism:
     cp: int = _pos("Context-parallel degree.")
     ep: int = _pos("Expert-parallel degree (inside dp).")
     zero_stage: int = field(metadata={"minimum": 0, "maximum": 3, "doc": "ZeRO stage 0-3."})
+    dp_shard: int = _pos(
+        "Data-parallel ranks of one ZeRO-3 shard group: dp for plain FSDP, DDP and ZeRO-1/2; "
+        "below dp for HSDP (zero_stage 3: shard within groups of dp_shard consecutive dp ranks, "
+        "replicate across dp // dp_shard groups)."
+    )
     sequence_parallel: bool
     """Megatron sequence parallelism with TP."""
     virtual_stages: int = _pos("Model chunks per pipeline rank (interleaved 1F1B).")
@@ -292,6 +297,7 @@ def _strategy(
         cp=p.cp,
         ep=p.ep,
         zero_stage=p.zero_stage,
+        dp_shard=None if p.dp_shard == p.dp else p.dp_shard,
         offload_optimizer=p.offload_optimizer,
         sequence_parallel=p.sequence_parallel,
         schedule=schedule,

@@ -77,6 +77,12 @@ def _check_cluster(plan: Plan) -> None:
         )
     if p.dp % p.ep:
         _fail("parallelism.ep", f"ep={p.ep} does not divide dp={p.dp} (experts live inside dp)")
+    if p.dp % p.dp_shard or (p.dp_shard != p.dp and (p.zero_stage != 3 or p.dp_shard < 2)):
+        _fail(
+            "parallelism.dp_shard",
+            f"dp_shard={p.dp_shard} with dp={p.dp}, zero_stage={p.zero_stage}: dp_shard is dp, "
+            f"or (HSDP, zero_stage 3) a divisor of dp of at least 2",
+        )
 
 
 def _check_mesh(plan: Plan) -> None:

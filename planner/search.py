@@ -145,9 +145,27 @@ class Search:
             )
             if f.offload_optimizer is None:
                 rest = [r for r in rest if not (r[2] and r[1] == 0)]  # offload needs ZeRO >= 1
+            shards = self._dp_shards(dp, tp, cp)
             for mbs in mbss:
-                base = Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, micro_batch_size=mbs)
-                yield _Block(base=base, schedules=tuple(scheds), rest=tuple(rest))
+                for shard in shards:
+                    base = Strategy(
+                        dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, micro_batch_size=mbs, dp_shard=shard
+                    )
+                    sub = rest if shard is None else [r for r in rest if r[1] == 3]
+                    if sub:
+                        yield _Block(base=base, schedules=tuple(scheds), rest=tuple(sub))
+
+    def _dp_shards(self, dp: int, tp: int, cp: int) -> list[int | None]:
+        """HSDP shard groups searched for these degrees: None (shard over all of dp) and the
+        group that fills one node (tp x cp x dp_shard = GPUs per node), the layout torchtitan
+        recommends; a `dp_shard` pin is taken as given (dp_shard = dp is plain)."""
+        pinned = self.pins.dp_shard
+        if pinned is not None:
+            return [None if pinned == dp else pinned]
+        gpn = self.ev.cluster.gpus_per_node
+        shard = gpn // (tp * cp) if gpn % (tp * cp) == 0 else 0
+        hsdp = 1 < shard < dp and dp % shard == 0 and self.pins.zero_stage in (None, 3)
+        return [None, shard] if hsdp else [None]
 
     def configs(self) -> Iterator[Strategy]:
         """Every combination of the searched dimensions (default mesh order), valid or not."""
@@ -335,6 +353,7 @@ class _Block:
             cp=b.cp,
             ep=b.ep,
             micro_batch_size=b.micro_batch_size,
+            dp_shard=b.dp_shard,
             schedule=sched,
             virtual_stages=v,
             sequence_parallel=sp,

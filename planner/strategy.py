@@ -69,6 +69,10 @@ class Strategy:
     """Expert-parallel degree (a divisor of dp; MoE only)."""
     zero_stage: int = 0
     """ZeRO stage 0-3 over the data-parallel (x context-parallel) group."""
+    dp_shard: int | None = None
+    """HSDP (Zhao et al. 2023, PyTorch FSDP §3.2.2 hybrid sharding): ZeRO-3 shards over groups of
+    `dp_shard` consecutive dp ranks (x cp) and replicates across dp // dp_shard such groups,
+    all-reducing the gradient shards between them. None: shard over the whole dp group."""
     offload_optimizer: bool = False
     """Optimizer states and step on the host (ZeRO-Offload)."""
     sequence_parallel: bool = False
@@ -83,6 +87,16 @@ class Strategy:
     """Activation recomputation policy for the blocks."""
     mesh_order: tuple[MeshAxis, ...] = DEFAULT_MESH_ORDER
     """Mesh axes from outermost to innermost (the last varies fastest over ranks)."""
+
+    @property
+    def shard_dp(self) -> int:
+        """Data-parallel ranks one ZeRO shard group spans (dp unless HSDP)."""
+        return self.dp if self.dp_shard is None else self.dp_shard
+
+    @property
+    def dp_replicate(self) -> int:
+        """HSDP replica groups (1 unless HSDP)."""
+        return self.dp // self.shard_dp if self.shard_dp else 1
 
     @property
     def world_size(self) -> int:
@@ -103,6 +117,7 @@ class Strategy:
             self.ep,
             self.dp,
             self.zero_stage,
+            self.dp_replicate,
             self.offload_optimizer,
             not self.sequence_parallel,
             str(self.schedule),
@@ -126,6 +141,8 @@ class Strategy:
         if self.ep > 1:
             parts.append(f"ep={self.ep}")
         parts.append(f"zero={self.zero_stage}")
+        if self.dp_replicate > 1:
+            parts.append(f"hsdp={self.dp_replicate}x{self.shard_dp}")
         if self.offload_optimizer:
             parts.append("offload")
         if self.sequence_parallel:

@@ -155,6 +155,7 @@ def make_plan(
             cp=1,
             ep=1,
             zero_stage=zero,
+            dp_shard=dp,
             sequence_parallel=sp,
             virtual_stages=vpp,
             offload_optimizer=offload,

@@ -98,6 +98,11 @@ class Links:
     """Gradient group of the dense parameters: dp x cp."""
     edp: AxisLink
     """Gradient group of the experts: the expert-data-parallel part of dp, x cp."""
+    shard: AxisLink
+    """ZeRO-3 shard group of the dense parameters: the innermost `dp_shard` of dp, x cp (equal
+    to `dpcp` unless HSDP)."""
+    replicate: AxisLink
+    """HSDP replica group: the outer dp // dp_shard part of dp (size 1 unless HSDP)."""
 
     def axis(self, axis: MeshAxis) -> AxisLink:
         """The link of one mesh axis (the fields are named after the axes)."""
@@ -116,13 +121,21 @@ class Links:
 
 
 def links_for(
-    sizes: dict[MeshAxis, int], order: tuple[MeshAxis, ...], ep: int, gpus_per_node: int
+    sizes: dict[MeshAxis, int],
+    order: tuple[MeshAxis, ...],
+    ep: int,
+    gpus_per_node: int,
+    dp_shard: int | None = None,
 ) -> Links:
-    """The links of a strategy's groups under its mesh order."""
+    """The links of a strategy's groups under its mesh order (`dp_shard`: the HSDP shard
+    group over dp, None for the whole of dp)."""
     placed = place_axes(sizes, order, gpus_per_node)
     per_axis = {a: link_of(n, stride, gpus_per_node) for a, (n, stride) in placed.items()}
     dp_n, dp_stride = placed[MeshAxis.DP]
     expert_dp = link_of(dp_n // ep, dp_stride * ep, gpus_per_node)
+    shard_n = dp_n if dp_shard is None else dp_shard
+    shard = merge_links(link_of(shard_n, dp_stride, gpus_per_node), per_axis[MeshAxis.CP])
+    replicate = link_of(dp_n // shard_n, dp_stride * shard_n, gpus_per_node)
     return Links(
         pp=per_axis[MeshAxis.PP],
         dp=per_axis[MeshAxis.DP],
@@ -131,6 +144,8 @@ def links_for(
         ep=link_of(ep, dp_stride, gpus_per_node),  # experts split the innermost part of dp
         dpcp=merge_links(per_axis[MeshAxis.DP], per_axis[MeshAxis.CP]),
         edp=merge_links(expert_dp, per_axis[MeshAxis.CP]),
+        shard=shard,
+        replicate=replicate,
     )
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Protocol
 
 from ..hardware import Accelerator
 from ..model import LayerCost, LayerKind, ModelProfile
@@ -178,8 +179,40 @@ KERNELS: dict[str, KernelTable] = {
 matmul efficiency, as for the `cpu` test device)."""
 
 
+class Kernels(Protocol):
+    """What the stage model prices a layer's kernels with: the catalog's `KernelModel`, or a
+    measured one (`planner/cost/calibrated.py`, from `paraplan calibrate`)."""
+
+    @property
+    def launch_s(self) -> float:
+        """Fixed seconds per kernel (per operator dispatch on a CPU): launch, dispatch and the
+        idle gap between back-to-back kernels."""
+        ...
+
+    def gemm_train_s(self, m: int, n: int, k: int) -> tuple[float, float]:
+        """(forward, backward) seconds of a GEMM (m x k) @ (k x n) in training."""
+        ...
+
+    def attention_s(self, dense_fwd_flops: float, causal: bool = True) -> tuple[float, float]:
+        """(forward, backward) seconds of fused attention of `dense_fwd_flops` (unmasked)."""
+        ...
+
+    def math_attention_s(
+        self, batch_heads: int, seq_q: int, seq_k: int, head_dim: int, core_bytes: float
+    ) -> tuple[float, float]:
+        """(forward, backward) seconds of unfused attention."""
+        ...
+
+    def elementwise_s(self, nbytes: float) -> float:
+        """Seconds to stream `nbytes` through memory-bound kernels."""
+        ...
+
+
 class KernelModel:
     """Seconds of GEMMs and attention on one accelerator in one dtype (memoized)."""
+
+    launch_s = 0.0
+    """Catalog devices: kernel launches overlap the previous kernel (the host runs ahead)."""
 
     def __init__(self, acc: Accelerator, dtype: str, table: KernelTable) -> None:
         self.peak_flops_per_s = acc.peak_flops_for(dtype)

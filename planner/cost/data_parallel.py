@@ -53,10 +53,15 @@ def dp_comm(
       exposes what its collectives take beyond one unit of compute, and the first gather and
       the last reduce-scatter of each pass are not hidden at all. This repeats every
       micro-batch: small micro-batches over large groups expose communication.
+    - HSDP (`dp_shard` < dp; Zhao et al. 2023 §3.2.2): the dense units gather and
+      reduce-scatter inside the shard group, and each unit's gradient shard is then
+      all-reduced across the replica groups, every micro-batch (FSDP2 syncs each backward
+      unless told otherwise).
     """
     per_mb = tail = 0.0
+    dense_link = links.shard if s.zero_stage == 3 else links.dpcp
     groups = (
-        (stage.dense_params / s.tp, links.dpcp),
+        (stage.dense_params / s.tp, dense_link),
         (stage.expert_params / (s.tp * s.ep), links.edp),
     )
     units = max(1, stage.n_blocks + int(stage.has_embedding) + int(stage.has_head))
@@ -67,6 +72,8 @@ def dp_comm(
             unit = count / units
             ag = coll.all_gather(unit * t.param_bytes, link)
             rs = coll.reduce_scatter(unit * t.grad_bytes, link)
+            if link is dense_link and links.replicate.size > 1:
+                rs += coll.all_reduce(unit * t.grad_bytes / link.size, links.replicate)
             fwd_u, bwd_u = fwd / units, bwd / units
             per_mb += ag + (units - 1) * hidden_behind(ag, fwd_u)
             per_mb += ag + (units - 1) * hidden_behind(ag + rs, bwd_u) + rs
@@ -88,7 +95,8 @@ def optimizer_s(s: Strategy, stage: Stage, t: TrainConfig, acc: Accelerator) -> 
     the host with the gradient/parameter PCIe transfers (Ren et al. 2021 §4)."""
     dpcp = s.dp * s.cp if s.zero_stage >= 1 else 1
     edp = dpcp // s.ep if s.zero_stage >= 1 else 1  # experts shard over dp*cp/ep
-    shard = stage.dense_params / s.tp / dpcp + stage.expert_params / (s.tp * s.ep) / edp
+    dense_ranks = dpcp // s.dp_replicate  # HSDP: the shard group's ranks
+    shard = stage.dense_params / s.tp / dense_ranks + stage.expert_params / (s.tp * s.ep) / edp
     state_bytes = shard * (t.param_bytes + t.grad_bytes + t.optimizer_bytes)
     if not s.offload_optimizer:
         return 2 * state_bytes / acc.memory_bw_bytes_per_s

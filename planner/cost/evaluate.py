@@ -119,7 +119,7 @@ class Evaluator:
     def static_memory(self, s: Strategy, stage: Stage) -> StaticMemory:
         """What `stage` holds under `s` whatever the micro-batch."""
         return self.stage_model.static_memory(
-            stage, s.tp, s.ep, s.dp * s.cp, s.zero_stage, s.offload_optimizer
+            stage, s.tp, s.ep, s.dp * s.cp, s.zero_stage, s.offload_optimizer, s.dp_replicate
         )
 
     def pipeline_buffer_bytes(self, s: Strategy, sp: bool | None = None) -> float:
@@ -165,7 +165,8 @@ class Evaluator:
             stages = sm.stages(lay)
             if (zero, off, lay) not in static:
                 static[(zero, off, lay)] = [
-                    sm.static_memory(st, s.tp, s.ep, dpcp, zero, off).total_bytes for st in stages
+                    sm.static_memory(st, s.tp, s.ep, dpcp, zero, off, s.dp_replicate).total_bytes
+                    for st in stages
                 ]
             if (sp, rc) not in acts and rc != Recompute.PER_LAYER:
                 sums = sm.stage_activations(lay, s.tp, sp, s.cp, rc)
@@ -240,13 +241,20 @@ class Evaluator:
 
     def links(self, s: Strategy) -> Links:
         """The link each communication group uses under the strategy's mesh order."""
-        return self._links(s.pp, s.dp, s.cp, s.tp, s.ep, s.mesh_order)
+        return self._links(s.pp, s.dp, s.cp, s.tp, s.ep, s.mesh_order, s.dp_shard)
 
     def _links_uncached(
-        self, pp: int, dp: int, cp: int, tp: int, ep: int, order: tuple[MeshAxis, ...]
+        self,
+        pp: int,
+        dp: int,
+        cp: int,
+        tp: int,
+        ep: int,
+        order: tuple[MeshAxis, ...],
+        dp_shard: int | None,
     ) -> Links:
         sizes = {MeshAxis.PP: pp, MeshAxis.DP: dp, MeshAxis.CP: cp, MeshAxis.TP: tp}
-        return links_for(sizes, order, ep, self.cluster.gpus_per_node)
+        return links_for(sizes, order, ep, self.cluster.gpus_per_node, dp_shard)
 
     def stage_times(
         self,

@@ -6,10 +6,11 @@ activation budget; uniform policies map to the blocks directly. Memoized per eva
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 
 from ..model import LayerKind
-from ..strategy import Recompute, Strategy
+from ..strategy import DEFAULT_MESH_ORDER, Recompute, Strategy
 from .layout import Stage
 from .memory import in_flight_microbatches, layer_act_bytes
 from .recompute import LayerChoice, StageProblem, solve_stage
@@ -50,7 +51,7 @@ class PerLayerRecompute:
             )
         return tuple(out)
 
-    def _solved_uncached(self, key: tuple) -> tuple[Recompute, ...]:
+    def _solved_uncached(self, key: Strategy) -> tuple[Recompute, ...]:
         """Per-layer policies of a `per_layer` strategy. Each distinct stage is solved for its
         budget (capacity less static memory and pipeline buffers) with its in-flight
         micro-batches; stages that look alike copy the first one's choice, which holds the
@@ -66,7 +67,7 @@ class PerLayerRecompute:
         lay = sm.layout_of(s)
         for stage in sm.stages(lay):
             static = sm.static_memory(
-                stage, s.tp, s.ep, s.dp * s.cp, s.zero_stage, s.offload_optimizer
+                stage, s.tp, s.ep, s.dp * s.cp, s.zero_stage, s.offload_optimizer, s.dp_replicate
             ).total_bytes
             layers = stage.layers
             problem = StageProblem(
@@ -144,7 +145,7 @@ class PerLayerRecompute:
             return 0.0, 0, 0
         return self._stage_rc(_solver_key(s), stage)
 
-    def _stage_rc_uncached(self, key: tuple, stage: Stage) -> tuple[float, int, int]:
+    def _stage_rc_uncached(self, key: Strategy, stage: Stage) -> tuple[float, int, int]:
         sm = self.sm
         s = _strategy_of(key)
         policies = self.policies(s)
@@ -167,36 +168,10 @@ def _recompute_s(c: StageCompute, policy: Recompute) -> float:
     return 0.0
 
 
-def _solver_key(s: Strategy) -> tuple:
+def _solver_key(s: Strategy) -> Strategy:
     """What the per-layer solution depends on: the strategy without its mesh order."""
-    return (
-        s.dp,
-        s.tp,
-        s.pp,
-        s.cp,
-        s.ep,
-        s.zero_stage,
-        s.offload_optimizer,
-        s.sequence_parallel,
-        s.schedule,
-        s.virtual_stages,
-        s.micro_batch_size,
-    )
+    return replace(s, mesh_order=DEFAULT_MESH_ORDER, recompute=Recompute.PER_LAYER)
 
 
-def _strategy_of(key: tuple) -> Strategy:
-    dp, tp, pp, cp, ep, zero, off, sp, schedule, v, mbs = key
-    return Strategy(
-        dp=dp,
-        tp=tp,
-        pp=pp,
-        cp=cp,
-        ep=ep,
-        zero_stage=zero,
-        offload_optimizer=off,
-        sequence_parallel=sp,
-        schedule=schedule,
-        virtual_stages=v,
-        micro_batch_size=mbs,
-        recompute=Recompute.PER_LAYER,
-    )
+def _strategy_of(key: Strategy) -> Strategy:
+    return key

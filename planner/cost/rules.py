@@ -43,6 +43,8 @@ class Rule(StrEnum):
     """EP divides the experts and the data-parallel degree (EP lives inside the dp axis)."""
     ZERO_STAGE = "zero_stage"
     """ZeRO stage is 0, 1, 2 or 3."""
+    HSDP_SHARDS_DP = "hsdp_shards_dp"
+    """An HSDP shard group (`dp_shard`) divides dp, and sharding below dp needs ZeRO-3."""
     OFFLOAD_NEEDS_ZERO = "offload_needs_zero"
     """Optimizer offload needs ZeRO >= 1 (ZeRO-Offload partitions the states)."""
     BATCH_DIVIDES = "batch_divides"
@@ -73,6 +75,7 @@ _FIELDS: dict[Rule, tuple[str, ...]] = {
     Rule.EP_NEEDS_MOE: ("ep",),
     Rule.EP_DIVIDES: ("ep", "dp"),
     Rule.ZERO_STAGE: ("zero_stage",),
+    Rule.HSDP_SHARDS_DP: ("dp_shard", "dp", "zero_stage"),
     Rule.OFFLOAD_NEEDS_ZERO: ("offload_optimizer", "zero_stage"),
     Rule.BATCH_DIVIDES: ("dp", "micro_batch_size"),
     Rule.SCHEDULE_MATCHES_PP: ("schedule", "pp"),
@@ -151,6 +154,8 @@ class Assignment(Protocol):
     def ep(self) -> int | None: ...
     @property
     def zero_stage(self) -> int | None: ...
+    @property
+    def dp_shard(self) -> int | None: ...
     @property
     def sequence_parallel(self) -> bool | None: ...
     @property
@@ -250,6 +255,28 @@ def _zero_stage(sh: ProblemShape, a: Assignment) -> str | None:
     return f"zero_stage={a.zero_stage} must be 0, 1, 2 or 3"
 
 
+def _hsdp_shards_dp(sh: ProblemShape, a: Assignment) -> str | None:
+    shard, dp, zero = a.dp_shard, a.dp, a.zero_stage
+    if shard is None:
+        return None
+    if shard < 2 and dp != shard:
+        return (
+            f"dp_shard={shard}: an HSDP shard group needs at least 2 ranks (dp_shard=1 is "
+            f"plain data parallelism); use dp_shard >= 2 or zero_stage < 3"
+        )
+    if dp is not None and (shard > dp or dp % shard):
+        return (
+            f"dp_shard={shard} must divide dp={dp} (HSDP shards over groups of dp_shard ranks "
+            f"and replicates across dp // dp_shard); use a divisor of {dp}"
+        )
+    if zero is not None and zero != 3 and dp is not None and shard < dp:
+        return (
+            f"dp_shard={shard} below dp={dp} is HSDP, which shards parameters (zero_stage 3), "
+            f"but zero_stage={zero}; use zero_stage=3 or dp_shard={dp}"
+        )
+    return None
+
+
 def _offload_needs_zero(sh: ProblemShape, a: Assignment) -> str | None:
     if a.offload_optimizer and a.zero_stage == 0:
         return (
@@ -327,6 +354,7 @@ RULES: tuple[tuple[Rule, Callable[[ProblemShape, Assignment], str | None]], ...]
     (Rule.EP_NEEDS_MOE, _ep_needs_moe),
     (Rule.EP_DIVIDES, _ep_divides),
     (Rule.ZERO_STAGE, _zero_stage),
+    (Rule.HSDP_SHARDS_DP, _hsdp_shards_dp),
     (Rule.OFFLOAD_NEEDS_ZERO, _offload_needs_zero),
     (Rule.BATCH_DIVIDES, _batch_divides),
     (Rule.SCHEDULE_MATCHES_PP, _schedule_matches_pp),

@@ -15,7 +15,7 @@ from ..config import TrainConfig
 from ..model import LayerCost, LayerKind, ModelProfile
 from ..strategy import Recompute, Strategy
 from .comm import Collectives, link_of
-from .compute import KERNELS, KernelModel, is_math_attention, layer_gemms
+from .compute import KERNELS, KernelModel, Kernels, is_math_attention, layer_gemms
 from .layout import (
     Chunk,
     Layout,
@@ -107,6 +107,17 @@ class StageActivations:
     """The largest transient on top (a layer's peak, or a fully recomputed block's forward)."""
 
 
+def _kernels_for(cluster: Cluster, train: TrainConfig) -> Kernels | None:
+    """The measured kernel model when the cluster carries a calibration, else the catalog's
+    table for the accelerator, else None (the roofline with the catalog's efficiency)."""
+    calibration = getattr(cluster, "calibration", None)
+    if calibration is not None:
+        kernels: Kernels = calibration.kernels(train.compute_dtype)
+        return kernels
+    table = KERNELS.get(cluster.accelerator.name)
+    return None if table is None else KernelModel(cluster.accelerator, train.compute_dtype, table)
+
+
 class StageModel:
     """Layout, per-layer seconds and static memory of one model, cluster and config."""
 
@@ -123,8 +134,7 @@ class StageModel:
         acc = cluster.accelerator
         self.acc = acc
         self.coll = Collectives(acc)
-        table = KERNELS.get(acc.name)
-        self.kernels = None if table is None else KernelModel(acc, train.compute_dtype, table)
+        self.kernels: Kernels | None = _kernels_for(cluster, train)
         """GEMM and attention kernel model (None: roofline only)."""
         self.flops_per_s = acc.peak_flops_for(train.compute_dtype) * acc.matmul_efficiency
         """Achieved matmul FLOP/s (peak times the catalog's efficiency)."""
@@ -372,15 +382,23 @@ class StageModel:
 
     # ---- memory ---------------------------------------------------------------------------
     def _static_memory(
-        self, stage: Stage, tp: int, ep: int, dpcp: int, zero: int, offload: bool
+        self,
+        stage: Stage,
+        tp: int,
+        ep: int,
+        dpcp: int,
+        zero: int,
+        offload: bool,
+        replicate: int = 1,
     ) -> StaticMemory:
-        """What a stage holds whatever the micro-batch. Experts shard over the
+        """What a stage holds whatever the micro-batch. Dense parameters shard over the
+        dp*cp group, or over its HSDP shard group (dpcp / `replicate`); experts over the
         expert-data-parallel group (dp*cp/ep)."""
         t = self.train
         states = [0.0, 0.0, 0.0]
         dense_rank = stage.dense_params / tp
         expert_rank = stage.expert_params / (tp * ep)
-        for count, ranks in ((dense_rank, dpcp), (expert_rank, dpcp // ep)):
+        for count, ranks in ((dense_rank, dpcp // replicate), (expert_rank, dpcp // ep)):
             if count:
                 part = model_state_bytes(
                     count, shard_ranks=ranks, zero_stage=zero, train=t, offload_optimizer=offload

@@ -1,0 +1,210 @@
+"""Kernel times from measured curves (`paraplan calibrate`), in the shape of `compute.Kernels`.
+
+A calibration measures, on the device at hand and in one dtype:
+
+- GEMMs over a grid of shapes (M, N, K), forward (x @ w) and the two backward GEMMs autograd
+  runs (g @ w^T and x^T @ g). A shape between grid points is priced by interpolating the
+  achieved FLOP/s linearly in log2(M), log2(N), log2(K) (the rate varies smoothly with the
+  logarithm of each dimension: cache blocking on CPUs, tile and wave quantization on GPUs);
+  outside the grid the nearest edge's rate holds (large GEMMs saturate).
+- fused attention (SDPA, causal) over a range of sizes: the achieved rate as a function of the
+  dense forward FLOPs, interpolated in log space, forward and backward separately;
+- memory-bound ops: the bandwidth an elementwise kernel streams at;
+- the fixed cost of dispatching one operator (`launch_s`): on a CPU the Python, dispatcher and
+  autograd bookkeeping per op, which dominates small models.
+
+No torch here: the curves are plain numbers read from the cluster file.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+
+MEMORY_READ_WRITE = 2
+"""An elementwise kernel reads its input and writes its output: the bandwidth benchmark
+counts both, as `elementwise_s` is given the bytes streamed."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GemmGrid:
+    """Measured GEMM rates on a grid of shapes (FLOP/s, 2 FLOPs per multiply-add)."""
+
+    m: tuple[int, ...]
+    """Rows of the output (tokens), ascending."""
+    n: tuple[int, ...]
+    """Columns of the output (output features), ascending."""
+    k: tuple[int, ...]
+    """Reduction size (input features), ascending."""
+    fwd_flops_per_s: tuple[float, ...]
+    """Forward rate per grid point, flattened in (m, n, k) order (k fastest)."""
+    bwd_flops_per_s: tuple[float, ...]
+    """Backward rate (both gradient GEMMs together) per grid point, same order."""
+
+    def __post_init__(self) -> None:
+        for name in ("m", "n", "k"):
+            axis = getattr(self, name)
+            if not axis or any(x < 1 for x in axis) or list(axis) != sorted(set(axis)):
+                raise ValueError(
+                    f"GEMM grid axis {name}={axis!r} must be distinct positive sizes in "
+                    "ascending order; re-run paraplan calibrate"
+                )
+        size = len(self.m) * len(self.n) * len(self.k)
+        for name in ("fwd_flops_per_s", "bwd_flops_per_s"):
+            rates = getattr(self, name)
+            if len(rates) != size or not all(math.isfinite(r) and r > 0 for r in rates):
+                raise ValueError(
+                    f"GEMM grid {name} must hold {size} positive rates (one per (m, n, k)), "
+                    f"got {len(rates)}; re-run paraplan calibrate"
+                )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AttentionCurve:
+    """Measured fused attention (causal SDPA) rates against its dense forward FLOPs."""
+
+    dense_fwd_flops: tuple[float, ...]
+    """Dense (unmasked) forward FLOPs of each measured call, ascending."""
+    fwd_flops_per_s: tuple[float, ...]
+    """Dense forward FLOPs over forward seconds, per point."""
+    bwd_flops_per_s: tuple[float, ...]
+    """Dense forward FLOPs over backward seconds, per point."""
+
+    def __post_init__(self) -> None:
+        n = len(self.dense_fwd_flops)
+        if not n or list(self.dense_fwd_flops) != sorted(set(self.dense_fwd_flops)):
+            raise ValueError(
+                "attention curve: dense_fwd_flops must be distinct and ascending; re-run "
+                "paraplan calibrate"
+            )
+        for name in ("fwd_flops_per_s", "bwd_flops_per_s"):
+            rates = getattr(self, name)
+            if len(rates) != n or not all(math.isfinite(r) and r > 0 for r in rates):
+                raise ValueError(f"attention curve: {name} must hold {n} positive rates")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KernelFit:
+    """Everything measured about one dtype's kernels on one device."""
+
+    launch_s: float
+    """Fixed seconds per operator (dispatch, autograd bookkeeping, kernel launch)."""
+    elementwise_bw_bytes_per_s: float
+    """Bytes per second (read + written) a memory-bound elementwise op streams."""
+    gemm: GemmGrid
+    """GEMM rates by shape."""
+    attention: AttentionCurve | None = None
+    """Fused attention rates (None: priced as GEMMs plus elementwise, unfused)."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.launch_s) and self.launch_s >= 0):
+            raise ValueError(f"launch_s={self.launch_s!r} must be a finite number >= 0")
+        bw = self.elementwise_bw_bytes_per_s
+        if not (math.isfinite(bw) and bw > 0):
+            raise ValueError(f"elementwise_bw_bytes_per_s={bw!r} must be a positive number")
+
+    def peak_gemm_flops_per_s(self) -> float:
+        """The fastest forward GEMM rate measured (what the roofline calls peak)."""
+        return max(self.gemm.fwd_flops_per_s)
+
+
+def _axis_weights(axis: Sequence[int], x: float) -> tuple[tuple[int, float], ...]:
+    """Grid indices and linear weights of `x` on a log2 axis (clamped at the ends)."""
+    logs = [math.log2(v) for v in axis]
+    lx = math.log2(max(x, 1.0))
+    if lx <= logs[0] or len(logs) == 1:
+        return ((0, 1.0),)
+    if lx >= logs[-1]:
+        return ((len(logs) - 1, 1.0),)
+    hi = bisect.bisect_right(logs, lx)
+    lo = hi - 1
+    w = (lx - logs[lo]) / (logs[hi] - logs[lo])
+    return ((lo, 1.0 - w), (hi, w))
+
+
+def _curve(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    """log-log linear interpolation of y(x), clamped at the ends."""
+    if x <= xs[0] or len(xs) == 1:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    hi = bisect.bisect_right(xs, x)
+    lo = hi - 1
+    w = (math.log(x) - math.log(xs[lo])) / (math.log(xs[hi]) - math.log(xs[lo]))
+    return math.exp((1 - w) * math.log(ys[lo]) + w * math.log(ys[hi]))
+
+
+class CalibratedKernels:
+    """`compute.Kernels` from a `KernelFit`: seconds of GEMMs, attention and elementwise ops
+    as measured, each kernel also paying `launch_s` (memoized; the search asks repeatedly).
+
+    `time_scale` multiplies every time: what `paraplan calibrate --from-run` learns when whole
+    training steps run slower (or faster) than their kernels measured alone."""
+
+    def __init__(self, fit: KernelFit, *, time_scale: float = 1.0) -> None:
+        self.fit = fit
+        self.time_scale = time_scale
+        self.launch_s = fit.launch_s * time_scale
+        """Seconds per operator dispatch."""
+        self.gemm_s = cache(self._gemm_s)
+
+    def _rate(self, rates: Sequence[float], m: int, n: int, k: int) -> float:
+        g = self.fit.gemm
+        log_rate = 0.0
+        nn, nk = len(g.n), len(g.k)
+        for i, wi in _axis_weights(g.m, m):
+            for j, wj in _axis_weights(g.n, n):
+                for q, wq in _axis_weights(g.k, k):
+                    log_rate += wi * wj * wq * math.log(rates[(i * nn + j) * nk + q])
+        return math.exp(log_rate)
+
+    def _gemm_s(self, m: int, n: int, k: int, backward: bool = False) -> float:
+        """Seconds of the (m x k) @ (k x n) forward GEMM, or of its two backward GEMMs."""
+        if m <= 0 or n <= 0 or k <= 0:
+            return 0.0
+        g = self.fit.gemm
+        rates = g.bwd_flops_per_s if backward else g.fwd_flops_per_s
+        flops = 2.0 * m * n * k * (2 if backward else 1)
+        return flops / self._rate(rates, m, n, k) * self.time_scale
+
+    def gemm_train_s(self, m: int, n: int, k: int) -> tuple[float, float]:
+        """(forward, backward) seconds of a GEMM (m, n, k) in training."""
+        return self.gemm_s(m, n, k), self.gemm_s(m, n, k, True)
+
+    def elementwise_s(self, nbytes: float) -> float:
+        """Seconds to stream `nbytes` (read + written) through memory-bound kernels."""
+        return max(0.0, nbytes) / self.fit.elementwise_bw_bytes_per_s * self.time_scale
+
+    def attention_s(self, dense_fwd_flops: float, causal: bool = True) -> tuple[float, float]:
+        """(forward, backward) seconds of fused attention of `dense_fwd_flops` (unmasked
+        forward FLOPs). The curve was measured causal; a non-causal call does twice the work."""
+        if dense_fwd_flops <= 0:
+            return 0.0, 0.0
+        curve = self.fit.attention
+        if curve is None:  # no fused kernel measured: the GEMM rate of a square-ish shape
+            rate = self.fit.peak_gemm_flops_per_s()
+            f = dense_fwd_flops * (0.5 if causal else 1.0) / rate
+            return f * self.time_scale, 2.5 * f * self.time_scale
+        xs = curve.dense_fwd_flops
+        f = dense_fwd_flops / _curve(xs, curve.fwd_flops_per_s, dense_fwd_flops)
+        b = dense_fwd_flops / _curve(xs, curve.bwd_flops_per_s, dense_fwd_flops)
+        work = 1.0 if causal else 2.0
+        return f * work * self.time_scale, b * work * self.time_scale
+
+    def math_attention_s(
+        self, batch_heads: int, seq_q: int, seq_k: int, head_dim: int, core_bytes: float
+    ) -> tuple[float, float]:
+        """(forward, backward) seconds of unfused attention: the batched GEMMs QK^T and AV
+        priced from the grid as (batch_heads * seq_q) rows, and the softmax, mask and dropout
+        streaming `core_bytes` (written then read: 2x forward, 3x backward, as the catalog
+        model assumes)."""
+        m = batch_heads * seq_q
+        qk_f, qk_b = self.gemm_train_s(m, seq_k, head_dim)
+        av_f, av_b = self.gemm_train_s(m, head_dim, seq_k)
+        return (
+            qk_f + av_f + self.elementwise_s(2 * core_bytes),
+            qk_b + av_b + self.elementwise_s(3 * core_bytes),
+        )
