@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from paraplan.planner.cluster import parse_cluster
-from paraplan.planner.config import Precision, TrainConfig
+from paraplan.planner.config import AttentionKernel, Precision, Runtime, TrainConfig
 from paraplan.planner.cost.evaluate import Estimate, Evaluator
 from paraplan.planner.cost.layout import StageSplit
 from paraplan.planner.hardware import with_calibration
@@ -166,6 +166,27 @@ def _family(cfg: dict[str, Any]) -> str:
     return "TP/DP"
 
 
+def runtime_of(row: dict[str, Any]) -> Runtime:
+    """How the row's framework ran its kernels, from its source and notes:
+    - Megatron-LM's README runs (Megatron-Core r0.8 on H100) state fine-grained TP
+      communication overlap (--tp-comm-overlap) and run Transformer Engine's fused attention;
+    - torchtitan rows without torch.compile run eager PyTorch (one kernel per operator) and
+      torch SDPA;
+    - every other row (Megatron-LM papers and its baselines, Megatron-DeepSpeed, Meta's Llama 3
+      stack) runs fused elementwise kernels, no TP overlap, and FlashAttention-2-class
+      attention (or unfused attention, which the profile itself says)."""
+    text = f"{row.get('notes', '')} {row.get('quote', '')}"
+    rid = row["id"]
+    if rid.startswith("megatron_readme"):
+        return Runtime(
+            fused_elementwise=True, tp_comm_overlap=True, attention=AttentionKernel.FUSED
+        )
+    if rid.startswith("torchtitan"):
+        eager = "no torch.compile" in text or "torch.compile" not in text
+        return Runtime(fused_elementwise=not eager)
+    return Runtime(fused_elementwise=True)
+
+
 def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
     """The usable rows, and the rows left out with why."""
     rows = yaml.safe_load(path.read_text())["runs"]
@@ -198,6 +219,7 @@ def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
             global_batch=cfg["global_batch"],
             seq_len=spec.seq,
             precision=precision or Precision.BF16,
+            runtime=runtime_of(row),
         )
         v = cfg.get("virtual_stages")
         pp = cfg["pp"]

@@ -37,6 +37,31 @@ OPTIMIZER_STATE_BYTES: dict[Optimizer, int] = {
 }
 
 
+class AttentionKernel(StrEnum):
+    """Which fused attention kernel the training framework runs."""
+
+    SDPA = "sdpa"
+    """torch's scaled_dot_product_attention, flash backend (FlashAttention-2; Dao 2023)."""
+    FUSED = "fused"
+    """Transformer Engine / cuDNN fused attention (Hopper-native on H100, as Megatron runs)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Runtime:
+    """How the training framework runs a step's kernels. The defaults are paraplan's own
+    executor (eager PyTorch); published runs of other frameworks set theirs."""
+
+    fused_elementwise: bool = False
+    """Norms, activations, rotary embeddings and residual adds run as fused kernels (Megatron's
+    and Transformer Engine's fused kernels, or torch.compile); False: eager PyTorch, one kernel
+    per operator, each streaming its inputs and output through memory."""
+    tp_comm_overlap: bool = False
+    """TP collectives overlap the GEMMs they feed (Megatron's --tp-comm-overlap with Transformer
+    Engine userbuffers, or torch's async TP); False: they sit on the critical path."""
+    attention: AttentionKernel = AttentionKernel.SDPA
+    """Fused attention kernel."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
     """What is being trained: batch, sequence length, precision, optimizer."""
@@ -51,6 +76,8 @@ class TrainConfig:
     """Optimizer (sets the optimizer-state bytes per parameter)."""
     memory_headroom: float = 0.1
     """Fraction of device memory kept free for allocator fragmentation and spikes."""
+    runtime: Runtime = Runtime()
+    """How the framework runs the kernels (paraplan's executor by default)."""
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "seq_len"):

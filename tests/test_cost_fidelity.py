@@ -116,8 +116,8 @@ def test_published_runs_within_the_recorded_bounds():
     held = vp.summarize([r for r in results if r.case.held_out])
     fit = vp.summarize([r for r in results if not r.case.held_out])
     assert held.rows >= 15 and fit.rows >= 25
-    assert held.mean_abs_error <= 0.08
-    assert fit.mean_abs_error <= 0.085
+    assert held.mean_abs_error <= 0.07
+    assert fit.mean_abs_error <= 0.07
     assert all(ok for _, _, ok in vp.pair_orders(results))
 
 
@@ -136,3 +136,26 @@ def test_hsdp_keeps_the_gathers_in_the_node_and_pays_in_memory():
     grown = hsdp.memory.params_bytes - fsdp.memory.params_bytes
     assert grown == pytest.approx(dense * 2 * (1 / 8 - 1 / 128), rel=0.01)
     assert "hsdp=16x8" in hsdp.strategy.short()
+
+
+def test_eager_elementwise_and_tp_overlap_move_the_step_the_right_way():
+    """The runtime matters: eager PyTorch (one kernel per operator) is slower than fused
+    kernels by the extra bytes its norms, rotary and activations stream; overlapping TP
+    collectives with GEMMs (Megatron's --tp-comm-overlap) is faster than exposing them, and
+    never faster than the compute alone."""
+    from paraplan.planner.config import Runtime
+
+    seq = 4096
+    profile = parse_model("llama3-8b").to_profile(seq_len=seq)
+    s = Strategy(dp=1, tp=8, pp=1, sequence_parallel=True, micro_batch_size=1)
+
+    def step(runtime: Runtime):
+        train = TrainConfig(global_batch=8, seq_len=seq, runtime=runtime)
+        return Evaluator(profile, parse_cluster("8xh100"), train).evaluate(s).time
+
+    eager, fused = step(Runtime()), step(Runtime(fused_elementwise=True))
+    overlap = step(Runtime(fused_elementwise=True, tp_comm_overlap=True))
+    assert eager.compute_s > fused.compute_s
+    assert eager.comm_s == pytest.approx(fused.comm_s)
+    assert overlap.comm_s < fused.comm_s
+    assert overlap.step_time_s >= fused.compute_s

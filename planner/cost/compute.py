@@ -38,7 +38,7 @@ GEMM_SCALE = 0.9
 fitted on the training rows of the published runs (`benchmarks/fit_constants.py`,
 docs/validation.md): whole training steps run their GEMMs below the cuBLAS
 microbenchmark rate (clock throttling, L2 pollution by neighbouring kernels)."""
-ATTENTION_SCALE = 0.6
+ATTENTION_SCALE = 0.85
 """Global multiplier on every device's `attention_efficiency` (fitted likewise)."""
 MEMORY_EFFICIENCY = 0.7
 """Fraction of the HBM bandwidth memory-bound kernels (norms, activations, softmax) stream at
@@ -83,7 +83,9 @@ class KernelTable:
     k_overhead: float
     """K-equivalent of a tile's fixed prologue and epilogue."""
     attention_efficiency: float
-    """Rate of the fused attention kernel as a fraction of the dense peak."""
+    """Rate of torch SDPA's flash kernel (FlashAttention-2) as a fraction of the dense peak."""
+    fused_attention_efficiency: float
+    """Rate of Transformer Engine's / cuDNN's fused attention, as Megatron runs it."""
     tiles: tuple[Tile, ...] = _TILES_AMPERE_HOPPER
     """Tiles the GEMM library picks from."""
     sources: dict[str, str] = field(default_factory=dict)
@@ -101,10 +103,14 @@ _FA2 = (
     "maximum FLOP/s on A100; we take 0.60 over forward and backward"
 )
 _FA_HOPPER = (
-    "Shah et al. 2024, FlashAttention-3 (arXiv:2407.08608): FlashAttention-2 reaches 35% of "
-    "H100 peak, FlashAttention-3 up to 75% in bf16; cuDNN/TE fused attention, as Megatron and "
-    "torch use, sits between: 0.50 (assumption)"
+    "Shah et al. 2024, FlashAttention-3 (arXiv:2407.08608), §1: FlashAttention-2 reaches only "
+    "35% of H100 peak (torch SDPA's flash backend is FlashAttention-2)"
 )
+_CUDNN_HOPPER = (
+    "Shah et al. 2024, FlashAttention-3, Fig. 5-6: cuDNN's Hopper attention runs between "
+    "FlashAttention-2 (35%) and FlashAttention-3 (up to 75%) at head dim 128: 0.55 (read off)"
+)
+_CUDNN_AMPERE = "assumption: on Ampere cuDNN/TE fused attention runs at FlashAttention-2's rate"
 _GEMM_A100 = (
     "assumption: cuBLAS bf16 reaches ~85% of A100 dense peak on large GEMMs (the Matrix "
     "Multiplication Background User's Guide, Fig. 2, shows cuBLAS 11 near peak on large "
@@ -116,30 +122,59 @@ _GEMM_HOPPER = (
 )
 
 
-def _table(sms: int, sm_src: str, gemm: float, gemm_src: str, attn: float, attn_src: str):
+def _table(
+    sms: int,
+    sm_src: str,
+    gemm: float,
+    gemm_src: str,
+    attn: float,
+    attn_src: str,
+    fused: tuple[float, str] | None = None,
+) -> KernelTable:
+    fused_eff, fused_src = fused if fused is not None else (attn, "assumption: as SDPA's")
     return KernelTable(
         sm_count=sms,
         gemm_efficiency=gemm,
         k_overhead=128.0,
         attention_efficiency=attn,
+        fused_attention_efficiency=fused_eff,
         sources={
             "sm_count": sm_src,
             "gemm_efficiency": gemm_src,
             "k_overhead": _K_OVERHEAD,
             "attention_efficiency": attn_src,
+            "fused_attention_efficiency": fused_src,
         },
     )
 
 
 KERNELS: dict[str, KernelTable] = {
-    "a100-40gb": _table(108, _WHITEPAPER_A100, 0.85, _GEMM_A100, 0.60, _FA2),
-    "a100-80gb": _table(108, _WHITEPAPER_A100, 0.85, _GEMM_A100, 0.60, _FA2),
-    "h100": _table(132, _WHITEPAPER_H100, 0.75, _GEMM_HOPPER, 0.50, _FA_HOPPER),
+    "a100-40gb": _table(
+        108, _WHITEPAPER_A100, 0.85, _GEMM_A100, 0.60, _FA2, (0.60, _CUDNN_AMPERE)
+    ),
+    "a100-80gb": _table(
+        108, _WHITEPAPER_A100, 0.85, _GEMM_A100, 0.60, _FA2, (0.60, _CUDNN_AMPERE)
+    ),
+    "h100": _table(
+        132, _WHITEPAPER_H100, 0.75, _GEMM_HOPPER, 0.35, _FA_HOPPER, (0.55, _CUDNN_HOPPER)
+    ),
     "h200": _table(
-        132, _WHITEPAPER_H100 + "; H200 is the same GH100 die", 0.75, _GEMM_HOPPER, 0.50, _FA_HOPPER
+        132,
+        _WHITEPAPER_H100 + "; H200 is the same GH100 die",
+        0.75,
+        _GEMM_HOPPER,
+        0.35,
+        _FA_HOPPER,
+        (0.55, _CUDNN_HOPPER),
     ),
     "h100-pcie": _table(
-        114, "NVIDIA H100 whitepaper: 114 SMs (PCIe)", 0.75, _GEMM_HOPPER, 0.50, _FA_HOPPER
+        114,
+        "NVIDIA H100 whitepaper: 114 SMs (PCIe)",
+        0.75,
+        _GEMM_HOPPER,
+        0.35,
+        _FA_HOPPER,
+        (0.55, _CUDNN_HOPPER),
     ),
     "b200": _table(
         148,
@@ -214,10 +249,16 @@ class KernelModel:
     launch_s = 0.0
     """Catalog devices: kernel launches overlap the previous kernel (the host runs ahead)."""
 
-    def __init__(self, acc: Accelerator, dtype: str, table: KernelTable) -> None:
+    def __init__(
+        self, acc: Accelerator, dtype: str, table: KernelTable, fused_attention: bool = False
+    ) -> None:
         self.peak_flops_per_s = acc.peak_flops_for(dtype)
         self.memory_bw_bytes_per_s = acc.memory_bw_bytes_per_s
         self.table = table
+        self.attention_efficiency = (
+            table.fused_attention_efficiency if fused_attention else table.attention_efficiency
+        )
+        """Rate of the attention kernel the framework runs, as a fraction of the peak."""
         self.dtype_bytes = 4 if dtype in ("fp32", "tf32") else (1 if dtype == "fp8" else 2)
         self.gemm_s = cache(self._gemm_s)
 
@@ -264,7 +305,7 @@ class KernelModel:
         """(forward, backward) seconds of flash attention whose dense (unmasked) forward
         count is `dense_fwd_flops`."""
         executed = dense_fwd_flops * (CAUSAL_FRACTION if causal else 1.0)
-        rate = self.peak_flops_per_s * min(1.0, self.table.attention_efficiency * ATTENTION_SCALE)
+        rate = self.peak_flops_per_s * min(1.0, self.attention_efficiency * ATTENTION_SCALE)
         return executed / rate, ATTENTION_BACKWARD_FACTOR * executed / rate
 
 
@@ -306,6 +347,38 @@ def layer_gemms(profile: ModelProfile, layer: LayerCost, tp: int) -> tuple[Gemm,
     up = Gemm(n=max(1, (round(mats) - 1) * p.ffn // tp), k=h, per_token=routed)
     down = Gemm(n=h, k=max(1, p.ffn // tp), per_token=routed)
     return (*attn, up, down)
+
+
+EAGER_NORM_PASSES = 7
+"""Element passes of one eager RMSNorm/LayerNorm over its (tokens x h) input: square, mean
+(read), scale by the reciprocal root (read, write), weight multiply (read, write), each its own
+kernel (torch's composite norms; a fused norm reads once and writes once)."""
+EAGER_ROPE_PASSES = 6
+"""Element passes of eager rotary embeddings over q and k: cast and complex/real multiply and
+cast back (read + write each; torchtitan's and Hugging Face's formulations)."""
+EAGER_BACKWARD_FACTOR = 2.0
+"""An elementwise operator's backward streams about twice its forward: it reads the output
+gradient and the saved input and writes the input gradient (multiplies produce two)."""
+EAGER_BLOCK_KERNELS = 36
+"""Kernels one eager block launches in forward (4 GEMMs, attention, 2 norms of 5 operators,
+rotary, 2 residual adds, activation and multiply, layout copies): what `Kernels.launch_s` is
+charged for (backward: twice as many)."""
+
+
+def eager_block_elements(profile: ModelProfile, tp: int, sp: bool, gated: bool) -> float:
+    """Elements per token one TP rank's eager elementwise kernels stream in a block's forward
+    (reads plus writes), beyond what a fused implementation does in its GEMM epilogues:
+    two norms and two residual adds over h (split by SP), rotary over q and k and the
+    attention output's layout copy over the head dimension (split by TP), and the MLP
+    activation over the FFN width (SwiGLU: silu, then a multiply of two inputs; GELU: one
+    pass). Llama-family blocks (gated MLP) carry rotary embeddings."""
+    p = profile
+    h = p.hidden
+    kv = p.kv_heads * (h // max(1, p.heads))
+    along_h = (2 * EAGER_NORM_PASSES + 2 * 3) * h / (tp if sp else 1)
+    attention = (EAGER_ROPE_PASSES * (h + kv) if gated else 0) / tp + 2 * h / tp
+    mlp = (5 if gated else 2) * p.ffn / tp
+    return along_h + attention + mlp
 
 
 def is_math_attention(profile: ModelProfile, layer: LayerCost) -> bool:

@@ -293,6 +293,11 @@ class Evaluator:
             units = stage.n_blocks * 4 + n_full * 2
             units += int(stage.has_embedding) + int(stage.has_head)
             comm = units * tp_unit if s.tp > 1 else 0.0
+            if self.train.runtime.tp_comm_overlap:
+                # Megatron's --tp-comm-overlap (Transformer Engine userbuffers; Wang et al. 2023
+                # decomposition): each collective is split and pipelined with the GEMM it feeds,
+                # so it hides under the stage's compute, which it slows (contention).
+                comm = hidden_behind(comm, c.fwd_s + c.bwd_s)
             if s.cp > 1 and stage.n_blocks:
                 # Each of the cp ring steps computes one (s/cp)^2 block of attention, balanced
                 # by the causal load-balanced split (zig-zag chunks), while the next K/V hop is

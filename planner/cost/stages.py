@@ -11,11 +11,20 @@ from dataclasses import dataclass
 from functools import cache
 
 from ..cluster import Cluster
-from ..config import TrainConfig
+from ..config import AttentionKernel, TrainConfig
 from ..model import LayerCost, LayerKind, ModelProfile
 from ..strategy import Recompute, Strategy
 from .comm import Collectives, link_of
-from .compute import KERNELS, KernelModel, Kernels, is_math_attention, layer_gemms
+from .compute import (
+    EAGER_BACKWARD_FACTOR,
+    EAGER_BLOCK_KERNELS,
+    KERNELS,
+    KernelModel,
+    Kernels,
+    eager_block_elements,
+    is_math_attention,
+    layer_gemms,
+)
 from .layout import (
     Chunk,
     Layout,
@@ -115,7 +124,10 @@ def _kernels_for(cluster: Cluster, train: TrainConfig) -> Kernels | None:
         kernels: Kernels = calibration.kernels(train.compute_dtype)
         return kernels
     table = KERNELS.get(cluster.accelerator.name)
-    return None if table is None else KernelModel(cluster.accelerator, train.compute_dtype, table)
+    if table is None:
+        return None
+    fused = train.runtime.attention == AttentionKernel.FUSED
+    return KernelModel(cluster.accelerator, train.compute_dtype, table, fused_attention=fused)
 
 
 class StageModel:
@@ -349,9 +361,17 @@ class StageModel:
         else:
             attn_f, attn_b = k.attention_s(x.attn_core_fwd_flops * mbs / (tp * cp))
         streamed = acts * self.act_scale - ACT_IO_FACTOR * core_bytes  # core: priced above
-        elementwise = k.elementwise_s(max(0.0, streamed))
-        f += attn_f + elementwise
-        b += attn_b + elementwise
+        elementwise_f = elementwise_b = k.elementwise_s(max(0.0, streamed))
+        if block and not t.runtime.fused_elementwise:
+            # Eager PyTorch: every norm, rotary, activation and residual operator is a kernel
+            # of its own streaming its inputs and output (compute.eager_block_elements).
+            gated = len(gemms) == 4 and gemms[2].n * tp == 2 * p.ffn
+            elems = eager_block_elements(p, tp, True, gated) * tokens * self.train.act_bytes
+            elementwise_f += k.elementwise_s(elems) + k.launch_s * EAGER_BLOCK_KERNELS
+            elementwise_b += k.elementwise_s(EAGER_BACKWARD_FACTOR * elems)
+            elementwise_b += EAGER_BACKWARD_FACTOR * k.launch_s * EAGER_BLOCK_KERNELS
+        f += attn_f + elementwise_f
+        b += attn_b + elementwise_b
         return f, b, f if block else 0.0, attn_f
 
     def _stage_compute(
