@@ -11,6 +11,7 @@ reused).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -20,6 +21,16 @@ TPPlanFn = Callable[[bool], dict[str, ParallelStyle]]
 """Sequence parallel on/off -> `parallelize_module` plan for ONE block (paths inside it)."""
 HFNamesFn = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 """Full tensors by chain name -> the same tensors by Hugging Face name and layout."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VocabPaths:
+    """Paths of the vocabulary-sized modules inside a chain's embedding and head."""
+
+    embedding: str
+    """The token `nn.Embedding` inside `ChainModule.embed` (e.g. ``embed_tokens``)."""
+    projection: str
+    """The output `nn.Linear` inside `ChainModule.head` (e.g. ``lm_head``)."""
 
 
 class ChainModule(nn.Module):
@@ -36,6 +47,7 @@ class ChainModule(nn.Module):
         family: str = "custom",
         tp_plan: TPPlanFn | None = None,
         hf_names: HFNamesFn | None = None,
+        vocab: VocabPaths | None = None,
     ) -> None:
         super().__init__()
         self.embed = embed
@@ -52,6 +64,9 @@ class ChainModule(nn.Module):
         """Maps full tensors back to Hugging Face names (None for custom chains)."""
         self.tied: tuple[str, str] | None = None
         """(embedding param, head param) names when the head reuses the embedding matrix."""
+        self.vocab = vocab
+        """Where the vocabulary matrices are, for a vocab-parallel embedding and head (None:
+        they stay whole on every tensor-parallel rank)."""
 
     @property
     def num_blocks(self) -> int:
@@ -84,6 +99,7 @@ class ChainModule(nn.Module):
             family=self.family,
             tp_plan=self.tp_plan,
             hf_names=self.hf_names,
+            vocab=self.vocab,
         )
         part.tied = self.tied
         return part

@@ -16,15 +16,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..planner.config import Optimizer, Precision
+from ..planner.capabilities import plan_gaps
 from ..planner.plan import Plan
 from ..planner.plan_io import check_plan
-from ..planner.strategy import Schedule
-
-SUPPORTED_PRECISIONS = (Precision.FP32, Precision.BF16)
-"""Precisions that need no loss scaling."""
-SUPPORTED_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.SGD, Optimizer.ADAFACTOR)
-"""Optimizers torch.optim has."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,43 +40,11 @@ def module_fingerprint(model: nn.Module) -> ModuleFingerprint:
 
 
 def check_plan_supported(plan: Plan) -> None:
-    """Plan features the executor does not run yet, refused by name."""
-    par = plan.parallelism
-    if par.cp > 1:
-        raise ValueError(
-            f"the plan uses context parallelism cp={par.cp}, which the executor does not run "
-            "yet; re-plan with --fix cp=1"
-        )
-    if par.ep > 1 or plan.model.experts:
-        raise ValueError(
-            f"the plan is for a mixture-of-experts model (experts={plan.model.experts}, "
-            f"ep={par.ep}); the executor runs dense models only"
-        )
-    if plan.train.precision not in SUPPORTED_PRECISIONS:
-        raise ValueError(
-            f"precision {str(plan.train.precision)!r} needs loss scaling, which the executor does "
-            f"not do; re-plan with --precision bf16 or fp32"
-        )
-    if plan.train.optimizer not in SUPPORTED_OPTIMIZERS:
-        raise ValueError(
-            f"optimizer {str(plan.train.optimizer)!r} is not in torch.optim; re-plan with "
-            f"--optimizer {' or '.join(SUPPORTED_OPTIMIZERS)}"
-        )
-    if par.offload_optimizer and par.zero_stage == 0:
-        raise ValueError(
-            "offload_optimizer with zero_stage=0: optimizer offload runs through FSDP's "
-            "CPUOffloadPolicy and needs zero_stage >= 1; re-plan with --fix zero=1"
-        )
-    if par.pp > 1 and plan.schedule == Schedule.NONE:
-        raise ValueError(
-            f"pp={par.pp} with schedule 'none': a pipeline needs a schedule; re-plan with "
-            "--fix schedule=1f1b (or gpipe, interleaved_1f1b)"
-        )
-    if par.virtual_stages > 1 and plan.schedule != Schedule.INTERLEAVED_1F1B:
-        raise ValueError(
-            f"virtual_stages={par.virtual_stages} needs schedule interleaved_1f1b, not "
-            f"{str(plan.schedule)!r}; re-plan with --fix schedule=interleaved_1f1b or vpp=1"
-        )
+    """Plan features the executor does not run, refused by the capability table's words
+    (planner/capabilities.py: the search, `paraplan run` and this check read one table)."""
+    gaps = plan_gaps(plan)
+    if gaps:
+        raise ValueError(f"the executor cannot run this plan: {gaps[0]}")
     check_plan(plan)  # the file rules (mesh, world size, stages) for a plan built in memory
 
 

@@ -5,10 +5,14 @@
 1. process group (bounded timeout) and the plan's DeviceMesh; check the weights agree;
 2. pipeline split: keep this rank's chunks (first, so each rank parallelizes only the layers it
    runs, as torchtitan splits before parallelizing each part);
-3. tensor parallel, with sequence parallel when planned;
-4. activation checkpointing per layer;
-5. data parallel: FSDP2 (ZeRO-1/2/3, mixed precision, offload) or DDP;
-6. pipeline stages and the planned schedule.
+3. tensor parallel, with sequence parallel when planned, and the vocab-parallel embedding and
+   head (the loss on vocab-sharded logits);
+4. context parallel: ring attention over the cp axis, load-balanced causal sequence split;
+5. expert parallel: MoE experts sharded over ep consecutive dp ranks, all-to-all dispatch;
+6. activation checkpointing per layer;
+7. data parallel over dp (x cp): FSDP2 (ZeRO-2/3, HSDP, mixed precision, offload) or DDP
+   (ZeRO-0, and ZeRO-1 with the sharded optimizer of `optim.py`);
+8. pipeline stages and the planned schedule.
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 from torch.nn.parallel import DistributedDataParallel
 
 from ..planner.plan import Plan
@@ -30,10 +36,17 @@ from ..planner.strategy import MeshAxis
 from . import checks, pipeline
 from . import mesh as meshes
 from .chain import ChainModule, TPPlanFn
+from .context_parallel import ContextShard, apply_cp
 from .convert import to_chain_module
-from .data_parallel import PARAM_DTYPES, apply_data_parallel, data_parallel_kind
+from .data_parallel import (
+    PARAM_DTYPES,
+    apply_data_parallel,
+    data_parallel_kind,
+    data_parallel_mesh,
+)
+from .expert_parallel import ExpertGrads, apply_ep, expert_params
 from .recompute import apply_recompute, layer_recompute
-from .tensor_parallel import apply_tp
+from .tensor_parallel import apply_tp, vocab_loss
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -51,6 +64,15 @@ class ParallelModel:
     """The plan applied."""
     mesh: DeviceMesh
     """The plan's device mesh."""
+    dp_mesh: DeviceMesh
+    """The mesh data parallelism runs over: dp (x cp), 2-D (replicate, shard) under HSDP."""
+    context: ContextShard | None
+    """This rank's place on the context-parallel ring (None without CP)."""
+    experts: ExpertGrads | None
+    """The expert gradients' reduction (None without EP)."""
+    vocab_parallel: bool
+    """Whether the logits are sharded over the vocabulary (the loss and its backward run
+    under `loss_parallel`)."""
     device: torch.device
     """Where this rank computes."""
     chains: tuple[ChainModule, ...]
@@ -82,7 +104,8 @@ class ParallelModel:
         return self.chains[-1].head is not None
 
     def local_batch(self, tokens: torch.Tensor) -> torch.Tensor:
-        """This data-parallel replica's rows of a global batch (global_batch, ...)."""
+        """This rank's part of a global batch (global_batch, T): its data-parallel replica's
+        rows, and under context parallelism its two chunks of each sequence (B, T/cp)."""
         rows = tokens.shape[0] // self.plan.parallelism.dp
         if rows * self.plan.parallelism.dp != tokens.shape[0]:
             raise ValueError(
@@ -90,7 +113,10 @@ class ParallelModel:
                 f"dp={self.plan.parallelism.dp}; use the plan's global batch "
                 f"{self.plan.train.global_batch}"
             )
-        return tokens[self.dp_rank * rows : (self.dp_rank + 1) * rows].to(self.device)
+        mine = tokens[self.dp_rank * rows : (self.dp_rank + 1) * rows]
+        if self.context is not None:
+            mine = self.context.shard(mine)  # (B, T/cp)
+        return mine.to(self.device)
 
     def parameters(self) -> Iterator[nn.Parameter]:
         """Parameters of this rank's chunks."""
@@ -107,7 +133,7 @@ class ParallelModel:
             losses: list[torch.Tensor] = []
             args = (input_ids.to(self.device),) if self.is_first_stage else ()
             target = labels.to(self.device) if self.is_last_stage else None
-            with self._autocast():
+            with self._autocast(), self._loss_context():
                 self.schedule.step(*args, target=target, losses=losses)  # type: ignore[attr-defined]
             self.tied.sync_grads()
             return torch.stack(losses).mean().detach() if self.is_last_stage else None
@@ -116,12 +142,18 @@ class ParallelModel:
         total = torch.zeros((), device=self.device)
         xs, ys = input_ids.to(self.device).chunk(n), labels.to(self.device).chunk(n)
         for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
-            with _grad_sync(part, i == n - 1):
+            with _grad_sync(part, i == n - 1), self._loss_context():
                 with self._autocast():
                     loss = self.loss_fn(part(x), y) / n  # x (b, T) -> logits (b, T, V)
                 loss.backward()
             total += loss.detach()
+        if self.experts is not None:
+            self.experts.sync_grads()
         return total
+
+    def _loss_context(self) -> contextlib.AbstractContextManager[object]:
+        """`loss_parallel` for vocab-sharded logits (forward and backward of the loss)."""
+        return loss_parallel() if self.vocab_parallel else contextlib.nullcontext()
 
     def _autocast(self) -> contextlib.AbstractContextManager[object]:
         if self.autocast_dtype is None:
@@ -177,16 +209,23 @@ def parallelize(
     checks.check_model(plan, chain, num_blocks=chain.num_blocks)
     if par.pp > 1:
         pipeline.check_layout(plan, chain.num_blocks)
+    # vocab-sharded logits need the default loss (cross-entropy) and no pipeline in between
+    vocab_parallel = par.tp > 1 and par.pp == 1 and loss_fn is causal_lm_loss
+    vocab_parallel = vocab_parallel and chain.vocab is not None
     # 1. process group (bounded timeout) and the plan's mesh; same weights on every rank
     meshes.init_distributed(device_type, timeout_s=timeout_s)
     mesh = meshes.build_mesh(plan, device_type) if mesh is None else meshes.check_mesh(mesh, plan)
     device = meshes.local_device(device_type)
     checks.check_same_weights(chain, device)
+    dp_mesh = data_parallel_mesh(mesh, plan)
+    context = context_shard(mesh) if par.cp > 1 else None
+    ep_meshes = expert_meshes(mesh, plan) if par.ep > 1 else None
     # 2. pipeline split: this rank's chunks on its device, the others' layers freed
     chunks, tied = pipeline.split(chain, plan, mesh, device)
     parts: list[tuple[int, nn.Module]] = []
+    experts: ExpertGrads | None = None
     for index, part in chunks:
-        # 3. tensor parallel (sequence parallel when planned)
+        # 3. tensor parallel (sequence parallel when planned), vocab-parallel embedding/head
         if par.tp > 1:
             apply_tp(
                 part,
@@ -195,12 +234,20 @@ def parallelize(
                 heads=plan.model.heads,
                 kv_heads=plan.model.kv_heads,
                 tp_plan=tp_plan,
+                shard_logits=vocab_parallel,
             )
-        # 4. activation checkpointing, per layer
+        # 4. context parallel: ring attention, global positions of this rank's chunks
+        if context is not None:
+            apply_cp(part, context)
+        # 5. expert parallel: this rank's experts, all-to-all dispatch and combine
+        if ep_meshes is not None:
+            experts = apply_ep(part, ep_meshes[0], ep_meshes[1].get_group(), dp=par.dp)
+        # 6. activation checkpointing, per layer
         apply_recompute(part, layer_recompute(plan))
-        # 5. data parallel: FSDP2 / replicate in place, or a DDP wrapper
-        parts.append((index, apply_data_parallel(part, mesh[str(MeshAxis.DP)], plan)))
-    # 6. pipeline stages and the planned schedule
+        # 7. data parallel: FSDP2 / replicate in place, or a DDP wrapper (experts left out)
+        dp_part = apply_data_parallel(part, dp_mesh, plan, ignored=expert_params(part))
+        parts.append((index, dp_part))
+    # 8. pipeline stages and the planned schedule
     schedule = None
     if par.pp > 1:
         schedule = pipeline.build_schedule(plan, parts, mesh[str(MeshAxis.PP)], loss_fn, device)
@@ -208,11 +255,31 @@ def parallelize(
     return ParallelModel(
         plan=plan,
         mesh=mesh,
+        dp_mesh=dp_mesh,
+        context=context,
+        experts=experts,
+        vocab_parallel=vocab_parallel,
         device=device,
         chains=tuple(c for _, c in chunks),
         parts=tuple(m for _, m in parts),
         schedule=schedule,
         tied=tied,
-        loss_fn=loss_fn,
+        loss_fn=vocab_loss(loss_fn) if vocab_parallel else loss_fn,
         autocast_dtype=PARAM_DTYPES[plan.train.precision] if kind.autocasts else None,
     )
+
+
+def context_shard(mesh: DeviceMesh) -> ContextShard:
+    """This rank's context-parallel ring: the cp axis of the plan's mesh."""
+    cp_mesh = mesh[str(MeshAxis.CP)]
+    group = cp_mesh.get_group()
+    ranks = tuple(dist.get_process_group_ranks(group))
+    return ContextShard(group=group, ranks=ranks, rank=cp_mesh.get_local_rank())
+
+
+def expert_meshes(mesh: DeviceMesh, plan: Plan) -> tuple[DeviceMesh, DeviceMesh]:
+    """(EP mesh, expert-replica mesh): the dp axis as (dp/ep, ep), ep consecutive dp ranks
+    in one EP group (a collective: it creates the groups)."""
+    dp, ep = plan.parallelism.dp, plan.parallelism.ep
+    both = meshes.regroup(mesh, (MeshAxis.DP,), (dp // ep, ep), ("ep_replica", "ep"))
+    return both["ep"], both["ep_replica"]

@@ -12,7 +12,8 @@ from .models.llama import llama_chain_module
 
 def to_chain_module(model: nn.Module) -> ChainModule:
     """Convert a supported model to a `ChainModule`: a `ChainModule` as is, Hugging Face
-    `GPT2LMHeadModel` or `LlamaForCausalLM` (modified in place, parameters reused)."""
+    `GPT2LMHeadModel`, `LlamaForCausalLM` or `MixtralForCausalLM` (modified in place,
+    parameters reused)."""
     if isinstance(model, ChainModule):
         return model
     name = type(model).__name__
@@ -20,8 +21,11 @@ def to_chain_module(model: nn.Module) -> ChainModule:
         return gpt2_chain_module(model)
     if name == "LlamaForCausalLM":
         return llama_chain_module(model)
+    if name == "MixtralForCausalLM":
+        return llama_chain_module(model, family="mixtral")
     raise ValueError(
-        f"cannot parallelize a {name}: the executor knows Hugging Face GPT2LMHeadModel and "
-        "LlamaForCausalLM; wrap other models as paraplan.executor.ChainModule(embed, blocks, head, "
-        "tp_plan=...) whose forward maps token ids (B, T) to logits (B, T, V)"
+        f"cannot parallelize a {name}: the executor knows Hugging Face GPT2LMHeadModel, "
+        "LlamaForCausalLM and MixtralForCausalLM; wrap other models as "
+        "paraplan.executor.ChainModule(embed, blocks, head, tp_plan=...) whose forward maps "
+        "token ids (B, T) to logits (B, T, V)"
     )

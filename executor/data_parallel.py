@@ -1,20 +1,26 @@
-"""Data parallelism: FSDP2 `fully_shard` (ZeRO-2/3) or DDP (ZeRO-0), with mixed precision and
-optimizer offload.
+"""Data parallelism: FSDP2 `fully_shard` (ZeRO-2/3, HSDP) or DDP (ZeRO-0/1), with mixed
+precision and optimizer offload.
 
 ZeRO stages map onto torch as follows (Rajbhandari et al. 2020 define the stages):
 - 3: `fully_shard` (parameters, gradients and optimizer states sharded; each block's
   parameters re-gathered for backward; the root's, i.e. embedding and head, kept gathered from
-  forward to backward, torch's default since backward starts with them);
+  forward to backward, torch's default since backward starts with them). HSDP (plan
+  `dp_shard` < dp): `fully_shard` on a 2-D (replicate, shard) mesh made from the dp axis,
+  shards within groups of dp_shard consecutive dp ranks, replicas across the groups;
 - 2: `fully_shard(reshard_after_forward=False)` (parameters stay gathered between forward
   and backward, gradients and states sharded);
-- 1: run as ZeRO-2. FSDP2 has no mode that shards optimizer states only, so a ZeRO-1 plan
-  also shards gradients: less memory than planned, the same communication volume
-  (reduce-scatter + all-gather instead of all-reduce);
+- 1: DDP (gradients all-reduced) and torch's `ZeroRedundancyOptimizer` (optimizer states
+  sharded over the data-parallel ranks, updated parameters broadcast): `optim.py`. The
+  capability table (planner/capabilities.py) keeps ZeRO-1 to plans without TP, PP or EP;
 - 0: `DistributedDataParallel` (replicated, gradients all-reduced in buckets); with tensor
   or pipeline parallelism, FSDP2's `replicate` instead (the same algorithm), because DDP
   cannot broadcast DTensor parameters ("got mixed torch.Tensor and DTensor") and its reducer
   fails when a pipeline schedule runs several backward passes per step ("rebuilt parameter
   indices size is not same as original model parameters size"; both seen on torch 2.13).
+The data-parallel group includes the context-parallel ranks (they hold other tokens of the
+same sequences, so their gradients are averaged like the replicas'; the planner prices ZeRO
+over dp x cp). Expert parameters sharded by expert parallelism are left out
+(`expert_parallel.ExpertGrads` reduces them).
 Optimizer offload is FSDP2's `CPUOffloadPolicy`: sharded parameters, gradients and the
 optimizer step live on the host (pin_memory only with CUDA; on CPU it fails otherwise).
 """
@@ -37,7 +43,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..planner.config import Precision
 from ..planner.plan import Plan
+from ..planner.strategy import MeshAxis
 from .chain import ChainModule
+from .mesh import regroup
 
 PARAM_DTYPES: dict[Precision, torch.dtype | None] = {
     Precision.FP32: None,
@@ -61,20 +69,39 @@ class DataParallelKind(StrEnum):
 
 
 def data_parallel_kind(plan: Plan) -> DataParallelKind:
-    """FSDP2 for ZeRO >= 1 or offload; DDP for ZeRO-0 without TP/PP, else `replicate`."""
+    """FSDP2 for ZeRO >= 2 or offload; DDP for ZeRO-0/1 without TP/PP, else `replicate`
+    (ZeRO-1 with TP or PP: FSDP, which the capability table keeps out of searched plans)."""
     par = plan.parallelism
-    if par.offload_optimizer or (par.dp > 1 and par.zero_stage >= 1):
+    ranks = par.dp * par.cp  # the data-parallel group (context-parallel ranks included)
+    zero1_ddp = par.zero_stage == 1 and par.tp == 1 and par.pp == 1
+    if par.offload_optimizer or (ranks > 1 and par.zero_stage >= 1 and not zero1_ddp):
         return DataParallelKind.FSDP
-    if par.dp == 1:
+    if ranks == 1:
         return DataParallelKind.NONE
     if par.tp == 1 and par.pp == 1:
         return DataParallelKind.DDP
     return DataParallelKind.REPLICATE
 
 
-def apply_data_parallel(chain: ChainModule, dp_mesh: DeviceMesh, plan: Plan) -> nn.Module:
-    """The plan's data parallelism on `chain` (in place); returns the module to run (a DDP
-    wrapper, or `chain` itself)."""
+def data_parallel_mesh(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
+    """The mesh data parallelism runs over: the dp axis, times the cp axis under context
+    parallelism (one axis, cp fastest), as (replicate, shard) under HSDP. A collective when it
+    differs from the plan's dp axis (it creates the groups)."""
+    par = plan.parallelism
+    if par.cp == 1 and par.dp_shard == par.dp:
+        return mesh[str(MeshAxis.DP)]
+    axes = (MeshAxis.DP, MeshAxis.CP)
+    if par.dp_shard == par.dp:
+        return regroup(mesh, axes, (par.dp * par.cp,), ("dp_cp",))
+    sizes = (par.dp // par.dp_shard, par.dp_shard * par.cp)
+    return regroup(mesh, axes, sizes, ("dp_replicate", "dp_shard_cp"))
+
+
+def apply_data_parallel(
+    chain: ChainModule, dp_mesh: DeviceMesh, plan: Plan, *, ignored: set[nn.Parameter]
+) -> nn.Module:
+    """The plan's data parallelism on `chain` over `dp_mesh` (in place), leaving the `ignored`
+    parameters alone; returns the module to run (a DDP wrapper, or `chain` itself)."""
     kind, par, precision = data_parallel_kind(plan), plan.parallelism, plan.train.precision
     if kind == DataParallelKind.FSDP:
         apply_fsdp(
@@ -83,11 +110,12 @@ def apply_data_parallel(chain: ChainModule, dp_mesh: DeviceMesh, plan: Plan) -> 
             zero_stage=par.zero_stage,
             precision=precision,
             offload=par.offload_optimizer,
+            ignored=ignored,
         )
     elif kind == DataParallelKind.REPLICATE:
         apply_replicate(chain, dp_mesh, precision=precision)
     elif kind == DataParallelKind.DDP:
-        return apply_ddp(chain, dp_mesh)
+        return apply_ddp(chain, dp_mesh, ignored=ignored)
     return chain
 
 
@@ -107,9 +135,10 @@ def apply_fsdp(
     zero_stage: int,
     precision: Precision,
     offload: bool,
+    ignored: set[nn.Parameter],
 ) -> None:
     """`fully_shard` each block, then the chain (its embedding and head: a tied matrix stays
-    in one unit), in place."""
+    in one unit), in place; a 2-D `dp_mesh` (replicate, shard) is HSDP."""
     policy = mixed_precision(precision)
     # ZeRO-3: torch's default (None), which reshards every block after forward but not the
     # root (embedding, head), needed as soon as backward starts; ZeRO-2: nothing reshards.
@@ -123,12 +152,18 @@ def apply_fsdp(
             reshard_after_forward=reshard,
             mp_policy=policy,
             offload_policy=offload_policy,
+            ignored_params=ignored or None,
         )
 
 
-def apply_ddp(module: nn.Module, dp_mesh: DeviceMesh) -> DistributedDataParallel:
+def apply_ddp(
+    module: nn.Module, dp_mesh: DeviceMesh, *, ignored: set[nn.Parameter]
+) -> DistributedDataParallel:
     """Wrap in DDP over the ``dp`` axis (gradients averaged in buckets during backward)."""
     device_ids = [torch.cuda.current_device()] if dp_mesh.device_type == "cuda" else None
+    if ignored:
+        names = [n for n, p in module.named_parameters() if p in ignored]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, names)
     return DistributedDataParallel(module, process_group=dp_mesh.get_group(), device_ids=device_ids)
 
 

@@ -93,3 +93,19 @@ def local_device(device_type: str) -> torch.device:
     if device_type == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def regroup(
+    mesh: DeviceMesh, axes: tuple[MeshAxis, ...], sizes: tuple[int, ...], names: tuple[str, ...]
+) -> DeviceMesh:
+    """This rank's mesh over the ranks that share its coordinates on every axis but `axes`:
+    the product of `axes` (in the order given, the last varying fastest) laid out as `sizes`
+    (outermost first) and named `names`. E.g. (dp, cp) as one axis for data parallelism under
+    context parallelism, or dp as (replicate, shard) for HSDP. A collective: every rank calls
+    it with the same arguments (it creates the process groups of the new axes)."""
+    dims = list(mesh.mesh_dim_names or ())
+    chosen = [dims.index(str(a)) for a in axes if str(a) in dims]
+    rest = [i for i in range(len(dims)) if i not in chosen]
+    ranks = mesh.mesh.permute(*rest, *chosen).reshape(-1, *sizes)  # (other coords, *sizes)
+    full = DeviceMesh(mesh.device_type, ranks, mesh_dim_names=("_others", *names))
+    return full[names] if len(names) > 1 else full[names[0]]

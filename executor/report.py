@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ..planner.calibration import recalibrate_hint
 from ..planner.jsonio import write_atomic
 from ..planner.plan import Plan
 
@@ -187,4 +188,7 @@ def format_report(r: RunReport) -> str:
             f"loss: step {r.first_step} {r.losses[0]:.4f} -> step "
             f"{r.first_step + len(r.losses) - 1} {r.losses[-1]:.4f}"
         )
+    hint = recalibrate_hint(r.step_time_rel_err)
+    if hint is not None:
+        lines += ["", f"note: {hint}"]
     return "\n".join(lines)

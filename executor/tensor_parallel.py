@@ -1,22 +1,32 @@
 """Tensor parallelism (with or without sequence parallelism) on a chain's blocks.
 
 Each block gets its model's plan (`ChainModule.tp_plan`, or one the caller gives) through DTensor
-`parallelize_module` on the ``tp`` mesh axis. The embedding and the head stay whole on every
-TP rank (they may share one matrix, and GPT-2's does): their inputs are identical across the
-TP group, so their gradients are too. Under sequence parallelism the embedding output is cut
-into sequence shards (B, T/tp, H) for the first block, and the head gathers them back.
+`parallelize_module` on the ``tp`` mesh axis. The embedding and output matrices are split over
+the vocabulary (Megatron-LM's vocab-parallel embedding; torchtitan's plan), as the cost model
+prices them: the embedding by rows (each rank looks up its vocabulary range, partial results
+all-reduced), the head by columns, its logits left sharded on the vocabulary dim (B, T, V/tp)
+for the loss, which `loss_parallel` computes without gathering them (`vocab_loss`). A matrix
+the embedding and head share (GPT-2's) is one parameter, sharded the same way (Shard(0)) for
+both. Under sequence parallelism the embedding output is cut into sequence shards
+(B, T/tp, H) for the first block, and the head gathers them back. Chains without
+`ChainModule.vocab` keep the embedding and head whole on every TP rank.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
+import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
     PrepareModuleOutput,
+    RowwiseParallel,
+    loss_parallel,
     parallelize_module,
 )
 
@@ -31,8 +41,11 @@ def apply_tp(
     heads: int,
     kv_heads: int,
     tp_plan: TPPlanFn | None = None,
+    shard_logits: bool = True,
 ) -> None:
-    """Shard `chain`'s blocks over `tp_mesh` in place (a pipeline chunk: only its parts)."""
+    """Shard `chain`'s blocks, embedding and head over `tp_mesh` in place (a pipeline chunk:
+    only its parts); the head's logits stay sharded on the vocabulary with `shard_logits`,
+    else they are gathered (for a loss that needs whole logits)."""
     tp = tp_mesh.size()
     plan_fn = tp_plan or chain.tp_plan
     if plan_fn is None:
@@ -50,6 +63,7 @@ def apply_tp(
         parallelize_module(block, tp_mesh, block_plan)
         if sequence_parallel and hasattr(block, "seq_shards"):
             cast(Any, block).seq_shards = tp  # e.g. rotary embeddings need the whole length
+    apply_vocab_parallel(chain, tp_mesh, shard_logits=shard_logits)
     if not sequence_parallel:
         return
     if chain.embed is not None:  # (B, T, H) replicated -> (B, T/tp, H), a local slice
@@ -70,3 +84,39 @@ def apply_tp(
                 use_local_output=True,
             ),
         )
+
+
+def apply_vocab_parallel(chain: ChainModule, tp_mesh: DeviceMesh, *, shard_logits: bool) -> None:
+    """Split the embedding table by vocabulary rows and the output projection by vocabulary
+    columns (in place); a tied matrix stays one parameter."""
+    if chain.vocab is None:
+        return
+    table = head_weight = None
+    if chain.embed is not None:  # (B, T) ids -> (B, T, H), replicated (partial sums reduced)
+        parallelize_module(
+            chain.embed,
+            tp_mesh,
+            {chain.vocab.embedding: RowwiseParallel(input_layouts=Replicate())},
+        )
+        table = chain.embed.get_submodule(chain.vocab.embedding)
+    if chain.head is not None:  # (B, T, H) -> logits (B, T, V/tp) or gathered (B, T, V)
+        out = Shard(-1) if shard_logits else Replicate()
+        style = ColwiseParallel(output_layouts=out, use_local_output=not shard_logits)
+        parallelize_module(chain.head, tp_mesh, {chain.vocab.projection: style})
+        head_weight = chain.head.get_submodule(chain.vocab.projection)
+    if chain.tied is not None and table is not None and head_weight is not None:
+        head_weight.weight = table.weight  # both Shard(0) over tp: one parameter again
+
+
+def vocab_loss(
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """`loss_fn` on vocab-sharded logits (a DTensor, Shard(-1)) through torch's
+    `loss_parallel` (cross-entropy from per-rank max and sum-exp, no logits gathered); the
+    backward of the returned loss must run under `loss_parallel` too (`ParallelModel` does)."""
+
+    def sharded(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with loss_parallel():
+            return loss_fn(logits, labels)
+
+    return sharded

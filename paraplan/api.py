@@ -75,9 +75,11 @@ def plan(
     top_k: int = 3,
     gpus_per_node: int | None = None,
     progress: Callable[[float], None] | None = None,
+    any_engine: bool = False,
 ) -> PlanOutcome:
     """Plan `model` (a preset/spec string, a `TransformerSpec` or a `ModelProfile`) on
     `cluster` (e.g. ``"8xh100"`` or a `Cluster`), with `fix` pins (`--fix` text or `Pins`).
+    Only plans the executor runs are returned unless `any_engine` (planner/capabilities.py).
     Raises ValueError on bad input and `NoFeasiblePlanError` (a ValueError) when nothing
     fits."""
     from .planner.api import make_plan
@@ -112,7 +114,9 @@ def plan(
         memory_headroom=memory_headroom,  # type: ignore[arg-type]
     )
     pins = Pins.parse(fix) if isinstance(fix, str) else fix
-    return make_plan(profile, cl, train, pins=pins, top_k=top_k, progress=progress)
+    return make_plan(
+        profile, cl, train, pins=pins, top_k=top_k, progress=progress, any_engine=any_engine
+    )
 
 
 def detect_cluster() -> Cluster:

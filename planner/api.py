@@ -41,13 +41,16 @@ def make_plan(
     pins: Pins | None = None,
     top_k: int = 3,
     progress: Callable[[float], None] | None = None,
+    any_engine: bool = False,
 ) -> PlanOutcome:
-    """Search the space and build the plan. Raises `NoFeasiblePlanError` when nothing fits
-    (unless every dimension is pinned: then the plan is returned marked infeasible)."""
+    """Search the space and build the plan (only strategies the executor runs, unless
+    `any_engine`: then any strategy the cost model prices). Raises `NoFeasiblePlanError` when
+    nothing fits (unless every dimension is pinned: then the plan is returned marked
+    infeasible)."""
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be >= 0")
     ev = Evaluator(profile, cluster, train)
-    search = Search(ev, pins)
+    search = Search(ev, pins, runnable_only=not any_engine)
     result = search.run(top_k=top_k, progress=progress)
     ctx = PlanContext(profile=profile, cluster=cluster, train=train)
     if result.best is not None:

@@ -17,6 +17,10 @@ A cluster is named in one of two ways:
         inter_node_bw_bytes_per_s: 4.5e10
         peak_flops: {bf16: 8.0e14}
 
+  or, as `paraplan calibrate` writes it, a measured calibration (`planner/calibration.py`:
+  device, torch version, date, figures, kernel curves per dtype, collective timings), which
+  also replaces the catalog's kernel model.
+
   Loading is strict: unknown keys, missing keys and wrong types are errors. `Cluster.to_dict`
   writes the same format (with ``num_nodes``), so a saved cluster reads back equal.
 """
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .calibration import Calibration, calibration_from_dict, is_full_calibration
 from .hardware import (
     ACCELERATORS,
     Accelerator,
@@ -62,6 +67,9 @@ class Cluster:
     """Number of nodes (hosts); GPUs in different nodes talk over the network."""
     gpus_per_node: int
     """GPUs per node; GPUs in one node talk over the intra-node link (NVLink, xGMI, PCIe)."""
+    calibration: Calibration | None = None
+    """What `paraplan calibrate` measured (its figures are already in `accelerator`; its
+    kernel curves price compute), or None: catalog figures."""
 
     def __post_init__(self) -> None:
         where = f"cluster {self.name!r}"
@@ -96,6 +104,8 @@ class Cluster:
             "num_nodes": self.num_nodes,
             "gpus_per_node": self.gpus_per_node,
         }
+        if self.calibration is not None:
+            payload["calibration"] = self.calibration.to_dict()
         text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
@@ -106,7 +116,11 @@ class Cluster:
             "accelerator": self.accelerator.name,
             "num_nodes": self.num_nodes,
             "gpus_per_node": self.gpus_per_node,
-            "calibration": calibration_overrides(self.accelerator),
+            "calibration": (
+                calibration_overrides(self.accelerator)
+                if self.calibration is None
+                else self.calibration.to_dict()
+            ),
         }
 
 
@@ -209,14 +223,21 @@ def cluster_from_dict(data: object, *, origin: str = "cluster") -> Cluster:
     calibration = fields.get("calibration")
     calibration = {} if calibration is None else calibration
     _expect(origin, "calibration", calibration, Mapping, "a mapping of field -> value")
+    measured = (
+        calibration_from_dict(calibration, origin=f"{origin}: calibration")
+        if is_full_calibration(calibration)
+        else None
+    )
     try:
-        acc = with_calibration(get_accelerator(fields["accelerator"]), calibration)
+        figures = calibration if measured is None else measured.figures
+        acc = with_calibration(get_accelerator(fields["accelerator"]), figures)
         num_gpus = fields["nodes"] * fields["gpus_per_node"]
         return Cluster(
             name=name or f"{num_gpus}x{acc.name}",
             accelerator=acc,
             num_nodes=fields["nodes"],
             gpus_per_node=fields["gpus_per_node"],
+            calibration=measured,
         )
     except ValueError as err:
         raise ValueError(f"{origin}: {err}") from err

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
+from .capabilities import Job, executor_gaps
 from .cost.comm import Collectives
 from .cost.data_parallel import HOST_OPTIMIZER_BYTES_PER_S
 from .cost.evaluate import Estimate, Evaluator
@@ -84,9 +85,15 @@ def _mesh_orders(s: Strategy) -> list[tuple[MeshAxis, ...]]:
 class Search:
     """Enumerates the space for one evaluator, with pinned dimensions."""
 
-    def __init__(self, ev: Evaluator, pins: Pins | None = None) -> None:
+    def __init__(
+        self, ev: Evaluator, pins: Pins | None = None, *, runnable_only: bool = False
+    ) -> None:
         self.ev = ev
         self.pins = pins if pins is not None else Pins()
+        self.runnable_only = runnable_only
+        """Rank only strategies the executor runs (`capabilities.py`; the API and CLI ask for it
+        unless told `any_engine`); False: the whole space the cost model prices."""
+        self._unrunnable: str | None = None
         self._lb_coll = Collectives(ev.acc, lower_bound=True)
         broken = ev.violation(self.pins)  # the rules the candidates obey, on the pins alone
         if broken is not None:
@@ -245,6 +252,10 @@ class Search:
                         min_mem = (total, block, (sched, v, sp, zero, off, rc))
                     if total > ev.capacity_bytes:
                         continue
+                    if self.runnable_only and self._gap(
+                        block.strategy(sched, v, sp, zero, off, rc)
+                    ):
+                        continue  # fits, but the executor cannot run it
                     rc_rank = _RECOMPUTE_RANK[rc]
                     if any(
                         f[0] == sp
@@ -288,11 +299,31 @@ class Search:
                 f"{ev.cluster.num_gpus} GPUs with {self.pins.describe() or 'nothing pinned'}: "
                 f"{why}; change the pinned values"
             )
+        if not heap and self._unrunnable is not None:
+            raise ValueError(
+                f"every plan that fits {ev.profile.name} on {ev.cluster.num_gpus} GPUs is one the "
+                f"executor cannot run, e.g. {self._unrunnable}; plan with --any-engine to see "
+                "the fastest of them anyway"
+            )
         least = None if min_mem is None else self._estimate(min_mem[1].strategy(*min_mem[2]))
         if not heap:
             least = self._least_memory(least)
         ranked = tuple(e[3] for e in sorted(heap, key=lambda e: e[:3], reverse=True))
         return SearchResult(ranked=ranked, evaluated=evaluated, min_memory=least)
+
+    def _gap(self, s: Strategy) -> bool:
+        """Whether the executor cannot run `s` (remembers one reason for the error)."""
+        t = self.ev.train
+        job = Job(
+            strategy=s,
+            experts=self.ev.profile.experts,
+            precision=t.precision,
+            optimizer=t.optimizer,
+        )
+        gaps = executor_gaps(job)
+        if gaps and self._unrunnable is None:
+            self._unrunnable = f"{s.short()}: {gaps[0]}"
+        return bool(gaps)
 
     def _estimate(self, s: Strategy) -> Estimate:
         memory, stage = self.ev.memory(s)
@@ -395,7 +426,11 @@ def rank_key(e: Estimate) -> tuple:
     return (e.step_time_s, e.memory.total_bytes, e.strategy.sort_key())
 
 
-def brute_force(ev: Evaluator, pins: Pins | None = None) -> list[Estimate]:
-    """Every valid strategy in every mesh order, evaluated in full and ranked (for tests)."""
-    out = [ev.evaluate(s) for s in Search(ev, pins).valid()]
+def brute_force(
+    ev: Evaluator, pins: Pins | None = None, *, runnable_only: bool = False
+) -> list[Estimate]:
+    """Every valid strategy in every mesh order (the executor's only, as `Search`), evaluated in
+    full and ranked (for tests)."""
+    search = Search(ev, pins, runnable_only=runnable_only)
+    out = [ev.evaluate(s) for s in search.valid() if not (runnable_only and search._gap(s))]
     return sorted((e for e in out if e.feasible), key=rank_key)

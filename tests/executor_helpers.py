@@ -145,9 +145,10 @@ def _numerics_one(path: str) -> dict[str, object]:
 
     from paraplan.executor import parallelize
     from paraplan.executor.compose import causal_lm_loss
+    from paraplan.executor.optim import Optimizers
 
     plan = load_plan(path)
-    family = "llama" if plan.model.name.startswith("llama") else "gpt2"
+    family = plan.model.name.removesuffix("-tiny")
     model = tiny_model(family)
     ref = copy.deepcopy(model)
     lr = 0.5
@@ -165,7 +166,7 @@ def _numerics_one(path: str) -> dict[str, object]:
     del F
 
     pm = parallelize(model, plan, timeout_s=60)
-    opt = torch.optim.SGD(list(pm.parameters()), lr=lr)
+    opt = Optimizers(pm, lr=lr, name="sgd")  # the plan's sharding of states (ZeRO-1)
     losses, grad_err, checked = [], {}, []
     for step in range(2):
         x, y = synthetic_batch(plan, step)

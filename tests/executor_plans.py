@@ -28,13 +28,23 @@ from paraplan.planner.strategy import MeshAxis, Recompute, Schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS, HIDDEN, HEADS, KV_HEADS, VOCAB, POSITIONS, FFN = 4, 64, 4, 2, 512, 128, 176
+EXPERTS, TOP_K, EXPERT_FFN = 4, 2, 32
+"""The tiny Mixtral's experts per block, experts per token and expert width."""
 SEQ_LEN = 32
 """Tokens per test sequence."""
 
 
 def tiny_model(family: str = "gpt2", seed: int = 0) -> torch.nn.Module:
-    """A 4-block Hugging Face causal LM (hidden 64, vocab 512), dropout off, seeded."""
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    """A 4-block Hugging Face causal LM (hidden 64, vocab 512), dropout off, seeded: GPT-2,
+    Llama or Mixtral (4 experts, top-2)."""
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
+    )
 
     torch.manual_seed(seed)
     if family == "gpt2":
@@ -51,6 +61,23 @@ def tiny_model(family: str = "gpt2", seed: int = 0) -> torch.nn.Module:
             eos_token_id=0,
         )
         return GPT2LMHeadModel(cfg)
+    if family == "mixtral":
+        moe = MixtralConfig(
+            num_hidden_layers=LAYERS,
+            hidden_size=HIDDEN,
+            num_attention_heads=HEADS,
+            num_key_value_heads=KV_HEADS,
+            intermediate_size=EXPERT_FFN,
+            num_local_experts=EXPERTS,
+            num_experts_per_tok=TOP_K,
+            vocab_size=VOCAB,
+            max_position_embeddings=POSITIONS,
+            tie_word_embeddings=False,
+            bos_token_id=0,
+            eos_token_id=0,
+            attn_implementation="sdpa",
+        )
+        return MixtralForCausalLM(moe)
     cfg = LlamaConfig(
         num_hidden_layers=LAYERS,
         hidden_size=HIDDEN,
@@ -87,6 +114,9 @@ def make_plan(
     dp: int = 1,
     tp: int = 1,
     pp: int = 1,
+    cp: int = 1,
+    ep: int = 1,
+    dp_shard: int | None = None,
     zero: int = 0,
     sp: bool = False,
     schedule: str = "none",
@@ -101,8 +131,8 @@ def make_plan(
 ) -> Plan:
     """A plan for the tiny model with the given degrees; `recompute` lists the blocks'
     policies (default none). Predictions are placeholders (1 s, 1 GB)."""
-    world = dp * tp * pp
-    sizes = {"pp": pp, "dp": dp, "cp": 1, "tp": tp}
+    world = dp * tp * pp * cp
+    sizes = {"pp": pp, "dp": dp, "cp": cp, "tp": tp}
     rc = recompute or ("none",) * LAYERS
     names = ["embedding", *(f"block.{i}" for i in range(LAYERS)), "head"]
     layers = tuple(
@@ -130,7 +160,7 @@ def make_plan(
             heads=HEADS,
             kv_heads=HEADS if family == "gpt2" else KV_HEADS,
             vocab=VOCAB,
-            experts=0,
+            experts=EXPERTS if family == "mixtral" else 0,
             module_digest="",
         ),
         cluster=ClusterInfo(
@@ -152,10 +182,10 @@ def make_plan(
             dp=dp,
             tp=tp,
             pp=pp,
-            cp=1,
-            ep=1,
+            cp=cp,
+            ep=ep,
             zero_stage=zero,
-            dp_shard=dp,
+            dp_shard=dp if dp_shard is None else dp_shard,
             sequence_parallel=sp,
             virtual_stages=vpp,
             offload_optimizer=offload,

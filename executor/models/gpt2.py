@@ -25,7 +25,8 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
-from ..chain import ChainModule
+from ..chain import ChainModule, VocabPaths
+from ..context_parallel import ContextShard, ring_attention
 
 _QKV = ("q_proj", "k_proj", "v_proj")
 
@@ -67,6 +68,8 @@ class SplitQKVAttention(nn.Module):
             setattr(self, name, lin)
         self.c_proj = linear_from_conv1d(attn.c_proj)
         self.resid_dropout = attn.resid_dropout
+        self.context_shard: ContextShard | None = None
+        """The context-parallel ring (None without CP)."""
 
     def forward(self, hidden_states: torch.Tensor, *args: object, **kwargs: object):
         """(B, T, H) -> ((B, T, H), None); the mask arguments of the HF block are ignored:
@@ -75,14 +78,17 @@ class SplitQKVAttention(nn.Module):
         q = self.q_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # (B, a, T, d)
         k = self.k_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # (B, a, T, d)
         v = self.v_proj(hidden_states).view(b, t, -1, self.head_dim).transpose(1, 2)  # (B, a, T, d)
-        y = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            dropout_p=self.dropout_p if self.training else 0.0,
-            is_causal=True,
-            scale=self.scaling,
-        )  # (B, a, T, d)
+        if self.context_shard is not None:  # this rank's T/cp positions, keys from the ring
+            y = ring_attention(q, k, v, self.context_shard, scale=self.scaling)
+        else:
+            y = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                dropout_p=self.dropout_p if self.training else 0.0,
+                is_causal=True,
+                scale=self.scaling,
+            )  # (B, a, T, d)
         y = y.transpose(1, 2).reshape(b, t, -1)  # (B, T, a*d)
         return self.resid_dropout(self.c_proj(y)), None  # (B, T, H)
 
@@ -93,10 +99,16 @@ class GPT2Embedding(nn.Module):
     def __init__(self, wte: nn.Embedding, wpe: nn.Embedding, drop: nn.Module) -> None:
         super().__init__()
         self.wte, self.wpe, self.drop = wte, wpe, drop
+        self.context_shard: ContextShard | None = None
+        """The context-parallel ring (None without CP): the tokens' global positions."""
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """(B, T) token ids -> (B, T, H)."""
-        pos = torch.arange(input_ids.shape[1], device=input_ids.device)  # (T,)
+        """(B, T) token ids -> (B, T, H); T/cp tokens at their global positions under CP."""
+        seq = input_ids.shape[1]
+        if self.context_shard is None:
+            pos = torch.arange(seq, device=input_ids.device)  # (T,)
+        else:
+            pos = self.context_shard.positions(seq, input_ids.device)  # (T/cp,)
         return self.drop(self.wte(input_ids) + self.wpe(pos))  # (B, T, H)
 
 
@@ -188,6 +200,7 @@ def gpt2_chain_module(model: Any) -> ChainModule:
         family="gpt2",
         tp_plan=gpt2_tp_plan,
         hf_names=functools.partial(gpt2_hf_names, tied=tied),
+        vocab=VocabPaths(embedding="wte", projection="lm_head"),
     )
     if tied:
         chain.tied = ("embed.wte.weight", "head.lm_head.weight")

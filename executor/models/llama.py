@@ -25,7 +25,8 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
-from ..chain import ChainModule
+from ..chain import ChainModule, VocabPaths
+from ..context_parallel import ContextShard
 
 
 class LlamaBlock(nn.Module):
@@ -37,11 +38,18 @@ class LlamaBlock(nn.Module):
         self.rotary = copy.deepcopy(rotary)
         self.seq_shards = 1
         """Sequence-parallel degree: the block sees T/seq_shards positions, rotary needs T."""
+        self.context_shard: ContextShard | None = None
+        """The context-parallel ring (None without CP): this rank's tokens are two chunks of
+        the sequence at their global positions."""
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """(B, T, H) -> (B, T, H); (B, T/tp, H) in and out under sequence parallelism."""
+        """(B, T, H) -> (B, T, H); (B, T/tp, H) in and out under sequence parallelism
+        (T/cp and T/(cp*tp) under context parallelism)."""
         seq = h.shape[1] * self.seq_shards
-        pos = torch.arange(seq, device=h.device).unsqueeze(0)  # (1, T)
+        if self.context_shard is None:
+            pos = torch.arange(seq, device=h.device).unsqueeze(0)  # (1, T)
+        else:
+            pos = self.context_shard.positions(seq, h.device).unsqueeze(0)  # (1, T/cp)
         cos_sin = self.rotary(h, pos)  # 2 x (1, T, d)
         return self.layer(h, position_embeddings=cos_sin)
 
@@ -123,14 +131,16 @@ def llama_hf_names(
     return out
 
 
-def llama_chain_module(model: Any) -> ChainModule:
-    """Wrap a `LlamaForCausalLM`'s parts (no copy of parameters) as a chain."""
+def llama_chain_module(model: Any, *, family: str = "llama") -> ChainModule:
+    """Wrap a `LlamaForCausalLM`'s parts (no copy of parameters) as a chain; a
+    `MixtralForCausalLM` (the same layout, MoE blocks) as family ``mixtral``, without a
+    tensor-parallel plan (its experts run under data and expert parallelism)."""
     impl = model.config._attn_implementation
     if impl != "sdpa":
         raise ValueError(
-            f"Llama attention implementation {impl!r}: the executor runs blocks without a mask "
-            "and needs 'sdpa' (causal without a mask); build the model with "
-            "attn_implementation='sdpa'"
+            f"{type(model).__name__} attention implementation {impl!r}: the executor runs "
+            "blocks without a mask and needs 'sdpa' (causal without a mask); build the model "
+            "with attn_implementation='sdpa'"
         )
     inner = model.model
     blocks = [LlamaBlock(layer, inner.rotary_emb) for layer in inner.layers]
@@ -139,9 +149,10 @@ def llama_chain_module(model: Any) -> ChainModule:
         LlamaEmbedding(inner.embed_tokens),
         blocks,
         LlamaHead(inner.norm, model.lm_head),
-        family="llama",
-        tp_plan=llama_tp_plan,
+        family=family,
+        tp_plan=llama_tp_plan if family == "llama" else None,
         hf_names=functools.partial(llama_hf_names, tied=tied),
+        vocab=VocabPaths(embedding="embed_tokens", projection="lm_head"),
     )
     if tied:
         chain.tied = ("embed.embed_tokens.weight", "head.lm_head.weight")

@@ -45,6 +45,12 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--json", action="store_true", help="print the plan JSON on stdout instead of the table"
     )
+    p.add_argument(
+        "--any-engine",
+        action="store_true",
+        help="search every strategy the cost model prices, also those paraplan's executor "
+        "does not run (the output says which)",
+    )
     add_no_progress_arg(p)
     p.set_defaults(handler=execute)
 
@@ -54,6 +60,7 @@ def execute(args: argparse.Namespace) -> int:
     import json
 
     from ..planner.api import NoFeasiblePlanError
+    from ..planner.capabilities import plan_gaps
     from ..planner.explain import format_plan
     from ..planner.pins import Pins
     from ..planner.plan_io import save_plan
@@ -76,6 +83,7 @@ def execute(args: argparse.Namespace) -> int:
                 fix=fix,
                 top_k=args.top,
                 progress=fraction_callback(bar),
+                any_engine=args.any_engine,
             )
     except NoFeasiblePlanError as exc:
         print(f"paraplan: no plan fits: {exc}", file=sys.stderr)
@@ -87,6 +95,8 @@ def execute(args: argparse.Namespace) -> int:
         print(json.dumps(plan.to_dict(), indent=2))
     else:
         print(format_plan(plan))
+        for gap in plan_gaps(plan):
+            print(f"executor: paraplan run cannot run this plan: {gap}")
         if args.output:
             print(f"\nplan written to {args.output}")
     if not plan.feasible:
