@@ -76,20 +76,27 @@ def plan(
     gpus_per_node: int | None = None,
     progress: Callable[[float], None] | None = None,
     any_engine: bool = False,
+    model_source: str = "auto",
 ) -> PlanOutcome:
     """Plan `model` (a preset/spec string, a `TransformerSpec` or a `ModelProfile`) on
     `cluster` (e.g. ``"8xh100"`` or a `Cluster`), with `fix` pins (`--fix` text or `Pins`).
     Only plans the executor runs are returned unless `any_engine` (planner/capabilities.py).
+    A model string is read as the CLI reads `--model`: `model_source` "auto" (the default of
+    both) traces Hugging Face presets and configs, "spec" uses the analytic spec.
     Raises ValueError on bad input and `NoFeasiblePlanError` (a ValueError) when nothing
     fits."""
     from .planner.api import make_plan
     from .planner.cluster import Cluster, parse_cluster
     from .planner.config import TrainConfig
     from .planner.model import ModelProfile
-    from .planner.model_spec import TransformerSpec, parse_model
+    from .planner.model_spec import TransformerSpec
     from .planner.pins import Pins
 
-    spec = parse_model(model) if isinstance(model, str) else model
+    spec: TransformerSpec | ModelProfile | str
+    if isinstance(model, str):
+        spec = model_profile(model, seq_len=seq_len, precision=precision, source=model_source)
+    else:
+        spec = model
     if isinstance(spec, TransformerSpec):
         seq = spec.seq if seq_len is None else seq_len
         profile = spec.to_profile(seq, act_bytes=2 if precision != "fp32" else 4)
