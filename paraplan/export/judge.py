@@ -1,0 +1,195 @@
+"""`paraplan plan --from-config FILE`: a trainer's configuration evaluated pinned under the
+cost model, beside the best plan, with the difference in words."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..planner.api import NoFeasiblePlanError, make_plan
+from ..planner.cluster import Cluster
+from ..planner.config import TrainConfig
+from ..planner.explain import explain
+from ..planner.model import ModelProfile
+from ..planner.plan import Plan
+from . import deepspeed, megatron, torchtitan
+from .setup import Target, TrainerSetup
+
+REGISTRY_PREFIX = "torchtitan:"
+"""`--from-config torchtitan:MODULE.CONFIG` reads a configuration shipped in torchtitan."""
+SUFFIXES = {".toml": Target.TORCHTITAN, ".json": Target.DEEPSPEED}
+"""Trainer by file suffix; any other file is read as Megatron-LM arguments."""
+_GB = 1e9
+
+
+def read_config(source: str, *, world_size: int) -> TrainerSetup:
+    """A trainer configuration (a torchtitan TOML, a DeepSpeed JSON, a Megatron-LM argument
+    file, or ``torchtitan:MODULE.CONFIG``) in the planner's terms, on `world_size` GPUs."""
+    if source.startswith(REGISTRY_PREFIX):
+        return torchtitan.read_registry(source[len(REGISTRY_PREFIX) :], world_size=world_size)
+    text = Path(source).read_text(encoding="utf-8")
+    target = SUFFIXES.get(Path(source).suffix.lower(), Target.MEGATRON)
+    if target == Target.TORCHTITAN:
+        return torchtitan.read_toml(text, world_size=world_size, source=source)
+    if target == Target.DEEPSPEED:
+        return deepspeed.read(text, world_size=world_size, source=source)
+    return megatron.read(text, world_size=world_size, source=source)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Comparison:
+    """A trainer configuration evaluated pinned, and the best plan for the same job."""
+
+    source: str
+    """Where the configuration came from."""
+    setup: TrainerSetup
+    """What it says."""
+    yours: Plan
+    """It, evaluated with every dimension pinned (marked infeasible when it does not fit)."""
+    best: Plan | None
+    """The best plan the search finds for the same model, cluster and batch (None: none fits)."""
+
+
+def compare(
+    source: str,
+    setup: TrainerSetup,
+    profile: ModelProfile,
+    cluster: Cluster,
+    train: TrainConfig,
+    *,
+    top_k: int = 3,
+) -> Comparison:
+    """Evaluate `setup` pinned and search the best plan for the same job."""
+    # any engine: the configuration runs on its own trainer, not on paraplan's executor
+    yours = make_plan(profile, cluster, train, pins=setup.pins(), top_k=0, any_engine=True).plan
+    try:
+        best: Plan | None = make_plan(profile, cluster, train, top_k=top_k, any_engine=True).plan
+    except NoFeasiblePlanError:
+        best = None
+    return Comparison(source=source, setup=setup, yours=yours, best=best)
+
+
+def format_comparison(c: Comparison) -> str:
+    """Your configuration beside the best plan, then what the difference is made of."""
+    y, b = c.yours, c.best
+    t = y.train
+    head = [
+        f"paraplan: your {c.setup.target} config ({c.source}) vs the best plan for {y.model.name} "
+        f"on {y.cluster.name}",
+        f"          global batch {t.global_batch} x {t.seq_len} tokens, {t.precision}, "
+        f"{t.optimizer}",
+        "",
+    ]
+    w = max(44, len(y.short()) + 2)
+    head.append(f"  {'':<16}{'yours':<{w}}best")
+    rows = [("strategy", lambda p: p.short()), *_ROWS]
+    for name, get in rows:
+        head.append(f"  {name:<16}{get(y):<{w}}{get(b) if b else '-'}")
+    if not y.feasible:
+        head.append(f"\nYour configuration does NOT fit: {y.infeasible_reason}.")
+    head += ["", *_difference(y, b)]
+    if c.setup.notes:
+        head += ["", "Read from the config:"] + [f"  - {n}" for n in c.setup.notes]
+    bounds = [x for x in explain(y).splitlines() if not x.startswith("No runner-up")]
+    head += ["", "What bounds your configuration:", *("  " + x for x in bounds)]
+    return "\n".join(head)
+
+
+def _mem(p: Plan) -> str:
+    pr = p.predicted
+    return f"{pr.memory_per_gpu_bytes / _GB:.1f} of {pr.memory_capacity_bytes / _GB:.1f} GB"
+
+
+_ROWS = [
+    ("step time", lambda p: f"{p.predicted.step_time_s:.3f} s"),
+    ("tokens/s", lambda p: f"{p.predicted.tokens_per_s:,.0f}"),
+    ("MFU", lambda p: f"{p.predicted.mfu:.1%}"),
+    ("memory per GPU", _mem),
+    ("compute", lambda p: f"{p.predicted.time_breakdown.compute_s:.3f} s"),
+    ("recompute", lambda p: f"{p.predicted.time_breakdown.recompute_s:.3f} s"),
+    ("exposed comm", lambda p: f"{p.predicted.time_breakdown.comm_s:.3f} s"),
+    ("bubble", lambda p: f"{p.predicted.time_breakdown.bubble_s:.3f} s"),
+    ("optimizer", lambda p: f"{p.predicted.time_breakdown.optimizer_s:.3f} s"),
+]
+"""Rows of the side-by-side table."""
+_PARTS = ("compute", "recompute", "comm", "bubble", "optimizer")
+
+
+def _difference(y: Plan, b: Plan | None) -> list[str]:
+    """The difference in words: how much faster the best is, which time terms make it up,
+    and which choices differ."""
+    if b is None:
+        return ["No plan fits this model, cluster and batch; the search found nothing better."]
+    ys, bs = y.predicted.step_time_s, b.predicted.step_time_s
+    if y.short() == b.short() or abs(ys - bs) <= 1e-9 * ys:
+        return ["Your configuration is the best plan the search finds."]
+    lines = [
+        f"The best plan takes {bs:.3f} s per step against your {ys:.3f} s: "
+        f"{ys / bs - 1:.1%} more throughput ({ys - bs:+.3f} s per step saved)."
+        if bs < ys
+        else f"Your configuration is predicted {bs / ys - 1:.1%} faster than the best plan that "
+        "fits (it may not fit: see above)."
+    ]
+    yt, bt = y.predicted.time_breakdown, b.predicted.time_breakdown
+    deltas = sorted(
+        ((getattr(yt, f"{k}_s") - getattr(bt, f"{k}_s"), k) for k in _PARTS), reverse=True
+    )
+    terms = [f"{k} {d:+.3f} s" for d, k in deltas if abs(d) >= 0.0005]
+    if terms:
+        lines.append("  where your step spends more (+) or less (-): " + ", ".join(terms))
+    ys_, bs_ = y.strategy(), b.strategy()
+    changes = []
+    for field in ("dp", "tp", "pp", "cp", "zero_stage", "micro_batch_size", "virtual_stages"):
+        if getattr(ys_, field) != getattr(bs_, field):
+            changes.append(f"{field} {getattr(ys_, field)} -> {getattr(bs_, field)}")
+    for field in ("sequence_parallel", "offload_optimizer", "schedule", "recompute"):
+        if getattr(ys_, field) != getattr(bs_, field):
+            changes.append(f"{field} {getattr(ys_, field)} -> {getattr(bs_, field)}")
+    if y.parallelism.dp_shard != b.parallelism.dp_shard:
+        changes.append(f"dp_shard {y.parallelism.dp_shard} -> {b.parallelism.dp_shard}")
+    if changes:
+        lines.append("  what the best plan changes: " + ", ".join(changes))
+    return lines
+
+
+def run_from_config(
+    args: argparse.Namespace,
+    read_cluster: Callable[[argparse.Namespace], Cluster],
+    read_model: Callable[[argparse.Namespace, list[str]], tuple[ModelProfile, int]],
+) -> bool:
+    """`paraplan plan --from-config FILE` on parsed `plan` arguments, with the command line's
+    readers of the cluster and model; prints the comparison and returns whether your
+    configuration fits."""
+    cluster = read_cluster(args)
+    setup = read_config(args.from_config, world_size=cluster.num_gpus)
+    if args.global_batch or args.global_batch_tokens:
+        raise ValueError(
+            "--from-config takes the global batch from the config; leave out --global-batch"
+        )
+    if setup.seq_len is not None:
+        if args.seq_len and args.seq_len != setup.seq_len:
+            raise ValueError(
+                f"--seq-len {args.seq_len} differs from the config's {setup.seq_len}; "
+                "leave out --seq-len"
+            )
+        args.seq_len = setup.seq_len
+    args.global_batch, args.precision = setup.global_batch, str(setup.precision)
+    profile, batch = read_model(args, [])
+    train = TrainConfig(
+        global_batch=batch,
+        seq_len=profile.seq_len,
+        precision=setup.precision,
+        optimizer=args.optimizer,
+        memory_headroom=args.memory_headroom,
+    )
+    comparison = compare(args.from_config, setup, profile, cluster, train, top_k=args.top)
+    print(format_comparison(comparison))
+    if not comparison.yours.feasible:
+        print(
+            f"paraplan: your configuration does not fit: {comparison.yours.infeasible_reason}",
+            file=sys.stderr,
+        )
+    return comparison.yours.feasible

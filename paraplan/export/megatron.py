@@ -1,0 +1,289 @@
+"""Megatron-LM: a plan as `pretrain_gpt.py` arguments, and argument files read back.
+
+Flag names are Megatron-LM's `megatron/training/arguments.py` (checked at the commit named in
+docs/export.md); most are generated there from megatron-core's `TransformerConfig` fields
+(``--tensor-model-parallel-size`` is `tensor_model_parallel_size`), the rest are training
+arguments (batch, sequence, distributed optimizer, Megatron-FSDP, offload).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import replace
+
+from ..planner.config import Precision
+from ..planner.plan import Plan
+from ..planner.strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
+from .setup import Gap, Target, TrainerSetup, check_batch, uniform_recompute
+
+_FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+"""Megatron-FSDP `--data-parallel-sharding-strategy` per ZeRO stage."""
+_VALUE_FLAGS = (
+    "tensor-model-parallel-size",
+    "pipeline-model-parallel-size",
+    "num-virtual-stages-per-pipeline-rank",
+    "num-layers-per-virtual-pipeline-stage",
+    "context-parallel-size",
+    "expert-model-parallel-size",
+    "micro-batch-size",
+    "global-batch-size",
+    "seq-length",
+    "recompute-granularity",
+    "recompute-method",
+    "recompute-num-layers",
+    "data-parallel-sharding-strategy",
+    "num-layers",
+    "optimizer-offload-fraction",
+)
+"""Flags with a value that `read` interprets."""
+_SWITCHES = (
+    "sequence-parallel",
+    "bf16",
+    "fp16",
+    "use-distributed-optimizer",
+    "use-megatron-fsdp",
+    "optimizer-cpu-offload",
+)
+"""Flags without a value that `read` interprets."""
+
+
+def block_pattern(plan: Plan) -> int | None:
+    """k when every pipeline chunk fully recomputes its first k blocks and nothing else
+    (Megatron's ``--recompute-method block --recompute-num-layers k``); None otherwise."""
+    chunks = [c for st in plan.stages for c in st.chunks]
+    counts = set()
+    for c in chunks:
+        policies = [
+            d.recompute
+            for d in plan.layers[c.first_layer : c.last_layer + 1]
+            if d.name.startswith("block")
+        ]
+        k = sum(p == Recompute.FULL for p in policies)
+        if policies != [Recompute.FULL] * k + [Recompute.NONE] * (len(policies) - k):
+            return None
+        counts.add(k)
+    return counts.pop() if len(counts) == 1 else None
+
+
+def nearest(plan: Plan, s: Strategy) -> tuple[Strategy, list[Gap]]:
+    """The strategy Megatron-LM can run that is nearest to `s`, and what differs."""
+    gaps: list[Gap] = []
+    if s.schedule == Schedule.GPIPE:
+        gaps.append(Gap(feature="GPipe schedule", nearest="1F1B (Megatron has no GPipe)"))
+        s = replace(s, schedule=Schedule.ONE_F_ONE_B)
+    if s.dp_shard is not None and s.dp_shard < s.dp:
+        gaps.append(
+            Gap(
+                feature=f"HSDP (shard groups of {s.dp_shard} of dp={s.dp})",
+                nearest="Megatron-FSDP sharding over the whole data-parallel group",
+            )
+        )
+        s = replace(s, dp_shard=None)
+    if s.recompute == Recompute.PER_LAYER and block_pattern(plan) is None:
+        policy = uniform_recompute(plan)
+        gaps.append(
+            Gap(
+                feature="per-layer recompute (not the first k blocks of every stage)",
+                nearest=f"{policy} for every block",
+            )
+        )
+        s = replace(s, recompute=policy)
+    if s.mesh_order != DEFAULT_MESH_ORDER:
+        gaps.append(
+            Gap(
+                feature=f"mesh order {','.join(s.mesh_order)}",
+                nearest="Megatron's order tp-cp-dp-pp (innermost first)",
+            )
+        )
+        s = replace(s, mesh_order=DEFAULT_MESH_ORDER)
+    blocks = plan.model.num_blocks
+    if s.pp > 1 and blocks % (s.pp * s.virtual_stages):
+        gaps.append(
+            Gap(
+                feature=f"{blocks} layers over pp x virtual stages = "
+                f"{s.pp * s.virtual_stages} chunks (not a divisor)",
+                nearest="",
+            )
+        )
+    return s, gaps
+
+
+def render(plan: Plan, s: Strategy) -> str:
+    """The `pretrain_gpt.py` arguments of `s` (Megatron-expressible), one per line."""
+    m, t = plan.model, plan.train
+    args: list[tuple[str, object]] = [
+        ("num-layers", m.num_blocks),
+        ("hidden-size", m.hidden),
+        ("num-attention-heads", m.heads),
+    ]
+    if m.kv_heads != m.heads:
+        args += [("group-query-attention", None), ("num-query-groups", m.kv_heads)]
+    if m.experts:
+        args.append(("num-experts", m.experts))
+    args += [
+        ("seq-length", t.seq_len),
+        ("max-position-embeddings", t.seq_len),
+        ("tensor-model-parallel-size", s.tp),
+        ("pipeline-model-parallel-size", s.pp),
+        ("context-parallel-size", s.cp),
+    ]
+    if s.ep > 1:
+        args.append(("expert-model-parallel-size", s.ep))
+    if s.virtual_stages > 1:
+        args.append(("num-virtual-stages-per-pipeline-rank", s.virtual_stages))
+    if s.sequence_parallel:
+        args.append(("sequence-parallel", None))
+    args += [("micro-batch-size", s.micro_batch_size), ("global-batch-size", t.global_batch)]
+    if t.precision != Precision.FP32:
+        args.append((str(t.precision), None))
+    if s.zero_stage == 1:
+        args.append(("use-distributed-optimizer", None))
+    elif s.zero_stage >= 2:
+        args += [
+            ("use-megatron-fsdp", None),
+            ("use-distributed-optimizer", None),
+            ("data-parallel-sharding-strategy", _FSDP_STRATEGY[s.zero_stage]),
+        ]
+    if s.offload_optimizer:
+        args += [("optimizer-cpu-offload", None), ("optimizer-offload-fraction", 1.0)]
+    if s.recompute == Recompute.SELECTIVE:
+        args.append(("recompute-granularity", "selective"))
+    elif s.recompute == Recompute.FULL:
+        args += [
+            ("recompute-granularity", "full"),
+            ("recompute-method", "uniform"),
+            ("recompute-num-layers", 1),
+        ]
+    elif s.recompute == Recompute.PER_LAYER:
+        k = block_pattern(plan)
+        if k:  # 0: nothing recomputed
+            args += [
+                ("recompute-granularity", "full"),
+                ("recompute-method", "block"),
+                ("recompute-num-layers", k),
+            ]
+    lines = [
+        f"# Megatron-LM pretrain_gpt.py arguments written by {plan.generator} for {m.name} on "
+        f"{plan.cluster.name} ({plan.cluster.num_gpus} GPUs): {plan.short()}",
+        "# use: torchrun ... pretrain_gpt.py $(grep -v '^#' THIS_FILE) <data, tokenizer, lr...>",
+    ]
+    lines += [f"--{k}" if v is None else f"--{k} {v}" for k, v in args]
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(text: str) -> dict[str, str | None]:
+    """An argument file (shell words; ``#`` comments, backslash line ends) as flag -> value
+    (None for a switch). Raises ValueError on a stray value or a repeated flag."""
+    words = shlex.split(text, comments=True)
+    out: dict[str, str | None] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if not word.startswith("--"):
+            i += 1  # a command word (torchrun, pretrain_gpt.py) or another tool's value
+            continue
+        key, eq, value = word[2:].partition("=")
+        key = key.replace("_", "-")
+        if not eq and i + 1 < len(words) and not words[i + 1].startswith("--"):
+            value, i = words[i + 1], i + 1
+        if key in out:
+            raise ValueError(f"Megatron arguments: --{key} given twice")
+        out[key] = value if (eq or value) else None
+        i += 1
+    return out
+
+
+def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
+    """A Megatron-LM argument file in the planner's terms, on `world_size` GPUs."""
+    args = parse_args(text)
+    notes: list[str] = []
+
+    def num(key: str, default: int) -> int:
+        raw = args.get(key)
+        if raw is None:
+            return default
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{source}: --{key} {raw!r} must be an integer") from None
+
+    for key in _SWITCHES:
+        if args.get(key) not in (None, "true", "True"):
+            raise ValueError(f"{source}: --{key} takes no value (got {args[key]!r})")
+    tp, pp = num("tensor-model-parallel-size", 1), num("pipeline-model-parallel-size", 1)
+    cp, ep = num("context-parallel-size", 1), num("expert-model-parallel-size", 1)
+    if min(tp, pp, cp, ep) < 1 or world_size % (tp * pp * cp):
+        raise ValueError(
+            f"{source}: tp {tp} x pp {pp} x cp {cp} does not divide the cluster's {world_size} "
+            "GPUs; fix the degrees or give the matching --cluster"
+        )
+    dp = world_size // (tp * pp * cp)
+    vstages = num("num-virtual-stages-per-pipeline-rank", 1)
+    if "num-layers-per-virtual-pipeline-stage" in args:
+        per = num("num-layers-per-virtual-pipeline-stage", 1)
+        vstages = num("num-layers", 0) // (pp * per)
+        if vstages < 1:
+            raise ValueError(
+                f"{source}: --num-layers-per-virtual-pipeline-stage needs --num-layers"
+            )
+    fsdp = "use-megatron-fsdp" in args
+    strategy_name = args.get("data-parallel-sharding-strategy") or "optim_grads_params"
+    zero = 0
+    if fsdp:
+        found = [z for z, n in _FSDP_STRATEGY.items() if n == strategy_name]
+        zero = found[0] if found else 1 if strategy_name == "optim" else 0
+    elif "use-distributed-optimizer" in args:
+        zero = 1
+    recompute = Recompute.NONE
+    granularity = args.get("recompute-granularity")
+    if granularity == "selective":
+        recompute = Recompute.SELECTIVE
+    elif granularity == "full":
+        method, layers = args.get("recompute-method"), num("recompute-num-layers", 1)
+        per_chunk = num("num-layers", 0) // (pp * vstages)
+        recompute = Recompute.FULL
+        if method == "block" and layers < per_chunk:
+            recompute = Recompute.PER_LAYER
+            notes.append(
+                f"recompute of the first {layers} layers of each stage evaluated as per_layer "
+                "(the recompute solver's least recomputation that fits)"
+            )
+    elif granularity is not None:
+        raise ValueError(
+            f"{source}: --recompute-granularity {granularity!r}: use full or selective"
+        )
+    precision = (
+        Precision.BF16 if "bf16" in args else Precision.FP16 if "fp16" in args else Precision.FP32
+    )
+    mbs = num("micro-batch-size", 1)
+    strategy = Strategy(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=ep,
+        zero_stage=zero,
+        offload_optimizer="optimizer-cpu-offload" in args and zero > 0,
+        sequence_parallel="sequence-parallel" in args and tp > 1,
+        schedule=(
+            Schedule.NONE
+            if pp == 1
+            else Schedule.INTERLEAVED_1F1B
+            if vstages > 1
+            else Schedule.ONE_F_ONE_B
+        ),
+        virtual_stages=vstages if pp > 1 else 1,
+        micro_batch_size=mbs,
+        recompute=recompute,
+    )
+    if "seq-length" not in args:
+        raise ValueError(f"{source}: --seq-length is missing; Megatron needs it")
+    setup = TrainerSetup(
+        target=Target.MEGATRON,
+        strategy=strategy,
+        global_batch=num("global-batch-size", mbs * dp),
+        seq_len=num("seq-length", 0),
+        precision=precision,
+        notes=tuple(notes),
+    )
+    return check_batch(setup)

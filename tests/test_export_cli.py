@@ -1,0 +1,154 @@
+"""`paraplan export` and `paraplan plan --from-config` on the command line: warnings with the
+predicted cost, refusals naming the feature (per trainer), and configs judged against the
+best plan, including one shipped inside the installed torchtitan."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from paraplan.cli import main
+from paraplan.planner.plan_io import save_plan
+from tests.export_cases import CASES, case_plan
+
+SPEC = ["--model", "llama3-8b", "--model-source", "spec"]
+
+
+def saved(name: str, tmp: Path) -> str:
+    path = tmp / f"{name}.json"
+    save_plan(case_plan(name), path)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("target", "name", "feature"),
+    [
+        ("torchtitan", "zero1_offload", "ZeRO-1"),
+        ("megatron", "hsdp", "HSDP"),
+        ("deepspeed", "tp_sp", "sequence parallelism"),
+    ],
+)
+def test_export_warns_with_the_predicted_cost(
+    target: str, name: str, feature: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "config"
+    assert main(["export", saved(name, tmp_path), "--to", target, "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {target}: {feature}" in err
+    assert "predicted cost:" in err and " s per step instead of " in err
+    assert out.read_text()
+
+
+EXTRA_PLANS = {
+    # fp16: torchtitan trains in bf16 or fp32 only
+    "fp16": ("8xh100", 32, "fp16", "dp=8,tp=1,pp=1,zero=3,mbs=1,recompute=full,schedule=none"),
+    # 32 blocks over 3 stages: Megatron splits layers evenly (paraplan writes no uneven split)
+    "pp3": ("12xh100", 24, "bf16", "dp=1,tp=4,pp=3,zero=1,mbs=1,schedule=1f1b,recompute=full"),
+}
+"""Plans only the refusal tests need: name -> (cluster, global batch, precision, pins)."""
+
+
+@pytest.mark.parametrize(
+    ("target", "name", "feature"),
+    [
+        ("deepspeed", "cp", "context parallelism (cp=2"),
+        ("megatron", "pp3", "32 layers over pp x virtual stages = 3 chunks"),
+        ("torchtitan", "fp16", "fp16 mixed precision"),
+    ],
+)
+def test_export_refuses_naming_the_feature(
+    target: str, name: str, feature: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import paraplan
+
+    if name in CASES:
+        path = saved(name, tmp_path)
+    else:
+        cluster, batch, precision, fix = EXTRA_PLANS[name]
+        plan = paraplan.plan(
+            "llama3-8b",
+            cluster,
+            global_batch=batch,
+            seq_len=4096,
+            precision=precision,
+            fix=fix,
+            model_source="spec",
+            any_engine=True,
+            gpus_per_node=4,
+        ).plan
+        path = str(tmp_path / f"{name}.json")
+        save_plan(plan, path)
+    assert main(["export", path, "--to", target]) == 2
+    err = capsys.readouterr().err
+    assert feature in err and f"{target} cannot express" in err
+
+
+@pytest.mark.parametrize(
+    ("target", "suffix", "name"),
+    [
+        ("torchtitan", ".toml", "hsdp"),
+        ("megatron", ".args", "pp_1f1b"),
+        ("deepspeed", ".json", "fsdp"),
+    ],
+)
+def test_from_config_judges_against_the_best(
+    target: str, suffix: str, name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / f"mine{suffix}"
+    main(["export", saved(name, tmp_path), "--to", target, "-o", str(config)])
+    capsys.readouterr()
+    cluster = CASES[name][0]
+    extra = ["--seq-len", "4096"] if target == "deepspeed" else []
+    code = main(["plan", "--from-config", str(config), *SPEC, "--cluster", cluster, *extra])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert f"your {target} config" in out and "vs the best plan" in out
+    plan = case_plan(name)
+    assert f"{plan.predicted.step_time_s:.3f} s" in out or target == "deepspeed"
+    assert "step time" in out and "What bounds your configuration" in out
+
+
+def test_from_config_rejects_a_batch_that_does_not_split(tmp_path: Path) -> None:
+    config = tmp_path / "ds.json"
+    config.write_text('{"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4}')
+    from paraplan.export.judge import read_config
+
+    with pytest.raises(ValueError, match="multiple of"):
+        read_config(str(config), world_size=8)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torchtitan") is None,
+    reason="torchtitan not installed (pip install 'paraplan[export]' and the Makefile's line)",
+)
+def test_from_config_on_torchtitans_llama3_8b() -> None:
+    """torchtitan >= 0.3 ships its Llama 3 8B configuration as `config_registry.llama3_8b`
+    (no TOML files are in its wheel or sdist): FSDP over all GPUs, local batch 1, seq 8192,
+    selective activation checkpointing, bf16 mixed precision."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "paraplan.cli",
+            "plan",
+            "--from-config",
+            "torchtitan:llama3.llama3_8b",
+            *SPEC,
+            "--cluster",
+            "8xh100",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "your torchtitan config (torchtitan:llama3.llama3_8b)" in out
+    assert "global batch 8 x 8192 tokens, bf16" in out
+    assert "dp=8 tp=1 pp=1 zero=3 mbs=1 m=1 rc=selective" in out
