@@ -44,6 +44,7 @@ from .hardware import (
     get_accelerator,
     with_calibration,
 )
+from .inputs import is_regular_file, read_document
 from .jsonio import write_atomic
 
 DEFAULT_GPUS_PER_NODE = 8
@@ -183,7 +184,7 @@ def parse_cluster(text: str, *, gpus_per_node: int | None = None) -> Cluster:
         return make_cluster(
             acc, int(count), gpus_per_node=gpus_per_node, name=f"{int(count)}x{acc.name}"
         )
-    if stripped and Path(stripped).is_file():
+    if stripped and is_regular_file(stripped):
         return load_cluster_file(stripped, gpus_per_node=gpus_per_node)
     raise ValueError(
         f"cluster {text!r}: expected '<N>x<accelerator>' (e.g. 8xh100, 1024xa100-80gb) or a path "
@@ -256,21 +257,9 @@ def load_cluster_file(path: str | os.PathLike[str], *, gpus_per_node: int | None
     `gpus_per_node`, when given, must agree with the file (it cannot re-shape a described
     cluster).
     """
-    file = Path(path)
     origin = f"cluster file '{path}'"
-    if not file.is_file():
-        raise ValueError(
-            f"{origin} does not exist or is not a file; pass an existing .json/.yaml file "
-            "or a preset such as 8xh100"
-        )
-    text = file.read_text(encoding="utf-8")
-    if file.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{origin}: not valid JSON: {err}") from err
-    else:
-        data = _load_yaml(text, origin)
+    hint = "pass an existing .json/.yaml file or a preset such as 8xh100"
+    data = read_document(path, what="cluster file", hint=hint)  # size, depth, UTF-8, finite
     cluster = cluster_from_dict(data, origin=origin)
     if gpus_per_node is not None and gpus_per_node != cluster.gpus_per_node:
         raise ValueError(
@@ -278,25 +267,6 @@ def load_cluster_file(path: str | os.PathLike[str], *, gpus_per_node: int | None
             f"{gpus_per_node} was also given; drop --gpus-per-node or edit the file"
         )
     return cluster
-
-
-def _load_yaml(text: str, origin: str) -> Any:
-    """`yaml.safe_load`, except that 4.5e10 and 1e9 read as floats (YAML 1.2), not strings."""
-    import yaml  # deferred: only cluster files need it
-
-    class _Loader(yaml.SafeLoader):
-        pass
-
-    # PyYAML follows YAML 1.1, whose floats need a dot and a signed exponent ("4.5e+10").
-    _Loader.add_implicit_resolver(
-        "tag:yaml.org,2002:float",
-        re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-        list("-+0123456789."),
-    )
-    try:
-        return yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as err:
-        raise ValueError(f"{origin}: not valid YAML: {err}") from err
 
 
 def save_cluster_file(cluster: Cluster, path: str | os.PathLike[str]) -> None:

@@ -25,7 +25,17 @@ from paraplan.cli.common import (
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI_DIR = ROOT / "paraplan" / "cli"
-COMMANDS = ("plan", "profile", "explain", "run", "show", "compare", "checkpoint")
+COMMANDS = (
+    "plan",
+    "profile",
+    "explain",
+    "run",
+    "show",
+    "compare",
+    "checkpoint",
+    "calibrate",
+    "export",
+)
 HEAVY = ("torch", "matplotlib", "transformers", "pulp")
 
 

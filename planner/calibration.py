@@ -1,0 +1,369 @@
+"""A calibration: what `paraplan calibrate` measured on one machine, as the planner reads it.
+
+It is the `calibration` section of a cluster file (`planner/cluster.py`)::
+
+    calibration:
+      device_name: AMD EPYC ...      # what was measured, with which torch, when
+      device_kind: cpu               # cpu or cuda
+      torch_version: 2.13.0+cpu
+      date: '2025-01-31'
+      world_size: 2                  # ranks measured at once (the local device count)
+      threads_per_rank: 1
+      figures: {memory_bw_bytes_per_s: 9.1e9, intra_node_latency_s: 6e-5, ...}
+      dtype_kernels: [{dtype: fp32, fit: {launch_s: ..., gemm: {...}, ...}}, ...]
+      collectives: [{kind: all_reduce, ranks: 2, nbytes: 65536, seconds: 1.2e-4}, ...]
+      time_scale: 1.0                # refitted by --from-run
+      refit_runs: 0
+
+Loading is strict (unknown or missing keys, wrong types and non-finite numbers are errors;
+`docs/` has no separate schema: it is generated from these dataclasses). `figures` overrides
+the catalog accelerator's figures (`hardware.with_calibration`), `dtype_kernels` replace the
+catalog's kernel model (`cost/calibrated.py`), and the raw `collectives` points stay in the
+file for plots and refits. No torch here: `profiler/microbench.py` measures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from .cost.calibrated import CalibratedKernels, KernelFit
+from .cost.comm import AxisLink, Collectives
+from .hardware import (
+    CALIBRATABLE_FIELDS,
+    accelerator_for_device_name,
+    get_accelerator,
+    with_calibration,
+)
+from .jsonio import from_json, object_schema, to_json, validate
+
+ERROR_HINT_FRACTION = 0.20
+"""A run whose step time is off by more than this fraction of the prediction should refit the
+calibration (`paraplan calibrate --from-run`)."""
+
+
+class DeviceKind(StrEnum):
+    """What was measured."""
+
+    CPU = "cpu"
+    CUDA = "cuda"
+
+
+class CollectiveKind(StrEnum):
+    """The collectives `paraplan calibrate` times."""
+
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    SEND_RECV = "send_recv"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CollectivePoint:
+    """One measured collective."""
+
+    kind: CollectiveKind
+    """Which collective."""
+    ranks: int
+    """Ranks in the group."""
+    nbytes: float
+    """Bytes of the unsharded tensor (all-gather output, reduce-scatter input, all-reduce
+    tensor, all-to-all buffer per rank, send/recv message)."""
+    seconds: float
+    """Median seconds of one call."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DtypeKernels:
+    """The kernel measurements of one dtype."""
+
+    dtype: str
+    """Dtype key, as `TrainConfig.compute_dtype` names it (fp32, bf16, fp16)."""
+    fit: KernelFit
+    """GEMM grid, attention curve, bandwidth and dispatch cost."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Calibration:
+    """Measured figures of one machine, and where and when they were measured."""
+
+    device_name: str
+    """The device as torch reports it (the CPU model, or torch.cuda.get_device_name())."""
+    device_kind: DeviceKind
+    """cpu or cuda."""
+    torch_version: str
+    """torch.__version__ of the measuring process."""
+    date: str
+    """ISO date (YYYY-MM-DD) of the measurement."""
+    world_size: int
+    """Ranks measured at once (kernels run on every rank together, as in training)."""
+    threads_per_rank: int
+    """Intra-op threads of each rank (torchrun's OMP_NUM_THREADS)."""
+    figures: dict[str, Any]
+    """Accelerator figures that override the catalog (`hardware.with_calibration` form)."""
+    dtype_kernels: tuple[DtypeKernels, ...]
+    """Kernel measurements per dtype."""
+    collectives: tuple[CollectivePoint, ...]
+    """The raw collective timings the link figures were fitted on."""
+    time_scale: float = 1.0
+    """Multiplier on every predicted second, refitted from run reports (1: microbenchmarks
+    only)."""
+    refit_runs: int = 0
+    """Run reports the refits have used in all."""
+
+    def __post_init__(self) -> None:
+        for name in ("world_size", "threads_per_rank"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"calibration: {name}={value!r} must be a positive integer")
+        if not (math.isfinite(self.time_scale) and self.time_scale > 0):
+            raise ValueError(f"calibration: time_scale={self.time_scale!r} must be positive")
+        dtypes = [k.dtype for k in self.dtype_kernels]
+        if len(set(dtypes)) != len(dtypes):
+            raise ValueError(f"calibration: kernels list a dtype twice ({dtypes}); keep one each")
+        for key in self.figures:
+            if key not in CALIBRATABLE_FIELDS:
+                raise ValueError(
+                    f"calibration figure {key!r} is not calibratable; use one of "
+                    f"{', '.join(CALIBRATABLE_FIELDS)}"
+                )
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        """Dtypes with kernel measurements."""
+        return tuple(k.dtype for k in self.dtype_kernels)
+
+    def kernels(self, dtype: str) -> CalibratedKernels:
+        """The measured kernel model for `dtype` (`compute.Kernels`)."""
+        for entry in self.dtype_kernels:
+            if entry.dtype == dtype:
+                return CalibratedKernels(entry.fit, time_scale=self.time_scale)
+        raise ValueError(
+            f"the calibration has no {dtype} kernels (measured: {', '.join(self.dtypes)}); "
+            f"re-run paraplan calibrate on a device with {dtype}, or plan in "
+            f"{' or '.join(self.dtypes)}"
+        )
+
+    def catalog_name(self) -> str | None:
+        """The catalog accelerator the measured device is (cpu, h100, ...), None when the
+        catalog has no such device."""
+        if self.device_kind == DeviceKind.CPU:
+            return "cpu"
+        return accelerator_for_device_name(self.device_name)
+
+    def device_mismatch(self, accelerator: str) -> str | None:
+        """A warning when the calibration was measured on another kind of device than the
+        cluster's `accelerator`, else None."""
+        measured = self.catalog_name()
+        if measured == accelerator:
+            return None
+        return (
+            f"the calibration was measured on {self.device_name!r} ({self.device_kind}, "
+            f"{measured or 'not in the catalog'}), but the cluster's accelerator is "
+            f"{accelerator!r}: its kernel and link figures describe the other device; "
+            "run paraplan calibrate on the target machine"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `calibration` section of a cluster file."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = dict(value) if f.name == "figures" else to_json(value)
+        return out
+
+
+_SCHEMA = object_schema(Calibration, {"figures": {"type": "object"}})
+"""Strict JSON schema of the section, generated from the dataclasses."""
+
+
+def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calibration:
+    """Read the `calibration` section (strict)."""
+    validate(data, _SCHEMA, origin, fix="re-run paraplan calibrate or fix the file")
+    assert isinstance(data, Mapping)  # validated above
+    fields = {f.name: f for f in dataclasses.fields(Calibration)}
+    values: dict[str, Any] = {}
+    hints = {
+        "device_kind": DeviceKind,
+        "dtype_kernels": tuple[DtypeKernels, ...],
+        "collectives": tuple[CollectivePoint, ...],
+        "time_scale": float,
+    }
+    for name in fields:
+        raw = data[name]
+        values[name] = from_json(hints[name], raw) if name in hints else raw
+    values["figures"] = dict(values["figures"])
+    try:
+        return Calibration(**values)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{origin}: {err}") from err
+
+
+def is_full_calibration(data: Mapping[str, Any]) -> bool:
+    """Whether a cluster file's `calibration` mapping is a measured calibration (it names its
+    device) rather than a plain mapping of catalog figures to override."""
+    return "device_name" in data
+
+
+def apply_figures(accelerator: str, calibration: Calibration) -> Any:
+    """The catalog accelerator with the calibration's figures."""
+    return with_calibration(get_accelerator(accelerator), calibration.figures)
+
+
+# ---- fits ------------------------------------------------------------------------------------
+def fit_links(points: Sequence[CollectivePoint]) -> tuple[float, float]:
+    """(intra-node bandwidth in bytes/s, latency in s) for which the cost model's collectives
+    (`cost/comm.py`, one node) best match the measured points, in relative error.
+
+    The model's time is linear in 1/bandwidth and latency, so the coefficients of each are read
+    off the model itself and the two unknowns fitted by least squares on relative errors,
+    kept non-negative."""
+    if not points:
+        raise ValueError("no collective measurements to fit link figures on")
+    rows, targets = [], []
+    for p in points:
+        a = collective_model_s(p, bw=1.0, lat=0.0)
+        b = collective_model_s(p, bw=1e30, lat=1.0)
+        rows.append((a / p.seconds, b / p.seconds))
+        targets.append(1.0)
+    x, lat = _nnls2(rows, targets)
+    x = max(x, 1e-15)
+    return 1.0 / x, max(lat, 1e-9)
+
+
+_TINY_LAT = 1e-30
+
+
+def collective_model_s(p: CollectivePoint, *, bw: float, lat: float) -> float:
+    """Seconds the cost model (`cost/comm.py`, one node) gives the measured collective `p`
+    on links of `bw` bytes/s and `lat` seconds per step."""
+    base = get_accelerator("cpu")
+    acc = dataclasses.replace(
+        base, intra_node_bw_bytes_per_s=bw, intra_node_latency_s=max(lat, _TINY_LAT)
+    )
+    coll = Collectives(acc)
+    link = AxisLink(p.ranks, p.ranks, 1)
+    if p.kind == CollectiveKind.ALL_REDUCE:
+        return coll.all_reduce(p.nbytes, link)
+    if p.kind in (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER):
+        return coll.all_gather(p.nbytes, link)
+    if p.kind == CollectiveKind.ALL_TO_ALL:
+        return coll.all_to_all(p.nbytes, link)
+    return coll.p2p(p.nbytes, cross_node=False)
+
+
+def _nnls2(rows: Sequence[tuple[float, float]], y: Sequence[float]) -> tuple[float, float]:
+    """Least squares of y ~ a*x0 + b*x1 with x >= 0 (two unknowns: try the free solution,
+    else each with the other at 0)."""
+    saa = sum(a * a for a, _ in rows)
+    sbb = sum(b * b for _, b in rows)
+    sab = sum(a * b for a, b in rows)
+    say = sum(a * t for (a, _), t in zip(rows, y, strict=True))
+    sby = sum(b * t for (_, b), t in zip(rows, y, strict=True))
+    det = saa * sbb - sab * sab
+    if det > 0:
+        x0 = (say * sbb - sby * sab) / det
+        x1 = (sby * saa - say * sab) / det
+        if x0 >= 0 and x1 >= 0:
+            return x0, x1
+    only0 = (max(say / saa, 0.0), 0.0) if saa > 0 else (0.0, 0.0)
+    only1 = (0.0, max(sby / sbb, 0.0)) if sbb > 0 else (0.0, 0.0)
+
+    def loss(x: tuple[float, float]) -> float:
+        return sum((a * x[0] + b * x[1] - t) ** 2 for (a, b), t in zip(rows, y, strict=True))
+
+    return min(only0, only1, key=loss)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunSample:
+    """What a refit reads from one run report."""
+
+    step_time_s: float
+    """Measured median step time."""
+    predicted_step_time_s: float
+    """The plan's step time."""
+    peak_memory_bytes: float
+    """Measured peak memory of the fullest rank."""
+    predicted_memory_bytes: float
+    """The plan's peak memory per device."""
+
+
+def run_sample(report: Mapping[str, Any], *, origin: str) -> RunSample:
+    """The figures a refit needs from a run report's JSON (`executor/report.py`)."""
+    try:
+        sample = RunSample(
+            step_time_s=float(report["step_time_s"]),
+            predicted_step_time_s=float(report["predicted_step_time_s"]),
+            peak_memory_bytes=float(max(report["peak_memory_bytes"])),
+            predicted_memory_bytes=float(report["predicted_memory_per_gpu_bytes"]),
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(
+            f"{origin} is not a run report (missing or bad {err}); pass the JSON that "
+            "train_gpt2.py --report (paraplan run) writes"
+        ) from None
+    values = dataclasses.astuple(sample)
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        raise ValueError(f"{origin}: step times and memory must be positive numbers")
+    return sample
+
+
+BANDWIDTH_FIGURES = (
+    "memory_bw_bytes_per_s",
+    "intra_node_bw_bytes_per_s",
+    "inter_node_bw_bytes_per_s",
+    "pcie_bw_bytes_per_s",
+)
+"""Figures a refit divides by its time ratio (rates), as it multiplies latencies and kernel
+times: every predicted second scales alike."""
+LATENCY_FIGURES = ("intra_node_latency_s", "inter_node_latency_s")
+
+
+def refit(
+    calibration: Calibration, samples: Iterable[RunSample], *, accelerator: str
+) -> Calibration:
+    """The calibration refitted on run reports of a cluster of `accelerator`s: every predicted
+    second (kernels, collectives, the optimizer step, the roofline) scales by the geometric
+    mean of measured over predicted step time, which minimizes the mean squared log error;
+    and the runtime's memory moves by the median of measured less predicted peak memory (the
+    process's own footprint, which the microbenchmarks only estimate)."""
+    runs = list(samples)
+    if not runs:
+        raise ValueError("no run reports to refit on; pass one or more report JSON files")
+    ratio = math.exp(
+        statistics.fmean(math.log(r.step_time_s / r.predicted_step_time_s) for r in runs)
+    )
+    memory_gap = statistics.median(r.peak_memory_bytes - r.predicted_memory_bytes for r in runs)
+    acc = with_calibration(get_accelerator(accelerator), calibration.figures)
+    figures = dict(calibration.figures)
+    figures["peak_flops"] = {d: f / ratio for d, f in acc.peak_flops.items()}
+    figures |= {name: getattr(acc, name) / ratio for name in BANDWIDTH_FIGURES}
+    figures |= {name: getattr(acc, name) * ratio for name in LATENCY_FIGURES}
+    figures["runtime_overhead_bytes"] = max(1, round(acc.runtime_overhead_bytes + memory_gap))
+    return dataclasses.replace(
+        calibration,
+        figures=figures,
+        time_scale=calibration.time_scale * ratio,
+        refit_runs=calibration.refit_runs + len(runs),
+    )
+
+
+def recalibrate_hint(rel_err: float | None, cluster: str | None = None) -> str | None:
+    """The run report's advice when its step time is off by more than `ERROR_HINT_FRACTION`;
+    `cluster` is the plan's cluster name (a preset such as 2xcpu)."""
+    if rel_err is None or abs(rel_err) <= ERROR_HINT_FRACTION:
+        return None
+    preset = cluster or "<N>x<device>"
+    return (
+        f"step time is off by {rel_err:+.0%} (more than {ERROR_HINT_FRACTION:.0%}): measure "
+        f"this machine with `paraplan calibrate --cluster {preset} -o cal.yaml` and plan with "
+        "--cluster cal.yaml; with a calibrated cluster, refit it from this run's report: "
+        "`paraplan calibrate --from-run report.json --cluster cal.yaml -o cal.yaml`"
+    )

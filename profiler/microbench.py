@@ -1,0 +1,327 @@
+"""Microbenchmarks of one rank: GEMMs, fused attention, elementwise bandwidth, per-op dispatch,
+copies and collectives, each timed as the median of repeated calls.
+
+Every rank of a calibration runs them at the same time, in lockstep (a barrier before each
+measurement), so that the figures include what ranks sharing a machine take from each other
+(cores, memory bandwidth): that is how they run in training. `profiler/microbench_run.py`
+starts the ranks and turns the timings into a `planner.calibration.Calibration`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..planner.calibration import CollectiveKind, CollectivePoint
+from ..planner.cost.calibrated import AttentionCurve, GemmGrid, KernelFit
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""Planner dtype keys -> torch dtypes."""
+CHAIN_OPS = 64
+"""Tiny ops in the chain that times per-op dispatch."""
+ELEMENTWISE_BYTES = 32 * 2**20
+"""Tensor size of the bandwidth benchmark: far beyond the caches."""
+MIN_RATE = 1e6
+"""Floor of a measured rate (FLOP/s): a GEMM no slower than its dispatch still has a rate."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Budget:
+    """How much to measure: `paraplan calibrate` (full) or `--quick`."""
+
+    gemm_sizes: tuple[int, ...]
+    """Grid values of M, N and K."""
+    max_call_s: float
+    """A GEMM expected to take longer than this is not run (its rate is taken from the
+    largest measured neighbour: large GEMMs saturate)."""
+    repeats: int
+    """Timed calls per measurement (after one warm-up call)."""
+    attention_seqs: tuple[int, ...]
+    """Sequence lengths of the attention curve."""
+    collective_bytes: tuple[int, ...]
+    """Message sizes of the collectives."""
+    collective_repeats: int
+    """Timed calls per collective (more than kernels: small messages jitter on a shared host)."""
+    gemm_budget_s: float
+    """Seconds of GEMM measurement per dtype; the points left take their neighbours' rates (a
+    slow dtype, such as bf16 on a CPU without bf16 units, measures only small shapes)."""
+
+
+FULL = Budget(
+    gemm_sizes=(64, 256, 1024, 4096),
+    max_call_s=0.08,
+    repeats=5,
+    attention_seqs=(64, 128, 256, 512),
+    collective_bytes=tuple(4**i * 4096 for i in range(7)),  # 4 KiB .. 16 MiB
+    collective_repeats=11,
+    gemm_budget_s=30.0,
+)
+QUICK = Budget(
+    gemm_sizes=(64, 512, 4096),
+    max_call_s=0.02,
+    repeats=3,
+    attention_seqs=(64, 256),
+    collective_bytes=(4096, 262144, 4 * 2**20),
+    collective_repeats=5,
+    gemm_budget_s=3.0,
+)
+
+
+class Timer:
+    """Times callables in lockstep with the other ranks (median of repeats)."""
+
+    def __init__(self, device: torch.device, repeats: int, *, group: bool) -> None:
+        self.device = device
+        self.repeats = repeats
+        self.group = group
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def __call__(self, fn: Callable[[], object], repeats: int | None = None) -> float:
+        """Median seconds of one call of `fn` (one untimed warm-up first)."""
+        fn()
+        self._sync()
+        if self.group:
+            dist.barrier()
+        times = []
+        for _ in range(repeats or self.repeats):
+            start = time.perf_counter()
+            fn()
+            self._sync()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+
+def dispatch_s(timer: Timer, dtype: torch.dtype) -> tuple[float, float]:
+    """(seconds per op without autograd, seconds per op of a training step: half of one op's
+    forward plus backward) on a one-element tensor: the fixed cost of an operator."""
+    x = torch.ones(1, dtype=dtype, device=timer.device)
+
+    def chain() -> None:
+        y = x
+        for _ in range(CHAIN_OPS):
+            y = y * 1.0
+        return None
+
+    with torch.no_grad():
+        raw = timer(chain) / CHAIN_OPS
+    w = torch.ones(1, dtype=dtype, device=timer.device, requires_grad=True)
+
+    def train() -> None:
+        y = w
+        for _ in range(CHAIN_OPS):
+            y = y * 1.0
+        y.sum().backward()
+
+    trained = timer(train) / (2 * CHAIN_OPS)
+    return raw, trained
+
+
+def bandwidth_bytes_per_s(timer: Timer, dtype: torch.dtype, raw_s: float) -> float:
+    """Bytes read plus written per second by an elementwise op on a large tensor."""
+    elems = ELEMENTWISE_BYTES // torch.finfo(dtype).bits * 8
+    x = torch.ones(elems, dtype=dtype, device=timer.device)
+    out = torch.empty_like(x)
+    seconds = timer(lambda: torch.mul(x, 1.0001, out=out))
+    return 2 * x.numel() * x.element_size() / max(seconds - raw_s, 1e-9)
+
+
+def copy_bytes_per_s(timer: Timer) -> float:
+    """Host<->device bandwidth (CUDA: pinned host to device), or on a CPU the bandwidth of a
+    plain copy (what offloading to host memory costs there)."""
+    n = ELEMENTWISE_BYTES // 4
+    if timer.device.type == "cuda":
+        host = torch.ones(n, dtype=torch.float32).pin_memory()
+        dev = torch.empty(n, dtype=torch.float32, device=timer.device)
+        seconds = timer(lambda: dev.copy_(host, non_blocking=True))
+        return n * 4 / seconds
+    src = torch.ones(n, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    return n * 4 / timer(lambda: dst.copy_(src))
+
+
+def gemm_grid(timer: Timer, dtype: torch.dtype, budget: Budget, raw_s: float) -> GemmGrid:
+    """Forward and backward GEMM rates on the grid `sizes`^3, smallest work first. A GEMM
+    expected to run longer than `max_call_s` (at the best rate so far), or any once the
+    dtype's time budget is spent, is skipped (on every rank alike: rank 0 decides) and takes
+    the rate of its largest measured neighbour below it."""
+    dev, sizes, max_call_s = timer.device, budget.gemm_sizes, budget.max_call_s
+    started = time.perf_counter()
+    shapes = sorted(itertools.product(sizes, repeat=3), key=lambda s: s[0] * s[1] * s[2])
+    fwd: dict[tuple[int, int, int], float] = {}
+    bwd: dict[tuple[int, int, int], float] = {}
+    best = 0.0
+    for m, n, k in shapes:
+        flops = 2.0 * m * n * k
+        over = time.perf_counter() - started > budget.gemm_budget_s
+        if _agreed(over or bool(best and flops / best > max_call_s), timer):
+            continue
+        x = torch.randn(m, k, dtype=dtype, device=dev)
+        w = torch.randn(k, n, dtype=dtype, device=dev)
+        g = torch.randn(m, n, dtype=dtype, device=dev)
+        f_s = timer(partial(torch.mm, x, w))
+        b_s = timer(partial(_gemm_backward, x, w, g))
+        fwd[(m, n, k)] = max(flops / max(f_s - raw_s, 1e-9), MIN_RATE)
+        bwd[(m, n, k)] = max(2 * flops / max(b_s - 2 * raw_s, 1e-9), MIN_RATE)
+        best = max(best, fwd[(m, n, k)])
+    grid = [(m, n, k) for m in sizes for n in sizes for k in sizes]
+    return GemmGrid(
+        m=sizes,
+        n=sizes,
+        k=sizes,
+        fwd_flops_per_s=tuple(_filled(fwd, s) for s in grid),
+        bwd_flops_per_s=tuple(_filled(bwd, s) for s in grid),
+    )
+
+
+def _gemm_backward(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> None:
+    """The two GEMMs of `x @ w`'s backward: dX = G W^T (M, K) and dW = X^T G (K, N)."""
+    torch.mm(g, w.t())
+    torch.mm(x.t(), g)
+
+
+def _agreed(flag: bool, timer: Timer) -> bool:
+    """Rank 0's `flag` on every rank (ranks must skip the same measurements)."""
+    if not timer.group:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=timer.device)
+    dist.broadcast(t, 0)
+    return bool(t.item())
+
+
+def _filled(rates: dict[tuple[int, int, int], float], shape: tuple[int, int, int]) -> float:
+    """The measured rate at `shape`, or the fastest measured at a shape no larger in any
+    dimension (GEMM rates saturate with size)."""
+    if shape in rates:
+        return rates[shape]
+    below = [r for s, r in rates.items() if all(a <= b for a, b in zip(s, shape, strict=True))]
+    return max(below) if below else min(rates.values())
+
+
+def attention_curve(
+    timer: Timer, dtype: torch.dtype, seqs: tuple[int, ...], *, heads: int = 4, head_dim: int = 64
+) -> AttentionCurve:
+    """Causal SDPA forward and backward rates against the dense forward FLOPs
+    (4 * heads * S^2 * head_dim per sequence: QK^T and AV)."""
+    xs, f_rates, b_rates = [], [], []
+    for s in seqs:
+        shape = (1, heads, s, head_dim)  # (B, H, T, D)
+        q, k, v = (
+            torch.randn(shape, dtype=dtype, device=timer.device, requires_grad=True)
+            for _ in range(3)
+        )
+        grad = torch.randn(shape, dtype=dtype, device=timer.device)
+        with torch.no_grad():
+            f_s = timer(partial(_sdpa, q, k, v))
+        t_s = timer(partial(_sdpa_train, q, k, v, grad))
+        dense = 4.0 * heads * s * s * head_dim
+        xs.append(dense)
+        f_rates.append(dense / max(f_s, 1e-9))
+        b_rates.append(dense / max(t_s - f_s, 1e-9))
+    return AttentionCurve(
+        dense_fwd_flops=tuple(xs), fwd_flops_per_s=tuple(f_rates), bwd_flops_per_s=tuple(b_rates)
+    )
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal scaled dot-product attention (B, H, T, D) -> (B, H, T, D)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _sdpa_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: torch.Tensor) -> None:
+    """Forward and backward of `_sdpa`."""
+    _sdpa(q, k, v).backward(grad)
+
+
+def kernel_fit(
+    timer: Timer, dtype_key: str, budget: Budget, done: Callable[[str], None] | None = None
+) -> tuple[KernelFit, float]:
+    """Everything about one dtype's kernels, and the raw per-op dispatch seconds; `done(part)`
+    after each of the four parts (dispatch, bandwidth, GEMM grid, attention)."""
+    dtype = DTYPES[dtype_key]
+    tick = done or (lambda part: None)
+    raw_s, launch_s = dispatch_s(timer, dtype)
+    tick("dispatch")
+    bw = bandwidth_bytes_per_s(timer, dtype, raw_s)
+    tick("bandwidth")
+    gemm = gemm_grid(timer, dtype, budget, raw_s)
+    tick("GEMM grid")
+    attention = attention_curve(timer, dtype, budget.attention_seqs)
+    tick("attention")
+    fit = KernelFit(
+        launch_s=launch_s, elementwise_bw_bytes_per_s=bw, gemm=gemm, attention=attention
+    )
+    return fit, raw_s
+
+
+def supported(dtype_key: str, device: torch.device) -> bool:
+    """Whether `device` runs matmuls in this dtype (fp16 on a CPU is emulated: skipped)."""
+    if device.type == "cuda":
+        return dtype_key != "bf16" or torch.cuda.is_bf16_supported()
+    return dtype_key in ("fp32", "bf16")
+
+
+def collectives(
+    timer: Timer, budget: Budget, on_point: Callable[[], None] | None = None
+) -> list[CollectivePoint]:
+    """Median seconds of each collective over the default group, per message size (bytes of
+    the unsharded tensor, fp32)."""
+    world, rank, dev = dist.get_world_size(), dist.get_rank(), timer.device
+    points = []
+    for nbytes in budget.collective_bytes:
+        n = max(world, nbytes // 4 // world * world)
+        full = torch.ones(n, device=dev)
+        shard = torch.ones(n // world, device=dev)
+        out = torch.empty(n, device=dev)
+        calls: dict[CollectiveKind, Callable[[], object]] = {
+            CollectiveKind.ALL_REDUCE: partial(dist.all_reduce, full),
+            CollectiveKind.ALL_GATHER: partial(dist.all_gather_into_tensor, out, shard),
+            CollectiveKind.REDUCE_SCATTER: partial(dist.reduce_scatter_tensor, shard, full),
+            CollectiveKind.ALL_TO_ALL: partial(dist.all_to_all_single, out, full),
+            CollectiveKind.SEND_RECV: partial(_ping, full, rank, world),
+        }
+        for kind, call in calls.items():
+            try:
+                seconds = timer(call, budget.collective_repeats)
+            except (RuntimeError, NotImplementedError):  # e.g. a backend without this one
+                continue
+            if kind == CollectiveKind.SEND_RECV:
+                seconds /= 2  # a round trip: there and back
+            points.append(CollectivePoint(kind=kind, ranks=world, nbytes=4.0 * n, seconds=seconds))
+            if on_point is not None:
+                on_point()
+    return points
+
+
+def _ping(t: torch.Tensor, rank: int, world: int) -> None:
+    """Rank 0 sends to rank 1 and gets it back (other ranks idle)."""
+    if rank == 0:
+        dist.send(t, 1)
+        dist.recv(t, 1)
+    elif rank == 1:
+        dist.recv(t, 0)
+        dist.send(t, 0)
+
+
+def rate_summary(fit: KernelFit) -> dict[str, float]:
+    """A few headline figures of a fit, for the printed table."""
+    g = fit.gemm
+    return {
+        "gemm_peak_flops_per_s": max(g.fwd_flops_per_s),
+        "gemm_small_flops_per_s": g.fwd_flops_per_s[0],
+        "attention_fwd_flops_per_s": max(fit.attention.fwd_flops_per_s) if fit.attention else 0.0,
+        "elementwise_bw_bytes_per_s": fit.elementwise_bw_bytes_per_s,
+        "launch_s": fit.launch_s,
+        "log2_grid_points": math.log2(len(g.fwd_flops_per_s)),
+    }

@@ -1,0 +1,257 @@
+"""`calibrate`: start one process per local device, run the microbenchmarks on all of them at
+once (`microbench.py`), and fit a `planner.calibration.Calibration` from the timings.
+
+CPU ranks use gloo and one intra-op thread each unless OMP_NUM_THREADS says otherwise, as
+torchrun starts training ranks; CUDA ranks use NCCL, one GPU each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import queue as queue_mod
+import resource
+import socket
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from ..planner.calibration import (
+    Calibration,
+    CollectivePoint,
+    DeviceKind,
+    DtypeKernels,
+    fit_links,
+)
+from ..planner.cluster import Cluster
+from . import microbench as mb
+
+Progress = Callable[[int, int, str], None]
+"""(steps done, steps in all, what was just measured)."""
+RUNTIME_MODULES = ("transformers",)
+"""Libraries a paraplan training script imports beside torch (examples/train_gpt2.py): imported
+by each rank before its resident memory is read, when installed."""
+_KIB = 1024
+_JOIN_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _RankResult:
+    """What rank 0 sends back."""
+
+    fits: tuple[tuple[str, mb.KernelFit], ...]
+    copy_bytes_per_s: float
+    collectives: tuple[CollectivePoint, ...]
+    runtime_bytes: int
+    memory_bytes: int
+    threads: int
+
+
+def device_name(device: torch.device) -> str:
+    """The device as torch (CUDA) or the OS (the CPU model in /proc/cpuinfo) names it."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.lower().startswith("model name") and ":" in line:
+                return line.split(":", 1)[1].strip()
+    import platform
+
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def steps_total(budget: mb.Budget, dtypes: Sequence[str], world: int) -> int:
+    """Progress steps: four per dtype (dispatch, bandwidth, GEMMs, attention), one for copies
+    and one per collective measurement."""
+    per_size = len(mb.CollectiveKind) if world > 1 else 0
+    return 4 * len(dtypes) + 1 + per_size * len(budget.collective_bytes)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(
+    rank: int,
+    world: int,
+    port: int,
+    use_cuda: bool,
+    quick: bool,
+    dtypes: tuple[str, ...],
+    out: Any,
+) -> None:
+    """One rank: measure, and on rank 0 put progress messages and the result on `out`."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    budget = mb.QUICK if quick else mb.FULL
+    # c10d's deprecation notes on the tensor collectives FSDP2 itself still calls
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\.distributed")
+    if "OMP_NUM_THREADS" not in os.environ and world > 1 and not use_cuda:
+        torch.set_num_threads(1)  # what torchrun gives each rank
+    for name in RUNTIME_MODULES:
+        with contextlib.suppress(ImportError):
+            __import__(name)
+    device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        "nccl" if use_cuda else "gloo", rank=rank, world_size=world, device_id=None
+    )
+    try:
+        _measure(rank, world, device, budget, dtypes, out)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _measure(
+    rank: int,
+    world: int,
+    device: torch.device,
+    budget: mb.Budget,
+    dtypes: tuple[str, ...],
+    out: Any,
+) -> None:
+    timer = mb.Timer(device, budget.repeats, group=world > 1)
+
+    def tick(label: str) -> None:
+        if rank == 0:
+            out.put(("tick", label))
+
+    timer(lambda: torch.ones(64, device=device) * 2)  # first collective, allocator warm-up
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    runtime = rss if sys.platform == "darwin" else rss * _KIB
+    fits = []
+    for key in dtypes:
+        fit, _ = mb.kernel_fit(timer, key, budget, partial(_tick_part, tick, key))
+        fits.append((key, fit))
+    copy = mb.copy_bytes_per_s(timer)
+    tick("copies")
+    points = mb.collectives(timer, budget, lambda: tick("collectives"))
+    sizes: list[Any] = [None] * world
+    dist.all_gather_object(sizes, runtime)
+    if rank == 0:
+        memory = (
+            torch.cuda.get_device_properties(device).total_memory
+            if device.type == "cuda"
+            else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // world
+        )
+        result = _RankResult(
+            fits=tuple(fits),
+            copy_bytes_per_s=copy,
+            collectives=tuple(points),
+            runtime_bytes=int(max(sizes)),
+            memory_bytes=int(memory),
+            threads=torch.get_num_threads(),
+        )
+        out.put(("result", result))
+
+
+def _tick_part(tick: Callable[[str], None], dtype: str, part: str) -> None:
+    tick(f"{dtype} {part}")
+
+
+def calibrate(
+    cluster: Cluster,
+    *,
+    quick: bool = False,
+    dtypes: Sequence[str] | None = None,
+    progress: Progress | None = None,
+) -> Calibration:
+    """Measure the local devices of `cluster`'s kind (one rank per device of a node) and fit
+    a calibration for it."""
+    use_cuda = cluster.accelerator.name != "cpu"
+    if use_cuda and not torch.cuda.is_available():
+        raise ValueError(
+            f"cluster {cluster.name!r} has {cluster.accelerator.name} GPUs but this machine has "
+            "no CUDA device; calibrate on the GPU machine, or a CPU cluster such as 2xcpu here"
+        )
+    world = cluster.gpus_per_node
+    if use_cuda:
+        world = min(world, torch.cuda.device_count())
+    device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
+    wanted = tuple(dtypes) if dtypes else tuple(d for d in mb.DTYPES if mb.supported(d, device))
+    for key in wanted:
+        if key not in mb.DTYPES:
+            raise ValueError(f"unknown dtype {key!r}; use one of {', '.join(mb.DTYPES)}")
+    budget = mb.QUICK if quick else mb.FULL
+    total = steps_total(budget, wanted, world)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = mp.start_processes(
+        _worker,
+        args=(world, _free_port(), use_cuda, quick, wanted, out),
+        nprocs=world,
+        join=False,
+        start_method="spawn",
+    )
+    done, result = 0, None
+    while result is None:
+        try:
+            kind, payload = out.get(timeout=1.0)
+        except queue_mod.Empty:
+            try:
+                if procs.join(timeout=0.01):  # every rank ended without a result
+                    break
+            except mp.ProcessExitedException as err:
+                raise RuntimeError(f"a calibration rank failed: {err}") from None
+            continue
+        if kind == "tick":
+            done += 1
+            if progress is not None:
+                progress(done, total, str(payload))
+        else:
+            result = payload
+    while not procs.join(timeout=_JOIN_TIMEOUT_S):
+        pass
+    if result is None:
+        raise RuntimeError("the calibration ranks ended without a result; see their output above")
+    return _calibration(result, cluster, device, world, wanted)
+
+
+def _calibration(
+    r: _RankResult, cluster: Cluster, device: torch.device, world: int, dtypes: tuple[str, ...]
+) -> Calibration:
+    fits = dict(r.fits)
+    base = fits.get("fp32") or next(iter(fits.values()))
+    figures: dict[str, Any] = {
+        "peak_flops": {k: f.peak_gemm_flops_per_s() for k, f in fits.items()},
+        "matmul_efficiency": 1.0,
+        "memory_bw_bytes_per_s": base.elementwise_bw_bytes_per_s,
+        "pcie_bw_bytes_per_s": r.copy_bytes_per_s,
+        "memory_bytes": r.memory_bytes,
+    }
+    if device.type == "cpu":
+        # CPU ranks report peak RSS: the runtime's own resident memory counts
+        figures["runtime_overhead_bytes"] = r.runtime_bytes
+    if r.collectives:
+        bw, lat = fit_links(r.collectives)
+        figures |= {
+            "intra_node_bw_bytes_per_s": bw,
+            "intra_node_latency_s": lat,
+        }
+        if cluster.num_nodes == 1:  # one node: nothing crosses a network
+            figures |= {"inter_node_bw_bytes_per_s": bw, "inter_node_latency_s": lat}
+    return Calibration(
+        device_name=device_name(device),
+        device_kind=DeviceKind.CUDA if device.type == "cuda" else DeviceKind.CPU,
+        torch_version=str(torch.__version__),
+        date=datetime.date.today().isoformat(),
+        world_size=world,
+        threads_per_rank=r.threads,
+        figures=figures,
+        dtype_kernels=tuple(DtypeKernels(dtype=k, fit=fits[k]) for k in dtypes),
+        collectives=r.collectives,
+    )
