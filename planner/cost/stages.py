@@ -119,7 +119,7 @@ class StageActivations:
 def _kernels_for(cluster: Cluster, train: TrainConfig) -> Kernels | None:
     """The measured kernel model when the cluster carries a calibration, else the catalog's
     table for the accelerator, else None (the roofline with the catalog's efficiency)."""
-    calibration = getattr(cluster, "calibration", None)
+    calibration = cluster.calibration
     if calibration is not None:
         kernels: Kernels = calibration.kernels(train.compute_dtype)
         return kernels
