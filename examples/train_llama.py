@@ -1,8 +1,11 @@
 """Train a Hugging Face Llama, built from a config file, on synthetic tokens under a plan.
 
-    paraplan plan --model llama:layers=4,hidden=64,heads=4,kv_heads=2,ffn=176,vocab=512,seq=128 \\
-        --cluster 2xcpu --global-batch 8 --seq-len 64 --precision fp32 -o p.json
+    paraplan plan --model examples/configs/llama-tiny.json --cluster 2xcpu --global-batch 8 \\
+        --seq-len 256 --fix cp=2 -o p.json
     paraplan run p.json -- examples/train_llama.py --model examples/configs/llama-tiny.json
+
+(context parallelism cp=2: each rank holds two of four chunks of every sequence, attention
+runs as a ring; any other plan for this config runs the same way).
 
 Options as examples/train_gpt2.py (--plan or $PARAPLAN_PLAN, --steps, --report, checkpoints).
 """

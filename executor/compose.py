@@ -46,7 +46,7 @@ from .data_parallel import (
 )
 from .expert_parallel import ExpertGrads, apply_ep, expert_params
 from .recompute import apply_recompute, layer_recompute
-from .tensor_parallel import apply_tp, vocab_loss
+from .tensor_parallel import apply_tp
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -146,7 +146,8 @@ class ParallelModel:
                 with self._autocast():
                     loss = self.loss_fn(part(x), y) / n  # x (b, T) -> logits (b, T, V)
                 loss.backward()
-            total += loss.detach()
+            value = loss.detach()  # a replicated DTensor under loss_parallel
+            total += value.full_tensor() if isinstance(value, DTensor) else value
         if self.experts is not None:
             self.experts.sync_grads()
         return total
@@ -264,7 +265,7 @@ def parallelize(
         parts=tuple(m for _, m in parts),
         schedule=schedule,
         tied=tied,
-        loss_fn=vocab_loss(loss_fn) if vocab_parallel else loss_fn,
+        loss_fn=loss_fn,
         autocast_dtype=PARAM_DTYPES[plan.train.precision] if kind.autocasts else None,
     )
 
@@ -281,5 +282,5 @@ def expert_meshes(mesh: DeviceMesh, plan: Plan) -> tuple[DeviceMesh, DeviceMesh]
     """(EP mesh, expert-replica mesh): the dp axis as (dp/ep, ep), ep consecutive dp ranks
     in one EP group (a collective: it creates the groups)."""
     dp, ep = plan.parallelism.dp, plan.parallelism.ep
-    both = meshes.regroup(mesh, (MeshAxis.DP,), (dp // ep, ep), ("ep_replica", "ep"))
+    both = meshes.split_axis(mesh, MeshAxis.DP, (dp // ep, ep), ("ep_replica", "ep"))
     return both["ep"], both["ep_replica"]

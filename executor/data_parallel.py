@@ -45,7 +45,7 @@ from ..planner.config import Precision
 from ..planner.plan import Plan
 from ..planner.strategy import MeshAxis
 from .chain import ChainModule
-from .mesh import regroup
+from .mesh import flatten_axes, split_axis
 
 PARAM_DTYPES: dict[Precision, torch.dtype | None] = {
     Precision.FP32: None,
@@ -85,16 +85,19 @@ def data_parallel_kind(plan: Plan) -> DataParallelKind:
 
 def data_parallel_mesh(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
     """The mesh data parallelism runs over: the dp axis, times the cp axis under context
-    parallelism (one axis, cp fastest), as (replicate, shard) under HSDP. A collective when it
-    differs from the plan's dp axis (it creates the groups)."""
+    parallelism (one axis), as (replicate, shard) under HSDP: shard groups of dp_shard
+    consecutive dp ranks (x cp), replicas across them (torchtitan's dp_replicate x
+    dp_shard_cp). A collective when it differs from the plan's dp axis (it creates groups)."""
     par = plan.parallelism
-    if par.cp == 1 and par.dp_shard == par.dp:
-        return mesh[str(MeshAxis.DP)]
-    axes = (MeshAxis.DP, MeshAxis.CP)
+    dp, cp = str(MeshAxis.DP), str(MeshAxis.CP)
     if par.dp_shard == par.dp:
-        return regroup(mesh, axes, (par.dp * par.cp,), ("dp_cp",))
-    sizes = (par.dp // par.dp_shard, par.dp_shard * par.cp)
-    return regroup(mesh, axes, sizes, ("dp_replicate", "dp_shard_cp"))
+        return flatten_axes(mesh, (dp, cp) if par.cp > 1 else (dp,), "dp_cp")
+    rep, shard = "dp_replicate", "dp_shard"
+    full = split_axis(mesh, MeshAxis.DP, (par.dp // par.dp_shard, par.dp_shard), (rep, shard))
+    if par.cp == 1:
+        return full[(rep, shard)]
+    flatten_axes(full, (shard, cp), "dp_shard_cp")
+    return full[(rep, "dp_shard_cp")]
 
 
 def apply_data_parallel(

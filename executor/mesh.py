@@ -95,17 +95,21 @@ def local_device(device_type: str) -> torch.device:
     return torch.device("cpu")
 
 
-def regroup(
-    mesh: DeviceMesh, axes: tuple[MeshAxis, ...], sizes: tuple[int, ...], names: tuple[str, ...]
+def split_axis(
+    mesh: DeviceMesh, axis: MeshAxis, sizes: tuple[int, ...], names: tuple[str, ...]
 ) -> DeviceMesh:
-    """This rank's mesh over the ranks that share its coordinates on every axis but `axes`:
-    the product of `axes` (in the order given, the last varying fastest) laid out as `sizes`
-    (outermost first) and named `names`. E.g. (dp, cp) as one axis for data parallelism under
-    context parallelism, or dp as (replicate, shard) for HSDP. A collective: every rank calls
-    it with the same arguments (it creates the process groups of the new axes)."""
-    dims = list(mesh.mesh_dim_names or ())
-    chosen = [dims.index(str(a)) for a in axes if str(a) in dims]
-    rest = [i for i in range(len(dims)) if i not in chosen]
-    ranks = mesh.mesh.permute(*rest, *chosen).reshape(-1, *sizes)  # (other coords, *sizes)
-    full = DeviceMesh(mesh.device_type, ranks, mesh_dim_names=("_others", *names))
-    return full[names] if len(names) > 1 else full[names[0]]
+    """The plan's mesh with `axis` laid out as `sizes` (outermost first) named `names`, e.g.
+    dp as (replicate, shard) for HSDP or (replicas, ep) for expert parallelism. The result
+    derives from the same root mesh, so DTensors on it combine with the others' (FSDP x TP).
+    A collective: every rank calls it with the same arguments (it creates the groups)."""
+    return mesh._unflatten(str(axis), sizes, names)
+
+
+def flatten_axes(mesh: DeviceMesh, names: tuple[str, ...], name: str) -> DeviceMesh:
+    """The axes `names` of `mesh` as one axis `name` (taken in the mesh's order, the last
+    fastest), e.g. dp and cp as the data-parallel group under context parallelism. A
+    collective, as `split_axis`."""
+    order = [n for n in (mesh.mesh_dim_names or ()) if n in names]
+    if len(order) == 1:
+        return mesh[order[0]]
+    return mesh[tuple(order)]._flatten(name)

@@ -29,7 +29,7 @@ def make_optimizer(name: str, params: list[nn.Parameter], *, lr: float) -> torch
     if name not in OPTIMIZER_CLASSES:
         raise ValueError(f"optimizer {name!r} is not supported; use adamw, sgd or adafactor")
     cls, kwargs = OPTIMIZER_CLASSES[name]
-    return cls(params, lr=lr, **kwargs)
+    return cls(params, lr=lr, **kwargs)  # type: ignore[call-arg]  # every class takes lr
 
 
 def is_zero1(pm: ParallelModel) -> bool:

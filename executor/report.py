@@ -188,7 +188,7 @@ def format_report(r: RunReport) -> str:
             f"loss: step {r.first_step} {r.losses[0]:.4f} -> step "
             f"{r.first_step + len(r.losses) - 1} {r.losses[-1]:.4f}"
         )
-    hint = recalibrate_hint(r.step_time_rel_err)
+    hint = recalibrate_hint(r.step_time_rel_err, r.cluster)
     if hint is not None:
         lines += ["", f"note: {hint}"]
     return "\n".join(lines)

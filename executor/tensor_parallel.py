@@ -5,19 +5,20 @@ Each block gets its model's plan (`ChainModule.tp_plan`, or one the caller gives
 the vocabulary (Megatron-LM's vocab-parallel embedding; torchtitan's plan), as the cost model
 prices them: the embedding by rows (each rank looks up its vocabulary range, partial results
 all-reduced), the head by columns, its logits left sharded on the vocabulary dim (B, T, V/tp)
-for the loss, which `loss_parallel` computes without gathering them (`vocab_loss`). A matrix
+for the loss, which torch's `loss_parallel` computes without gathering them (`ParallelModel`
+runs the loss and its backward under it). A matrix
 the embedding and head share (GPT-2's) is one parameter, sharded the same way (Shard(0)) for
 both. Under sequence parallelism the embedding output is cut into sequence shards
 (B, T/tp, H) for the first block, and the head gathers them back. Chains without
-`ChainModule.vocab` keep the embedding and head whole on every TP rank.
+`ChainModule.vocab`, pipelined plans and custom losses keep the embedding and head whole on
+every TP rank (with a pipeline, the stage boundaries' send/recv broke on the sharded tied
+copies: gloo "received data size doesn't match", torch 2.13).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, cast
 
-import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -26,7 +27,6 @@ from torch.distributed.tensor.parallel import (
     PrepareModuleInput,
     PrepareModuleOutput,
     RowwiseParallel,
-    loss_parallel,
     parallelize_module,
 )
 
@@ -43,9 +43,10 @@ def apply_tp(
     tp_plan: TPPlanFn | None = None,
     shard_logits: bool = True,
 ) -> None:
-    """Shard `chain`'s blocks, embedding and head over `tp_mesh` in place (a pipeline chunk:
-    only its parts); the head's logits stay sharded on the vocabulary with `shard_logits`,
-    else they are gathered (for a loss that needs whole logits)."""
+    """Shard `chain`'s blocks over `tp_mesh` in place (a pipeline chunk: only its parts); with
+    `shard_logits`, also the embedding and head over the vocabulary (the logits stay sharded
+    for `loss_parallel`), else they stay whole on every rank (a pipeline, or a loss that needs
+    whole logits)."""
     tp = tp_mesh.size()
     plan_fn = tp_plan or chain.tp_plan
     if plan_fn is None:
@@ -63,7 +64,8 @@ def apply_tp(
         parallelize_module(block, tp_mesh, block_plan)
         if sequence_parallel and hasattr(block, "seq_shards"):
             cast(Any, block).seq_shards = tp  # e.g. rotary embeddings need the whole length
-    apply_vocab_parallel(chain, tp_mesh, shard_logits=shard_logits)
+    if shard_logits:  # not under a pipeline (its stages' p2p shapes do not follow)
+        apply_vocab_parallel(chain, tp_mesh)
     if not sequence_parallel:
         return
     if chain.embed is not None:  # (B, T, H) replicated -> (B, T/tp, H), a local slice
@@ -86,7 +88,7 @@ def apply_tp(
         )
 
 
-def apply_vocab_parallel(chain: ChainModule, tp_mesh: DeviceMesh, *, shard_logits: bool) -> None:
+def apply_vocab_parallel(chain: ChainModule, tp_mesh: DeviceMesh) -> None:
     """Split the embedding table by vocabulary rows and the output projection by vocabulary
     columns (in place); a tied matrix stays one parameter."""
     if chain.vocab is None:
@@ -99,24 +101,9 @@ def apply_vocab_parallel(chain: ChainModule, tp_mesh: DeviceMesh, *, shard_logit
             {chain.vocab.embedding: RowwiseParallel(input_layouts=Replicate())},
         )
         table = chain.embed.get_submodule(chain.vocab.embedding)
-    if chain.head is not None:  # (B, T, H) -> logits (B, T, V/tp) or gathered (B, T, V)
-        out = Shard(-1) if shard_logits else Replicate()
-        style = ColwiseParallel(output_layouts=out, use_local_output=not shard_logits)
+    if chain.head is not None:  # (B, T, H) -> logits (B, T, V/tp), a DTensor
+        style = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
         parallelize_module(chain.head, tp_mesh, {chain.vocab.projection: style})
         head_weight = chain.head.get_submodule(chain.vocab.projection)
     if chain.tied is not None and table is not None and head_weight is not None:
         head_weight.weight = table.weight  # both Shard(0) over tp: one parameter again
-
-
-def vocab_loss(
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """`loss_fn` on vocab-sharded logits (a DTensor, Shard(-1)) through torch's
-    `loss_parallel` (cross-entropy from per-rank max and sum-exp, no logits gathered); the
-    backward of the returned loss must run under `loss_parallel` too (`ParallelModel` does)."""
-
-    def sharded(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        with loss_parallel():
-            return loss_fn(logits, labels)
-
-    return sharded

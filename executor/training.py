@@ -22,12 +22,14 @@ from .report import RunReport, make_report, peak_memory_bytes
 
 def global_loss(pm: ParallelModel, loss: torch.Tensor | None) -> float:
     """The step's loss over the global batch, on every rank: the mean of the data-parallel
-    replicas' losses (held by the last pipeline stage, the same on each TP rank). One
-    all-reduce over the world."""
+    replicas' losses (held by the last pipeline stage, the same on each TP rank; each CP rank
+    holds the mean over its equal share of the tokens). One all-reduce over the world."""
     held = loss.detach().float() if loss is not None else torch.zeros((), device=pm.device)
     total = held.reshape(1).clone()
     dist.all_reduce(total)
-    holders = meshes.axis_size(pm.mesh, MeshAxis.DP) * meshes.axis_size(pm.mesh, MeshAxis.TP)
+    holders = 1  # ranks of the last stage: each dp replica's loss, on each tp and cp rank
+    for axis in (MeshAxis.DP, MeshAxis.TP, MeshAxis.CP):
+        holders *= meshes.axis_size(pm.mesh, axis)
     return total.item() / holders
 
 

@@ -9,6 +9,7 @@ from .build import PlanContext, build_plan
 from .cluster import Cluster
 from .config import TrainConfig
 from .cost.evaluate import Estimate, Evaluator
+from .limits import check_planning
 from .model import ModelProfile
 from .pins import Pins
 from .plan import Plan
@@ -49,6 +50,7 @@ def make_plan(
     infeasible)."""
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be >= 0")
+    check_planning(profile, cluster, train, pins)  # every count in bounds before any search
     ev = Evaluator(profile, cluster, train)
     search = Search(ev, pins, runnable_only=not any_engine)
     result = search.run(top_k=top_k, progress=progress)

@@ -13,6 +13,7 @@ from paraplan.planner.model import LayerCost, LayerGraph, LayerKind, ModelProfil
 
 from .attention import FusedAttention
 from .chain import BlockList, find_blocks, module_digest, same_structure
+from .moe import balanced_experts
 from .shape import Shape, shape_of
 from .timing import measure_times
 from .tracer import BWD, FWD, SegmentStats, Tracer
@@ -166,7 +167,12 @@ def profile(
         if mode == "meta"
         else (contextlib.nullcontext())
     )
-    with _shrunk(model, found, keep) as traced_blocks, faked as example_inputs, fused:
+    with (
+        _shrunk(model, found, keep) as traced_blocks,
+        faked as example_inputs,
+        fused,
+        balanced_experts(model),  # MoE experts counted (and timed) as balanced routing
+    ):
         hidden = shape.hidden if shape else 0
         tracer = Tracer(
             model,

@@ -3,14 +3,13 @@ files, example inputs, and `profile_hf` (the shape facts are in `shape`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from paraplan.planner.hf_presets import HF_PRESETS
+from paraplan.planner.hf_presets import HF_PRESETS, check_hf_config, read_hf_config
 from paraplan.planner.model import ModelProfile
 
 from .api import profile
@@ -26,22 +25,13 @@ def load_config(source: str | dict[str, Any]) -> Any:
     """A transformers config from a preset name, a config.json path, or a dict with
     `model_type`. Errors name the value and the accepted forms."""
     if isinstance(source, dict):
-        data = dict(source)
+        data = dict(check_hf_config(source, "config dict"))
         where = "config dict"
     elif source.lower() in HF_PRESETS:
         data = dict(HF_PRESETS[source.lower()])
         where = f"preset {source!r}"
     else:
-        path = Path(source)
-        if not path.is_file():
-            raise ValueError(
-                f"--model {source!r}: not a Hugging Face preset ({', '.join(HF_PRESETS)}) nor a "
-                "config.json file"
-            )
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"config file {source!r} is not valid JSON: {exc}") from None
+        data = dict(read_hf_config(source))  # input layer: size, depth, UTF-8, sizes in range
         where = f"config file {source!r}"
     model_type = data.pop("model_type", None)
     if not model_type:

@@ -186,14 +186,15 @@ def _numerics_one(path: str) -> dict[str, object]:
         "ref_losses": ref_losses,
         "losses": losses,
         "grad_rel_err": grad_err,
-        "layout": _layout(pm),
+        "layout": dict(_layout(pm), optimizer=type(opt.optimizers[0]).__name__),
         "checked": checked,
     }
 
 
 def _layout(pm: object) -> dict[str, object]:
     """What was applied, read back from the modules: schedule, data-parallel wrapper, the first
-    block's q_proj placements, blocks under activation checkpointing, CPU offload."""
+    block's q_proj placements, blocks under activation checkpointing, CPU offload, logits
+    sharded over the vocabulary, the embedding table's placements."""
     from torch.distributed._composable import checkpoint
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule
     from torch.distributed.tensor import DTensor
@@ -214,7 +215,17 @@ def _layout(pm: object) -> dict[str, object]:
             checkpoint.state(b) is not None for c in chains for b in c.blocks.values()
         ),
         "offload": offload,
+        "vocab_parallel": pm.vocab_parallel,  # type: ignore[attr-defined]
+        "embed_placements": _placements(chains[0].embed) if chains[0].embed else [],
     }
+
+
+def _placements(embed: torch.nn.Module) -> list[str]:
+    """Placements of the embedding table (the first parameter with a vocabulary dim)."""
+    from torch.distributed.tensor import DTensor
+
+    table = max(embed.parameters(), key=lambda p: p.shape[0])
+    return [str(p) for p in table.placements] if isinstance(table, DTensor) else []
 
 
 def _global_loss(pm: object, loss: torch.Tensor | None) -> float:

@@ -208,7 +208,7 @@ def make_plan(
             memory_capacity_bytes=16e9,
             peak_stage=0,
             memory_breakdown=MemoryBreakdown(
-                params_bytes=0.0,
+                params_bytes=1e9,
                 grads_bytes=0.0,
                 optimizer_bytes=0.0,
                 activations_bytes=0.0,

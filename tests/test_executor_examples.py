@@ -25,7 +25,8 @@ CONFIGS = ROOT / "examples" / "configs"
     ("script", "config", "fix"),
     [
         ("train_gpt2.py", "gpt2-tiny.json", None),
-        ("train_llama.py", "llama-tiny.json", "tp=2,sp=true,pp=1,dp=1"),
+        ("train_llama.py", "llama-tiny.json", "cp=2"),  # ring attention (TP+SP: numerics)
+        ("train_mixtral.py", "mixtral-tiny.json", "ep=2"),  # experts over 2 ranks
     ],
 )
 def test_plan_then_run_prints_report(
@@ -48,6 +49,8 @@ def test_plan_then_run_prints_report(
     ]
     assert paraplan_main(argv + (["--fix", fix] if fix else [])) == 0
     plan = load_plan(plan_path)
+    for key, value in (kv.split("=") for kv in (fix or "").split(",") if kv):
+        assert getattr(plan.parallelism, key) == int(value)  # the strategy that runs
     script_argv = [
         str(ROOT / "examples" / script),
         "--model",

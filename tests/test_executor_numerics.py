@@ -30,7 +30,7 @@ BF16_GRAD_RTOL = 0.1
 
 PLANS_2 = {
     "ddp": dict(dp=2, zero=0),
-    "fsdp_zero1_as_zero2": dict(dp=2, zero=1),
+    "zero1_accum": dict(dp=2, zero=1, nmb=2, mbs=1),
     "fsdp_zero2": dict(dp=2, zero=2),
     "fsdp_zero3_accum": dict(dp=2, zero=3, nmb=2, mbs=1),
     "ddp_accum": dict(dp=2, zero=0, nmb=2, mbs=1),
@@ -48,6 +48,9 @@ PLANS_2 = {
     "offload_zero2_recompute": dict(dp=2, zero=2, offload=True, recompute=("full",) * 4),
     "bf16_ddp": dict(dp=2, zero=0, precision="bf16"),
     "bf16_fsdp": dict(dp=2, zero=3, precision="bf16"),
+    "llama_cp2": dict(family="llama", cp=2),
+    "cp2_recompute": dict(cp=2, recompute=("full", "full", "none", "full")),
+    "mixtral_ep2": dict(family="mixtral", dp=2, ep=2),
 }
 PLANS_4 = {
     "dp2_tp2_ddp": dict(dp=2, tp=2, zero=0),
@@ -59,10 +62,14 @@ PLANS_4 = {
     ),
     "pp4_gpipe": dict(pp=4, schedule="gpipe", nmb=4, mbs=1),
     "pp2_tp2_sp_1f1b": dict(pp=2, tp=2, sp=True, schedule="1f1b", nmb=2, mbs=1),
+    "llama_hsdp_2x2": dict(family="llama", dp=4, dp_shard=2, zero=3),
+    "llama_dp2_cp2_fsdp": dict(family="llama", dp=2, cp=2, zero=3),
+    "llama_cp2_tp2_sp": dict(family="llama", cp=2, tp=2, sp=True),
+    "mixtral_dp4_ep2_fsdp": dict(family="mixtral", dp=4, ep=2, zero=2),
 }
 HF_NAMES = {
-    "gpt2": sorted(n for n, _ in tiny_model("gpt2").named_parameters()),
-    "llama": sorted(n for n, _ in tiny_model("llama").named_parameters()),
+    family: sorted(n for n, _ in tiny_model(family).named_parameters())
+    for family in ("gpt2", "llama", "mixtral")
 }
 
 
@@ -83,10 +90,13 @@ SCHEDULE_CLASSES = {
 
 def _expected_layout(kw: dict) -> dict[str, object]:
     """What parallelize must have applied for the plan `kw` (see executor/data_parallel.py)."""
-    dp, tp, pp = kw.get("dp", 1), kw.get("tp", 1), kw.get("pp", 1)
-    fsdp = kw.get("offload", False) or (dp > 1 and kw.get("zero", 0) >= 1)
-    ddp = dp > 1 and not fsdp and tp == 1 and pp == 1
-    replicate = dp > 1 and not fsdp and not ddp
+    dp, tp, pp, cp = kw.get("dp", 1), kw.get("tp", 1), kw.get("pp", 1), kw.get("cp", 1)
+    zero, ranks = kw.get("zero", 0), dp * cp  # data parallelism runs over dp x cp
+    zero1 = zero == 1 and tp == 1 and pp == 1  # DDP + ZeroRedundancyOptimizer
+    fsdp = kw.get("offload", False) or (ranks > 1 and zero >= 1 and not zero1)
+    ddp = ranks > 1 and not fsdp and tp == 1 and pp == 1
+    replicate = ranks > 1 and not fsdp and not ddp
+    hsdp = kw.get("dp_shard", dp) < dp
     wrapper = (
         "DistributedDataParallel"
         if ddp
@@ -96,12 +106,18 @@ def _expected_layout(kw: dict) -> dict[str, object]:
         if replicate
         else "ChainModule"
     )
+    dp_dims = (fsdp or replicate) + hsdp  # DTensor mesh dims data parallelism adds
+    vocab = tp > 1 and pp == 1
     return {
         "schedule": SCHEDULE_CLASSES[kw.get("schedule", "none")],
         "wrapper": wrapper,
-        "placements": (tp > 1) + (fsdp or replicate),  # DTensor mesh dims of a q_proj weight
+        "placements": (tp > 1) + dp_dims,  # DTensor mesh dims of a q_proj weight
         "recompute": sum(r != "none" for r in kw.get("recompute", ())),
         "offload": kw.get("offload", False),
+        "vocab_parallel": vocab,
+        # the embedding table: split over the vocabulary (Shard(0) on tp) when TP runs
+        "embed_placements": vocab + dp_dims if pp == 1 else None,
+        "optimizer": "ZeroRedundancyOptimizer" if zero1 and ranks > 1 else "SGD",
     }
 
 
@@ -109,7 +125,15 @@ def _check(results: dict[int, dict], specs: dict[str, dict]) -> None:
     for name, kw in specs.items():
         want = _expected_layout(kw)
         for res in results.values():
-            got = dict(res[name]["layout"], placements=len(res[name]["layout"]["placements"]))
+            layout = res[name]["layout"]
+            embed = layout["embed_placements"]
+            if want["vocab_parallel"]:
+                assert embed[-1] == "S(0)", (name, embed)  # tp is the table's last mesh dim
+            got = dict(
+                layout,
+                placements=len(layout["placements"]),
+                embed_placements=len(embed) if want["embed_placements"] is not None else None,
+            )
             assert got == want, (name, got, want)
         bf16 = kw.get("precision") == "bf16"
         loss_rtol = BF16_LOSS_RTOL if bf16 else FP32_LOSS_RTOL
@@ -127,12 +151,15 @@ def _check(results: dict[int, dict], specs: dict[str, dict]) -> None:
 
 @pytest.mark.multiprocess
 def test_two_ranks_match_reference(tmp_path: Path) -> None:
-    """DDP, FSDP2 ZeRO-1/2/3, TP, TP+SP, PP (GPipe, 1F1B, interleaved 1F1B), checkpointing,
-    offload, gradient accumulation and bf16, on GPT-2 and Llama."""
+    """DDP, ZeRO-1 (DDP + ZeroRedundancyOptimizer), FSDP2 ZeRO-2/3, TP (vocab-parallel loss),
+    TP+SP, PP (GPipe, 1F1B, interleaved 1F1B), checkpointing, offload, gradient accumulation,
+    bf16, CP=2 (ring attention, load-balanced), EP=2 (all-to-all), on GPT-2, Llama and a
+    tiny Mixtral."""
     _check(_run(tmp_path, 2, PLANS_2), PLANS_2)
 
 
 @pytest.mark.multiprocess
 def test_four_ranks_match_reference(tmp_path: Path) -> None:
-    """DP x TP (DDP and FSDP+SP, both mesh orders), DP x PP, PP x TP+SP, 4 pipeline stages."""
+    """DP x TP (DDP and FSDP+SP, both mesh orders), DP x PP, PP x TP+SP, 4 pipeline stages,
+    HSDP 2x2, CP x DP (FSDP over dp x cp), CP x TP+SP, EP x DP (experts over 2 of 4 dp ranks)."""
     _check(_run(tmp_path, 4, PLANS_4), PLANS_4)

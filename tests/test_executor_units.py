@@ -123,8 +123,8 @@ def test_refused_before_any_collective(monkeypatch: pytest.MonkeyPatch) -> None:
     dropout = tiny_model()
     dropout.transformer.drop.p = 0.1
     cases.append((make_plan(tp=2), dropout, "dropout p=0.1 in embed.drop .* embd_pdrop"))
-    cp = replace(plan, parallelism=replace(plan.parallelism, dp=1, cp=2))
-    cases.append((cp, tiny_model(), "context parallelism cp=2"))
+    cp_pp = make_plan(cp=2, pp=2, schedule="1f1b", nmb=2, mbs=1)  # outside the capability table
+    cases.append((cp_pp, tiny_model(), "cannot run this plan: cp=2 with pp=2"))
     for bad, model, message in cases:
         with pytest.raises(ValueError, match=message):
             parallelize(model, bad)
@@ -136,7 +136,7 @@ def test_supported_checks_name_the_fix() -> None:
     bad: list[tuple[object, str]] = [
         (replace(plan, train=replace(plan.train, precision="fp16")), "--precision bf16"),
         (replace(plan, train=replace(plan.train, optimizer="adam8bit")), "--optimizer"),
-        (replace(plan, parallelism=replace(plan.parallelism, offload_optimizer=True)), "zero=1"),
+        (replace(plan, parallelism=replace(plan.parallelism, offload_optimizer=True)), "zero=2"),
         (replace(plan, parallelism=replace(plan.parallelism, tp=2)), "cluster.s 2 GPUs"),
     ]
     for p, message in bad:

@@ -1,0 +1,173 @@
+"""What the executor runs: one table read by the search (it returns runnable plans unless told
+otherwise), by `paraplan run` (it refuses a plan before starting any rank) and by the executor
+itself (`parallelize` refuses the same plans by the same words). No torch here.
+
+Each `Capability` is one limit of the executor, with the rule in words and a check that names
+the value and the fix. A strategy the executor runs passes every check; the rest of the search
+space (the cost model prices it) is planned only with ``--any-engine``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .config import Optimizer, Precision
+from .plan import Plan
+from .strategy import Recompute, Schedule, Strategy
+
+RUNNABLE_PRECISIONS = (Precision.FP32, Precision.BF16)
+"""Precisions that need no loss scaling (fp16 and fp8 would)."""
+RUNNABLE_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.SGD, Optimizer.ADAFACTOR)
+"""Optimizers torch.optim has."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Job:
+    """What a capability check reads: the strategy and the few facts of model and training
+    that limit the executor."""
+
+    strategy: Strategy
+    """Degrees and choices."""
+    experts: int
+    """MoE experts per block (0 for a dense model)."""
+    precision: Precision
+    """Training precision."""
+    optimizer: Optimizer
+    """Optimizer."""
+    block_recompute: tuple[Recompute, ...] | None = None
+    """Each block's recompute decision when known (a plan's), None in the search."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Capability:
+    """One limit of the executor."""
+
+    name: str
+    """Short name (shown in tables and messages)."""
+    rule: str
+    """What the executor runs, in words."""
+    check: Callable[[Job], str | None]
+    """None when the job is runnable, else why not and the fix."""
+
+
+def _precision(j: Job) -> str | None:
+    if j.precision in RUNNABLE_PRECISIONS:
+        return None
+    return (
+        f"precision {str(j.precision)!r} needs loss scaling, which the executor does not do; "
+        "use --precision bf16 or fp32"
+    )
+
+
+def _optimizer(j: Job) -> str | None:
+    if j.optimizer in RUNNABLE_OPTIMIZERS:
+        return None
+    names = " or ".join(str(o) for o in RUNNABLE_OPTIMIZERS)
+    return f"optimizer {str(j.optimizer)!r} is not in torch.optim; use --optimizer {names}"
+
+
+def _offload(j: Job) -> str | None:
+    s = j.strategy
+    if not s.offload_optimizer or s.zero_stage >= 2:
+        return None
+    return (
+        f"offload_optimizer with zero_stage={s.zero_stage}: optimizer offload runs through "
+        "FSDP2's CPUOffloadPolicy, which also shards gradients (ZeRO-2 or 3); use --fix zero=2"
+    )
+
+
+def _zero1(j: Job) -> str | None:
+    s = j.strategy
+    if s.zero_stage != 1 or (s.tp == 1 and s.pp == 1 and s.ep == 1):
+        return None
+    return (
+        f"zero_stage=1 with tp={s.tp}, pp={s.pp}, ep={s.ep}: ZeRO-1 runs as torch's "
+        "ZeroRedundancyOptimizer beside DDP, which holds plain (not DTensor) parameters and "
+        "the same parameters on every data-parallel rank; use --fix zero=2 (same traffic)"
+    )
+
+
+def _context(j: Job) -> str | None:
+    s = j.strategy
+    selective = s.recompute == Recompute.SELECTIVE or (
+        s.recompute == Recompute.PER_LAYER
+        and (j.block_recompute is None or Recompute.SELECTIVE in j.block_recompute)
+    )
+    if s.cp > 1 and selective:
+        return (
+            f"cp={s.cp} with recompute {str(s.recompute)!r}: selective recompute would replay "
+            "the ring's sends and receives from its cache (a hang); use --fix recompute=full "
+            "or none"
+        )
+    if s.cp == 1 or (s.pp == 1 and s.ep == 1):
+        return None
+    return (
+        f"cp={s.cp} with pp={s.pp}, ep={s.ep}: context parallelism runs with data and tensor "
+        "parallelism only; use --fix pp=1,ep=1 or --fix cp=1"
+    )
+
+
+def _experts(j: Job) -> str | None:
+    s = j.strategy
+    if not j.experts:
+        return None
+    if s.tp == 1 and s.pp == 1 and s.cp == 1 and s.shard_dp == s.dp:
+        return None
+    return (
+        f"a mixture-of-experts model with tp={s.tp}, pp={s.pp}, cp={s.cp}, dp_shard="
+        f"{s.shard_dp}: MoE blocks run with data and expert parallelism (FSDP or DDP) only; "
+        "use --fix tp=1,pp=1,cp=1"
+    )
+
+
+def _pipeline(j: Job) -> str | None:
+    s = j.strategy
+    if s.pp > 1 and s.schedule == Schedule.NONE:
+        return (
+            f"pp={s.pp} with schedule 'none': a pipeline needs a schedule; use --fix schedule=1f1b"
+        )
+    if s.virtual_stages > 1 and s.schedule != Schedule.INTERLEAVED_1F1B:
+        return (
+            f"virtual_stages={s.virtual_stages} needs schedule interleaved_1f1b, not "
+            f"{str(s.schedule)!r}; use --fix schedule=interleaved_1f1b or vpp=1"
+        )
+    return None
+
+
+CAPABILITIES: tuple[Capability, ...] = (
+    Capability(name="precision", rule="fp32 or bf16 (no loss scaling)", check=_precision),
+    Capability(name="optimizer", rule="AdamW, SGD or Adafactor (torch.optim)", check=_optimizer),
+    Capability(name="offload", rule="optimizer offload with ZeRO-2/3 (FSDP2)", check=_offload),
+    Capability(
+        name="zero-1",
+        rule="ZeRO-1 beside DDP: no TP, PP or EP (ZeroRedundancyOptimizer)",
+        check=_zero1,
+    ),
+    Capability(
+        name="context",
+        rule="CP with DP and TP (no PP, no EP), recompute none or full",
+        check=_context,
+    ),
+    Capability(name="moe", rule="MoE with DP and EP only (no TP, PP, CP or HSDP)", check=_experts),
+    Capability(name="pipeline", rule="PP with GPipe, 1F1B or interleaved 1F1B", check=_pipeline),
+)
+"""Every limit of the executor (DP/FSDP/HSDP, TP/SP, PP, CP, EP, recompute otherwise run)."""
+
+
+def executor_gaps(job: Job) -> tuple[str, ...]:
+    """Why the executor cannot run `job`, one message per limit it hits (empty: runnable)."""
+    return tuple(msg for c in CAPABILITIES if (msg := c.check(job)) is not None)
+
+
+def plan_gaps(plan: Plan) -> tuple[str, ...]:
+    """`executor_gaps` of a plan."""
+    return executor_gaps(
+        Job(
+            strategy=plan.strategy(),
+            experts=plan.model.experts,
+            precision=plan.train.precision,
+            optimizer=plan.train.optimizer,
+            block_recompute=tuple(d.recompute for d in plan.layers if d.name.startswith("block")),
+        )
+    )

@@ -1,0 +1,71 @@
+"""MoE experts while profiling: balanced routing, so their FLOPs are counted.
+
+Hugging Face's fused experts (Mixtral's `MixtralExperts`: `gate_up_proj` (E, 2F, H) and
+`down_proj` (E, H, F)) pick the experts each token uses with `nonzero` over the router's
+choice, a value the meta/fake tensors of a trace do not have (the loop then runs no expert),
+and on real tensors they may dispatch to grouped-GEMM kernels the FLOP counter does not know:
+either way the profile left out the expert FFN (the bulk of a MoE block's FLOPs). While
+profiling, each such module computes with a fixed, balanced routing instead: the
+N*top_k (token, expert) assignments split into E equal groups, one per expert, which is
+what the analytic model assumes (every expert gets N*top_k/E tokens; Fedus et al. 2021
+§2.2 with capacity factor 1), so FLOPs, parameters and saved activations are those of a
+balanced step. The router itself runs unchanged. The outputs are not the model's: use it
+for counting and timing only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def is_fused_experts(module: nn.Module) -> bool:
+    """A Hugging Face fused-experts module (3-D `gate_up_proj` and `down_proj`)."""
+    gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    return (
+        isinstance(gate_up, torch.Tensor)
+        and isinstance(down, torch.Tensor)
+        and gate_up.dim() == 3
+        and down.dim() == 3
+        and hasattr(module, "act_fn")
+    )
+
+
+def balanced_experts_forward(
+    self: Any, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
+    """hidden (N, H), top_k_index/top_k_weights (N, k) -> (N, H), every expert given an equal
+    share of the N*k assignments (the first N*k mod E experts one more)."""
+    n, k = top_k_index.shape
+    experts = self.gate_up_proj.shape[0]
+    rows = hidden.unsqueeze(1).expand(n, k, hidden.shape[1]).reshape(n * k, -1)  # (N*k, H)
+    base, extra = divmod(n * k, experts)
+    sizes = [base + (1 if e < extra else 0) for e in range(experts)]
+    outs = []
+    for e, part in enumerate(rows.split(sizes)):
+        if part.shape[0] == 0:
+            continue
+        gate, up = F.linear(part, self.gate_up_proj[e]).chunk(2, dim=-1)  # (rows, F) each
+        outs.append(F.linear(self.act_fn(gate) * up, self.down_proj[e]))  # (rows, H)
+    out = torch.cat(outs) * top_k_weights.reshape(n * k, 1).to(hidden.dtype)  # (N*k, H)
+    return out.view(n, k, -1).sum(dim=1)  # (N, H)
+
+
+@contextlib.contextmanager
+def balanced_experts(model: nn.Module) -> Iterator[int]:
+    """Within the block, every fused-experts module of `model` routes as balanced; yields how
+    many modules were switched (restored afterwards)."""
+    switched = [m for m in model.modules() if is_fused_experts(m)]
+    for m in switched:
+        m.forward = types.MethodType(balanced_experts_forward, m)  # type: ignore[method-assign]
+    try:
+        yield len(switched)
+    finally:
+        for m in switched:
+            del m.forward  # back to the class's forward
