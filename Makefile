@@ -12,7 +12,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch is pinned to the CPU build first, so nothing later pulls a CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[torch,report,dev]'
+	# trainers `paraplan export` is checked against (their loaders' imports are the [export] extra)
+	$(BIN)/pip install --quiet --no-deps torchtitan==0.3.0
+	DS_BUILD_OPS=0 $(BIN)/pip install --quiet --no-deps --no-build-isolation deepspeed==0.19.8
+	$(BIN)/pip install --quiet -e '.[torch,report,dev,export]'
 	touch $(STAMP)
 
 # The main job: plan Llama 3 8B on one 8xH100 node, write plan.json.

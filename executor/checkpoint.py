@@ -10,6 +10,7 @@ per parameter name, as torchtitan does), plus the step. Rank 0 then writes ``<di
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from ..planner.inputs import read_text
 from ..planner.jsonio import write_atomic
 from .compose import ParallelModel
 from .optim import Optimizers
@@ -30,6 +32,10 @@ from .optim import Optimizers
 LATEST = "latest"
 """File naming the newest complete checkpoint folder."""
 _FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+_STEP_FOLDER = re.compile(r"step-[0-9]{1,18}")
+"""What `latest` may name: a folder ``step-<n>`` (n optimizer steps done) beside it."""
+_MARKER_BYTES = 256
+"""Largest `latest` file read (it holds one short folder name)."""
 
 
 def _model_state(pm: ParallelModel) -> dict[str, Any]:
@@ -62,11 +68,29 @@ def save_checkpoint(
 
 
 def latest_checkpoint(folder: str | os.PathLike[str]) -> Path | None:
-    """The newest complete checkpoint in `folder`, or None."""
-    marker = Path(folder) / LATEST
-    if not marker.is_file():
+    """The newest complete checkpoint in `folder`, or None when there is no `latest` marker.
+
+    A checkpoint folder is trusted input (DCP unpickles its metadata: loading one runs code),
+    so the marker may only point at a ``step-<n>`` folder inside `folder`, symbolic links
+    resolved; anything else is a ValueError naming the marker, what it says and the rule."""
+    root = Path(folder)
+    marker = root / LATEST
+    if not os.path.lexists(marker):
         return None
-    return Path(folder) / marker.read_text().strip()
+    hint = f"it holds the name of a step-<n> folder in {str(root)!r}; delete it to start afresh"
+    name = read_text(marker, what="checkpoint marker", hint=hint, max_bytes=_MARKER_BYTES).strip()
+    if not _STEP_FOLDER.fullmatch(name):
+        raise ValueError(
+            f"checkpoint marker {str(marker)!r} names {name[:80]!r}, not a step-<n> folder; {hint}"
+        )
+    target = root / name
+    if not target.resolve().is_relative_to(root.resolve()):
+        raise ValueError(
+            f"checkpoint marker {str(marker)!r} leads to {str(target.resolve())!r}, outside "
+            f"{str(root)!r} (a symbolic link out of the checkpoint folder); a resumed run loads "
+            f"only checkpoints inside --checkpoint-dir; {hint}"
+        )
+    return target
 
 
 def load_checkpoint(pm: ParallelModel, opts: Optimizers, path: str | os.PathLike[str]) -> int:

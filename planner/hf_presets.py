@@ -3,9 +3,14 @@ Architecture sources are cited with the analytic presets in `model_spec.py`."""
 
 from __future__ import annotations
 
-import json
+import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from . import limits
+from .inputs import is_regular_file, read_json
+from .limits import Bound, show_number
 
 # Config kwargs of the presets (architecture papers cited in planner/model_spec.py).
 _LLAMA3 = {
@@ -56,15 +61,92 @@ HF_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+_EXPERTS = replace(limits.EXPERTS, minimum=1)
+"""A config that names an expert count has at least one expert."""
+_SIZE_KEYS: dict[str, Bound] = {
+    "hidden_size": limits.HIDDEN,
+    "n_embd": limits.HIDDEN,
+    "d_model": limits.HIDDEN,
+    "num_hidden_layers": limits.LAYERS,
+    "n_layer": limits.LAYERS,
+    "num_layers": limits.LAYERS,
+    "num_attention_heads": limits.HEADS,
+    "n_head": limits.HEADS,
+    "num_key_value_heads": limits.HEADS,
+    "intermediate_size": limits.FFN,
+    "n_inner": limits.FFN,
+    "vocab_size": limits.VOCAB,
+    "max_position_embeddings": limits.SEQ_LEN,
+    "n_positions": limits.SEQ_LEN,
+    "n_ctx": limits.SEQ_LEN,
+    "num_local_experts": _EXPERTS,
+    "num_experts": _EXPERTS,
+    "num_experts_per_tok": _EXPERTS,
+}
+"""The size fields of Hugging Face configs (GPT-2, Llama, Mixtral, BERT naming) and their
+bounds: each, when present, is a whole number >= 1 within its bound (or null, for `_NULLABLE`)."""
+_NULLABLE = frozenset({"n_inner", "num_key_value_heads", "intermediate_size"})
+"""Sizes a config may give as null, meaning the family's default (4 x hidden, heads)."""
+
+
+def check_hf_config(data: object, where: str) -> dict[str, Any]:
+    """`data` as a config dict, its sizes checked before transformers builds anything (a
+    zero, a string or a huge size would fail deep inside, or allocate without end)."""
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{where}: a Hugging Face config is a JSON object, got {type(data).__name__}"
+        )
+    model_type = data.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise ValueError(
+            f"{where}: model_type={show_number(model_type)} must be a model family name such "
+            "as gpt2, llama, bert or mixtral"
+        )
+    for key, bound in _SIZE_KEYS.items():
+        value = data.get(key)
+        if key in data and (value is not None or key not in _NULLABLE):
+            bound.check(value, f"{where}: {key}")
+    return data
+
+
+def check_hf_shape(
+    *, hidden: int, heads: int, kv_heads: int, experts: int, top_k: int, where: str
+) -> None:
+    """The sizes of a built config (defaults of its family applied) that must divide each
+    other: the tracer and the planner assume them (an assertion deep inside otherwise)."""
+    if heads < 1 or hidden % heads:
+        raise ValueError(
+            f"{where}: hidden size {hidden} is not a multiple of {heads} attention heads; give "
+            "heads that divide the hidden size"
+        )
+    if kv_heads < 1 or heads % kv_heads:
+        raise ValueError(
+            f"{where}: {heads} attention heads are not a multiple of {kv_heads} key/value heads "
+            "(num_key_value_heads); give key/value heads that divide the heads"
+        )
+    if experts and not 1 <= top_k <= experts:
+        raise ValueError(
+            f"{where}: {top_k} experts per token (num_experts_per_tok) is not between 1 and the "
+            f"{experts} experts"
+        )
+
+
+def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A config.json read through the input layer and checked by `check_hf_config`."""
+    hint = "pass a Hugging Face config.json (with model_type) or a preset name"
+    data = read_json(path, what="config file", hint=hint)
+    return check_hf_config(data, f"config file {os.fspath(path)!r}")
+
+
 def is_hf_model(source: str) -> bool:
-    """Whether `--model` names a Hugging Face preset or config.json (vs an analytic spec)."""
+    """Whether `--model` names a Hugging Face preset or config.json (vs an analytic spec). A
+    .json file that cannot be read or parsed, or a config whose sizes are out of range, is a
+    ValueError naming it (before torch is imported)."""
     if source.lower() in HF_PRESETS:
         return True
-    path = Path(source)
-    if path.suffix == ".json" and path.is_file():
-        try:
-            data = json.loads(path.read_text())
-        except (json.JSONDecodeError, OSError):
-            return False
-        return isinstance(data, dict) and "model_type" in data
+    if Path(source).suffix == ".json" and is_regular_file(source):
+        data = read_json(source, what="model file", hint="pass a config.json or a spec file")
+        if isinstance(data, dict) and "model_type" in data:
+            check_hf_config(data, f"config file {source!r}")
+            return True
     return False

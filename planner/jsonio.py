@@ -1,6 +1,7 @@
 """Typed values <-> JSON: frozen dataclasses to dicts and back, JSON schemas generated from
-the same dataclasses (field docstrings become descriptions), strict validation, and atomic
-writes. Plans and profiles both go through here."""
+the same dataclasses (field docstrings become descriptions) and strict validation. Plans and
+profiles both go through here; files are read by `inputs` and written by `outputs`
+(`write_atomic`, kept importable from here)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,19 @@ import ast
 import inspect
 import itertools
 import json
-import math
 import os
-import secrets
-import stat
 import types
 import typing
 from dataclasses import MISSING, fields, is_dataclass
 from enum import Enum
 from functools import cache
-from pathlib import Path
 
+from . import inputs
+from .inputs import json_path, non_finite
+from .outputs import write_atomic
+
+_MAX_SHOWN = 300
+"""Characters of a validation message shown (it quotes the bad value, which may be huge)."""
 Overrides = dict[str, dict[str, typing.Any]]
 """Per field name, schema keywords that replace the generated type (e.g. an enum)."""
 
@@ -37,8 +40,8 @@ def to_json(value: typing.Any) -> typing.Any:
 def from_json(cls: typing.Any, data: typing.Any) -> typing.Any:
     """The inverse of `to_json` for an already validated document."""
     if is_dataclass(cls):
-        hints = typing.get_type_hints(cls)
         build = typing.cast(typing.Any, cls)
+        hints = _type_hints(build)
         return build(**{f.name: from_json(hints[f.name], data[f.name]) for f in fields(cls)})
     origin = typing.get_origin(cls)
     if origin is tuple:
@@ -54,6 +57,12 @@ def from_json(cls: typing.Any, data: typing.Any) -> typing.Any:
     if cls is float:
         return float(data)
     return data
+
+
+@cache
+def _type_hints(cls: typing.Any) -> dict[str, typing.Any]:
+    """`typing.get_type_hints`, once per class (it evaluates every annotation each call)."""
+    return typing.get_type_hints(cls)
 
 
 def type_schema(tp: typing.Any, name: str, overrides: Overrides) -> dict[str, typing.Any]:
@@ -136,30 +145,12 @@ def validate(
     if errors:
         err = errors[0]
         where = json_path(err.absolute_path)
-        raise ValueError(
-            f"invalid {what} at {where}: {err.message}; {fix} (the format is {schema_doc(schema)})"
+        problem = (
+            err.message if len(err.message) <= _MAX_SHOWN else err.message[:_MAX_SHOWN] + "..."
         )
-
-
-def json_path(parts: typing.Iterable[str | int]) -> str:
-    """A location in a document as `a.b.0.c` (`(top level)` for the document itself)."""
-    return ".".join(str(p) for p in parts) or "(top level)"
-
-
-def non_finite(data: typing.Any, at: tuple[str | int, ...] = ()) -> tuple[str, float] | None:
-    """(JSON path, value) of the first NaN or infinite number in a parsed document, or None."""
-    if isinstance(data, float) and not math.isfinite(data):
-        return json_path(at), data
-    items: typing.Iterable[tuple[str | int, typing.Any]] = ()
-    if isinstance(data, dict):
-        items = data.items()
-    elif isinstance(data, list):
-        items = enumerate(data)
-    for key, value in items:
-        found = non_finite(value, (*at, key))
-        if found is not None:
-            return found
-    return None
+        raise ValueError(
+            f"invalid {what} at {where}: {problem}; {fix} (the format is {schema_doc(schema)})"
+        )
 
 
 def schema_doc(schema: dict[str, typing.Any]) -> str:
@@ -167,77 +158,27 @@ def schema_doc(schema: dict[str, typing.Any]) -> str:
     return "docs/" + str(schema.get("$id", "the schema")).rsplit("/", 1)[-1]
 
 
+def dumps_finite(doc: typing.Any, what: str, *, indent: int = 2) -> str:
+    """`doc` as JSON text and a newline; ValueError naming the first NaN or infinite number
+    (JSON has none: Python would write a bare NaN that no other reader accepts)."""
+    bad = non_finite(doc)
+    if bad is not None:
+        raise ValueError(
+            f"the {what} holds {bad[1]!r} at {bad[0]}, which JSON cannot hold; nothing was "
+            "written (an input figure out of range, or a paraplan bug: please report it)"
+        )
+    return json.dumps(doc, indent=indent, allow_nan=False) + "\n"
+
+
 def read_json(path: str | os.PathLike[str], what: str, hint: str) -> typing.Any:
-    """Parse a JSON file; a missing file or bad JSON is a ValueError naming the path."""
-    source = Path(path)
-    if not source.is_file():
-        raise ValueError(f"{what} file {str(source)!r} does not exist; {hint}")
-    try:
-        return json.loads(source.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"{what} file {str(source)!r} is not valid JSON (line {exc.lineno}, column "
-            f"{exc.colno}: {exc.msg}); {hint}"
-        ) from None
-
-
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write `text` (UTF-8) to `path` so that a reader sees the old file or the new one, never
-    half of one: the text goes to a temporary file with a unique name in the target's folder,
-    which is then renamed over the target. The new file has the permissions of any new file
-    (0666 less the umask). Any failure removes the temporary file and leaves the target as it
-    was.
-
-    A symbolic link is written through: the file it points to (at the end of a chain of links)
-    is replaced and the link stays. A path that exists and is not a regular file (a folder, a
-    FIFO, a device, a socket) is refused with ValueError and left untouched. This is the
-    project's only atomic writer: plans, profiles, clusters, reports and checkpoints use it."""
-    target = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
-    folder = target.parent
-    if not folder.is_dir():
-        raise ValueError(
-            f"cannot write {str(path)!r}: folder {str(folder)!r} does not exist; create it "
-            "first or choose another path"
-        )
-    try:
-        mode = os.stat(target).st_mode
-    except FileNotFoundError:
-        mode = None
-    if mode is not None and not stat.S_ISREG(mode):
-        raise ValueError(
-            f"cannot write {str(path)!r}: it exists and is not a regular file (a folder, FIFO "
-            "or device is never replaced); remove it or choose another path"
-        )
-    fd, tmp = _create_temp(folder, target.name)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-_TEMP_TRIES = 100
-"""Random names tried before giving up (48 random bits each: a clash is already unlikely)."""
-
-
-def _create_temp(folder: Path, name: str) -> tuple[int, Path]:
-    """A new file `.<name>.<random>.tmp` in `folder`, open for writing. Unlike
-    `tempfile.mkstemp` (mode 0600), it is created with mode 0666 and the kernel applies the
-    umask, so the file ends with normal permissions without reading the process umask."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-    for _ in range(_TEMP_TRIES):
-        tmp = folder / f".{name}.{secrets.token_hex(6)}.tmp"
-        try:
-            return os.open(tmp, flags, 0o666), tmp
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free temporary name for {name!r} in {str(folder)!r}")
+    """Parse a JSON file through the input layer (`planner.inputs`: size, depth, UTF-8, finite
+    numbers, no duplicate keys); any problem is a ValueError naming the path."""
+    return inputs.read_json(path, what=f"{what} file", hint=hint)
 
 
 __all__ = [
     "MISSING",
+    "dumps_finite",
     "from_json",
     "non_finite",
     "object_schema",

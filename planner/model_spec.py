@@ -8,12 +8,14 @@ generalized to GQA, SwiGLU, MoE and fused (flash) attention; docs/cost-model.md 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from . import limits
+from .inputs import is_regular_file, read_json
+from .limits import show_number
 from .model import LayerCost, LayerKind, ModelProfile
 
 MASK_BYTES = 1
@@ -50,6 +52,20 @@ class Norm(StrEnum):
 RMSNORM_EXTRA = {Norm.LAYERNORM: 0, Norm.RMSNORM: 1}
 """Extra (b, s, h) tensors a norm keeps beyond its input: Hugging Face's unfused RMSNorm keeps
 the normalized hidden for the weight multiply; LayerNorm keeps only mean and rstd."""
+
+
+_BOUNDS = {
+    "layers": limits.LAYERS,
+    "hidden": limits.HIDDEN,
+    "heads": limits.HEADS,
+    "vocab": limits.VOCAB,
+    "seq": limits.SEQ_LEN,
+    "kv_heads": limits.HEADS,
+    "ffn": limits.FFN,
+    "experts": limits.EXPERTS,
+    "expert_ffn": limits.FFN,
+}
+"""The bound of each size (0 means "the default" for the optional ones and is not checked)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -98,14 +114,18 @@ class TransformerSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(
-                    f"model {self.name!r}: {name}={value!r} must be a positive integer"
+                    f"model {self.name!r}: {name}={show_number(value)} must be a positive integer"
                 )
         for name in ("kv_heads", "ffn", "experts", "top_k", "expert_ffn"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(
-                    f"model {self.name!r}: {name}={value!r} must be a non-negative integer"
+                    f"model {self.name!r}: {name}={show_number(value)} must be a non-negative "
+                    "integer"
                 )
+        for name, bound in _BOUNDS.items():  # before any arithmetic on the sizes
+            if getattr(self, name):  # 0 is "the default" for the optional sizes
+                bound.check(getattr(self, name), f"model {self.name!r}: {name}")
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn == 0:
@@ -233,8 +253,7 @@ class TransformerSpec:
     def to_profile(self, seq_len: int | None = None, act_bytes: int = 2) -> ModelProfile:
         """The layer chain (embedding, blocks, head) for sequences of `seq_len` tokens."""
         s = self.seq if seq_len is None else seq_len
-        if s < 1:
-            raise ValueError(f"seq_len={s} must be a positive integer")
+        limits.SEQ_LEN.check(s, "seq_len")
         if self.learned_pos and s > self.seq:
             raise ValueError(
                 f"model {self.name!r}: seq_len={s} exceeds its {self.seq} learned positions; "
@@ -426,7 +445,7 @@ def parse_model(text: str) -> TransformerSpec:
     text = text.strip()
     if text.lower() in PRESETS:
         return PRESETS[text.lower()]
-    if text.endswith(".json") or Path(text).is_file():
+    if text.endswith(".json") or is_regular_file(text):
         return load_spec_file(Path(text))
     if ":" in text:
         family, _, body = text.partition(":")
@@ -447,12 +466,7 @@ def parse_model(text: str) -> TransformerSpec:
 
 def load_spec_file(path: Path) -> TransformerSpec:
     """Load a spec written by `TransformerSpec.to_dict` (strict: unknown keys rejected)."""
-    if not path.is_file():
-        raise ValueError(f"--model {str(path)!r}: no such file; expected {MODEL_FORMS}")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"model file {str(path)!r} is not valid JSON: {exc}") from None
+    data = read_json(path, what="model file", hint=f"expected {MODEL_FORMS}")
     if not isinstance(data, dict):
         raise ValueError(f"model file {str(path)!r}: expected a JSON object of spec keys")
     data.setdefault("name", path.stem)

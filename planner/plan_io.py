@@ -8,21 +8,23 @@ Every problem is a ValueError naming the field by its JSON path, the rule and th
 
 from __future__ import annotations
 
-import json
 import os
 import typing
 
-from .jsonio import from_json, read_json, validate, write_atomic
+from . import limits
+from .jsonio import dumps_finite, from_json, read_json, validate, write_atomic
 from .plan import SCHEMA_VERSION, ChunkRange, Plan
 from .schema import plan_schema
 from .strategy import MeshAxis
 
 _REGENERATE = "regenerate the plan with paraplan plan -o"
+_REL_TOL = 1e-9
+"""Relative difference allowed between a figure and the sum it is written as (rounding)."""
 
 
 def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
     """Write the plan as JSON atomically (a reader never sees a half-written plan)."""
-    write_atomic(path, json.dumps(plan.to_dict(), indent=2) + "\n")
+    write_atomic(path, dumps_finite(plan.to_dict(), "plan"))
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:
@@ -42,6 +44,13 @@ def plan_from_dict(data: typing.Any) -> Plan:
             f"reads version {SCHEMA_VERSION}); {_REGENERATE} of this version"
         )
     validate(data, plan_schema(), "plan", _REGENERATE)
+    huge = limits.too_large(data)
+    if huge is not None:
+        _fail(
+            huge[0],
+            f"{limits.show_number(huge[1])} is larger than any real figure (the limit is "
+            f"{limits.MAX_FIGURE:g})",
+        )
     plan: Plan = from_json(Plan, data)
     check_plan(plan)
     return plan
@@ -53,10 +62,48 @@ def _fail(where: str, problem: str, fix: str = _REGENERATE) -> typing.NoReturn:
 
 def check_plan(plan: Plan) -> None:
     """The rules between fields that a schema cannot state; ValueError on the first broken."""
+    _check_limits(plan)
     _check_cluster(plan)
     _check_mesh(plan)
     _check_stages(plan)
     _check_batch(plan)
+    _check_memory(plan)
+
+
+def _check_limits(plan: Plan) -> None:
+    """The counts a plan carries within the bounds a planning request has (`planner.limits`)."""
+    counts = (
+        (limits.GPUS, plan.cluster.num_gpus, "cluster.num_gpus"),
+        (limits.GPUS_PER_NODE, plan.cluster.gpus_per_node, "cluster.gpus_per_node"),
+        (limits.GLOBAL_BATCH, plan.train.global_batch, "train.global_batch"),
+        (limits.SEQ_LEN, plan.train.seq_len, "train.seq_len"),
+        (limits.LAYERS, plan.model.num_blocks, "model.num_blocks"),
+        (limits.HIDDEN, plan.model.hidden, "model.hidden"),
+        (limits.HEADS, plan.model.heads, "model.heads"),
+        (limits.VOCAB, plan.model.vocab, "model.vocab"),
+        (limits.EXPERTS, plan.model.experts, "model.experts"),
+    )
+    for bound, value, where in counts:
+        problem = bound.violation(value)
+        if problem:
+            _fail(where, f"{limits.show_number(value)} {problem}")
+    if len(plan.layers) > limits.LAYERS.maximum + 2:  # blocks plus embedding and head
+        _fail(
+            "layers",
+            f"{len(plan.layers):,} layers, over the limit of {limits.LAYERS.maximum} blocks",
+        )
+
+
+def _check_memory(plan: Plan) -> None:
+    """The memory per GPU is its breakdown's total (each part then lies between 0 and it)."""
+    pr = plan.predicted
+    total = pr.memory_breakdown.total_bytes
+    if pr.memory_per_gpu_bytes <= 0 or abs(pr.memory_per_gpu_bytes - total) > _REL_TOL * total:
+        _fail(
+            "predicted.memory_per_gpu_bytes",
+            f"{pr.memory_per_gpu_bytes:g} bytes is not the sum of predicted.memory_breakdown "
+            f"({total:g} bytes)",
+        )
 
 
 def _check_cluster(plan: Plan) -> None:

@@ -9,16 +9,32 @@ import os
 import typing
 from functools import cache
 
-from .jsonio import from_json, object_schema, read_json, to_json, validate, write_atomic
+from . import limits
+from .jsonio import (
+    dumps_finite,
+    from_json,
+    object_schema,
+    read_json,
+    to_json,
+    validate,
+    write_atomic,
+)
 from .model import ModelProfile
 
+_AGAIN = "profile the model again with paraplan profile -o"
 PROFILE_SCHEMA_VERSION = 2
 """Bumped on any incompatible change of the profile JSON."""
 
 
 @cache
 def profile_schema() -> dict[str, typing.Any]:
-    """The profile JSON schema (draft 2020-12): a version and the `ModelProfile`."""
+    """The profile JSON schema (draft 2020-12): a version and the `ModelProfile`, every
+    per-layer figure (parameters, FLOPs, bytes, seconds) at least 0."""
+    profile = object_schema(ModelProfile)
+    for prop in profile["properties"]["layers"]["items"]["properties"].values():
+        for branch in prop.get("anyOf", [prop]):
+            if branch.get("type") in ("integer", "number"):
+                branch["minimum"] = 0
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "https://paraplan.dev/profile.schema.json",
@@ -27,7 +43,7 @@ def profile_schema() -> dict[str, typing.Any]:
         "description": "A model as a chain of layers with their costs, per sequence.",
         "properties": {
             "schema_version": {"const": PROFILE_SCHEMA_VERSION},
-            "profile": object_schema(ModelProfile),
+            "profile": profile,
         },
         "required": ["schema_version", "profile"],
         "additionalProperties": False,
@@ -49,13 +65,21 @@ def profile_from_dict(data: typing.Any) -> ModelProfile:
             f"schema_version {data.get('schema_version')!r} is not supported (this paraplan "
             f"reads version {PROFILE_SCHEMA_VERSION}); profile the model again"
         )
-    validate(data, profile_schema(), "profile", "profile the model again with paraplan profile -o")
-    return from_json(ModelProfile, data["profile"])
+    validate(data, profile_schema(), "profile", _AGAIN)
+    huge = limits.too_large(data)
+    if huge is not None:
+        raise ValueError(
+            f"invalid profile at {huge[0]}: {limits.show_number(huge[1])} is larger than any "
+            f"real figure (the limit is {limits.MAX_FIGURE:g}); {_AGAIN}"
+        )
+    profile: ModelProfile = from_json(ModelProfile, data["profile"])
+    limits.check_profile(profile, where="profile")
+    return profile
 
 
 def save_profile(profile: ModelProfile, path: str | os.PathLike[str]) -> None:
     """Write atomically."""
-    write_atomic(path, json.dumps(profile_to_dict(profile), indent=1) + "\n")
+    write_atomic(path, dumps_finite(profile_to_dict(profile), "profile", indent=1))
 
 
 def load_profile(path: str | os.PathLike[str]) -> ModelProfile:

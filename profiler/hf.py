@@ -9,7 +9,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from paraplan.planner.hf_presets import HF_PRESETS, check_hf_config, read_hf_config
+from paraplan.planner.hf_presets import (
+    HF_PRESETS,
+    check_hf_config,
+    check_hf_shape,
+    read_hf_config,
+)
+from paraplan.planner.limits import PROFILE_TOKENS
 from paraplan.planner.model import ModelProfile
 
 from .api import profile
@@ -40,11 +46,26 @@ def load_config(source: str | dict[str, Any]) -> Any:
         from transformers import AutoConfig
 
         try:
-            return AutoConfig.for_model(model_type, **data)
+            config = AutoConfig.for_model(model_type, **data)
         except (ValueError, KeyError) as exc:
             raise ValueError(
                 f"{where}: model_type {model_type!r} is not supported: {exc}"
             ) from None
+        except Exception as exc:
+            # the config classes' own field checks (huggingface_hub's strict dataclass errors,
+            # TypeError) on values from the user's file: bad input, not a paraplan bug
+            problem = " ".join(str(exc).split())
+            raise ValueError(f"{where}: transformers refused the config: {problem}") from None
+    s = shape_of(config)
+    check_hf_shape(
+        hidden=s.hidden,
+        heads=s.heads,
+        kv_heads=s.kv_heads,
+        experts=s.experts,
+        top_k=s.top_k,
+        where=where,
+    )
+    return config
 
 
 def build_model(
@@ -86,8 +107,15 @@ def profile_hf(
         raise ValueError(
             f"seq_len={seq} exceeds the model's {shape.max_seq} positions; use a shorter --seq-len"
         )
+    PROFILE_TOKENS.check(batch * seq, f"batch {batch} x seq_len {seq}")  # ids made on the CPU
     device = "meta" if mode == "meta" else "cpu"
-    model = build_model(config, device=device, dtype=dtype)
+    try:
+        model = build_model(config, device=device, dtype=dtype)
+    except Exception as exc:  # a value the config class accepts but the model cannot use
+        problem = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise ValueError(
+            f"transformers could not build the model of {source!r}: {problem}"
+        ) from None
     name = (
         source
         if isinstance(source, str) and source.lower() in HF_PRESETS

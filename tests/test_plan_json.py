@@ -108,7 +108,7 @@ def test_failed_write_leaves_old_file(plan: Plan, tmp_path: Path, monkeypatch) -
         raise OSError("disk full")
 
     monkeypatch.setattr("paraplan.planner.jsonio.os.replace", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(ValueError, match=f"cannot write '{path}': disk full"):
         save_plan(plan, path)
     assert path.read_text() == "previous"
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]  # the temporary is removed

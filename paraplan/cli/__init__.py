@@ -13,12 +13,12 @@ import argparse
 from collections.abc import Sequence
 
 from .. import __version__
-from . import calibrate, checkpoint, compare, explain, plan, profile, run, show
+from . import calibrate, checkpoint, compare, explain, export, plan, profile, run, show
 from .common import EXIT_BAD_INPUT, run_command
 
 __all__ = ["EXIT_BAD_INPUT", "build_parser", "main"]
 
-_COMMANDS = (plan, profile, explain, run, show, compare, checkpoint, calibrate)
+_COMMANDS = (plan, profile, explain, run, show, compare, checkpoint, calibrate, export)
 """Command modules in the order `paraplan --help` lists them."""
 
 

@@ -20,11 +20,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..api import model_profile
+from ..planner import limits
 from .common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
+    check_output,
+    count_arg,
     format_bytes,
     parse_bytes,
+    parse_output_path,
     parse_positive_int,
     parse_seconds,
     print_notes,
@@ -65,14 +69,14 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--seq-len",
-        type=parse_positive_int,
+        type=count_arg(limits.SEQ_LEN, parse_positive_int),
         metavar="S",
         help="tokens per sequence (default: the model's context length; a profile JSON has its "
         "own)",
     )
     p.add_argument(
         "--micro-batch",
-        type=parse_positive_int,
+        type=count_arg(limits.GLOBAL_BATCH, parse_positive_int),
         default=1,
         metavar="B",
         help="sequences per micro-batch (default 1)",
@@ -103,7 +107,13 @@ def add_parser(subparsers: Any) -> None:
         metavar="S",
         help="ILP time limit in seconds (default 10)",
     )
-    p.add_argument("-o", "--output", metavar="PATH", help="write the schedule JSON here")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=parse_output_path,
+        metavar="PATH",
+        help="write the schedule JSON here",
+    )
     p.set_defaults(handler=execute)
 
 
@@ -125,6 +135,7 @@ def execute(args: argparse.Namespace) -> int:
         store_all_ops,
     )
 
+    check_output(args)  # an unwritable -o fails now, not after the solve
     profile = _profile(args)
     chain, graph, times = _chain(profile, args)
     what = f"{profile.name} (micro-batch {args.micro_batch}, seq {profile.seq_len})"
@@ -192,10 +203,11 @@ def execute(args: argparse.Namespace) -> int:
 def _profile(args: argparse.Namespace) -> ModelProfile:
     """The model's profile: a profile JSON as written, or a traced/analytic model."""
     from ..planner.hf_presets import is_hf_model
+    from ..planner.inputs import is_regular_file
     from ..planner.profile_io import load_profile
 
     path = Path(args.model)
-    if path.suffix == ".json" and path.is_file() and not is_hf_model(args.model):
+    if path.suffix == ".json" and is_regular_file(path) and not is_hf_model(args.model):
         profile = load_profile(path)
         if args.seq_len and args.seq_len != profile.seq_len:
             raise ValueError(

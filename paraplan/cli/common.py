@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ..api import model_profile
+from ..planner import limits
+from ..planner.limits import MAX_SECONDS, Bound
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -59,20 +61,46 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$")
 
 # ---- argument types ---------------------------------------------------------------------------
 def parse_count(text: str) -> int:
-    """An integer with an optional K/M/G suffix (e.g. 16M); argparse reports the error."""
+    """An integer with an optional K/M/G suffix (e.g. 16M), exact for plain integers of any
+    size; a non-finite, fractional or non-positive count is an argparse error."""
     raw = text.strip().lower().replace("_", "").replace(",", "")
     scale = 1
     if raw and raw[-1] in _COUNT_SUFFIXES:
         scale, raw = _COUNT_SUFFIXES[raw[-1]], raw[:-1]
+    try:
+        return _positive(text, int(raw) * scale)
+    except ValueError:
+        pass  # not a plain integer: 1e6, 1.5K
     try:
         value = float(raw) * scale
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a count; use an integer such as 256, 16M or 4096K"
         ) from None
-    if value < 1 or value != int(value):
+    if not math.isfinite(value) or value != int(value):
         raise argparse.ArgumentTypeError(f"{text!r} must be a positive whole number")
-    return int(value)
+    return _positive(text, int(value))
+
+
+def _positive(text: str, value: int) -> int:
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive whole number")
+    return value
+
+
+def count_arg(bound: Bound, parse: Callable[[str], int] = parse_count) -> Callable[[str], int]:
+    """An argparse type: a count read by `parse` (default `parse_count`), then held to `bound`
+    (planner.limits) so that a huge number is refused before any work, naming the limit."""
+
+    def read(text: str) -> int:
+        value = parse(text)
+        problem = bound.violation(value)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{text!r} {problem}")
+        return value
+
+    read.__name__ = parse.__name__  # argparse names the type in some messages
+    return read
 
 
 def parse_positive_int(text: str) -> int:
@@ -86,15 +114,50 @@ def parse_positive_int(text: str) -> int:
     return value
 
 
+def parse_non_negative_int(text: str) -> int:
+    """A whole number >= 0 (no suffixes), e.g. a count of runners-up."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a whole number >= 0, e.g. 3")
+    return value
+
+
 def parse_seconds(text: str) -> float:
-    """A finite number of seconds > 0."""
+    """A finite number of seconds > 0, at most a week (`planner.limits.MAX_SECONDS`)."""
     try:
         value = float(text)
     except ValueError:
         value = 0.0
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"{text!r} must be a number of seconds > 0, e.g. 10")
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is above the limit of {MAX_SECONDS:,.0f} seconds (a week); give less"
+        )
     return value
+
+
+def parse_output_path(text: str) -> str:
+    """An output path: not empty (`-o ""` would write nothing and report success). Whether it
+    can be written is checked before the work (`check_output`)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a path; give a name, e.g. -o out.json (or leave -o out where "
+            "it is optional)"
+        )
+    return text
+
+
+def check_output(args: argparse.Namespace) -> None:
+    """Refuse an `-o` path that could not be written, before the search or trace (a folder, a
+    device, a missing or read-only folder, a name too long), instead of after it."""
+    from ..planner.outputs import check_writable
+
+    if getattr(args, "output", None) is not None:
+        check_writable(args.output)
 
 
 def parse_bytes(text: str) -> float:
@@ -125,8 +188,11 @@ def format_bytes(size_bytes: float, *, round_up: bool = False) -> str:
 
 
 # ---- the model / cluster / training-config inputs of plan and compare ------------------------
-def add_input_args(parser: argparse.ArgumentParser, verb: str) -> None:
-    """The model, cluster and training-config arguments `plan` and `compare` share."""
+def add_input_args(
+    parser: argparse.ArgumentParser, verb: str, *, batch_required: bool = True
+) -> None:
+    """The model, cluster and training-config arguments `plan` and `compare` share
+    (`batch_required=False`: the command checks for a batch itself, as `plan --from-config`)."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--model",
@@ -152,24 +218,32 @@ def add_input_args(parser: argparse.ArgumentParser, verb: str) -> None:
         metavar="C",
         help="'<N>x<accelerator>' (8xh100, 1024xa100-80gb) or a .json/.yaml file",
     )
-    parser.add_argument("--gpus", type=parse_count, metavar="N", help="GPU count (with --gpu)")
+    parser.add_argument(
+        "--gpus", type=count_arg(limits.GPUS), metavar="N", help="GPU count (with --gpu)"
+    )
     parser.add_argument("--gpu", metavar="NAME", help="accelerator name (with --gpus)")
     parser.add_argument(
-        "--gpus-per-node", type=parse_count, metavar="G", help="GPUs per node (default 8)"
+        "--gpus-per-node",
+        type=count_arg(limits.GPUS_PER_NODE),
+        metavar="G",
+        help="GPUs per node (default 8)",
     )
-    batch = parser.add_mutually_exclusive_group(required=True)
+    batch = parser.add_mutually_exclusive_group(required=batch_required)
     batch.add_argument(
-        "--global-batch", type=parse_count, metavar="N", help="sequences per optimizer step"
+        "--global-batch",
+        type=count_arg(limits.GLOBAL_BATCH),
+        metavar="N",
+        help="sequences per optimizer step",
     )
     batch.add_argument(
         "--global-batch-tokens",
-        type=parse_count,
+        type=count_arg(limits.BATCH_TOKENS),
         metavar="T",
         help="tokens per optimizer step (e.g. 16M); must be a multiple of --seq-len",
     )
     parser.add_argument(
         "--seq-len",
-        type=parse_count,
+        type=count_arg(limits.SEQ_LEN),
         metavar="S",
         help="tokens per sequence (default: the model's context length)",
     )
@@ -206,10 +280,13 @@ def read_cluster(args: argparse.Namespace) -> Cluster:
     if args.cluster and (args.gpus or args.gpu):
         raise ValueError("give either --cluster or --gpus with --gpu, not both")
     if args.cluster:
-        return parse_cluster(args.cluster, gpus_per_node=args.gpus_per_node)
-    if args.gpus and args.gpu:
-        return make_cluster(args.gpu, args.gpus, gpus_per_node=args.gpus_per_node)
-    raise ValueError("no cluster: give --cluster 8xh100 (or a file), or --gpus N --gpu NAME")
+        cluster = parse_cluster(args.cluster, gpus_per_node=args.gpus_per_node)
+    elif args.gpus and args.gpu:
+        cluster = make_cluster(args.gpu, args.gpus, gpus_per_node=args.gpus_per_node)
+    else:
+        raise ValueError("no cluster: give --cluster 8xh100 (or a file), or --gpus N --gpu NAME")
+    limits.check_cluster(cluster)  # a cluster is only numbers: nothing was done yet
+    return cluster
 
 
 def read_model(args: argparse.Namespace, notes: list[str]) -> tuple[ModelProfile, int]:
@@ -246,6 +323,7 @@ def read_model(args: argparse.Namespace, notes: list[str]) -> tuple[ModelProfile
             f"--global-batch-tokens {tokens} is not a multiple of the sequence length {seq}; "
             f"use a multiple such as {seq * max(1, tokens // seq)}"
         )
+    limits.GLOBAL_BATCH.check(tokens // seq, f"--global-batch-tokens {tokens} / seq_len {seq}")
     return profile, tokens // seq
 
 

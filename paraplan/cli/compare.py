@@ -12,11 +12,17 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from ..planner import limits
 from .common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
     add_input_args,
     add_no_progress_arg,
+    count_arg,
+    parse_non_negative_int,
+    parse_output_path,
+    parse_positive_int,
+    parse_seconds,
     progress_bar,
     read_cluster,
     read_model,
@@ -53,7 +59,7 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--top",
-        type=int,
+        type=count_arg(limits.RUNNERS_UP, parse_non_negative_int),
         default=3,
         metavar="K",
         help="runners-up of the plan to compare (default 3)",
@@ -68,14 +74,14 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--tradeoff-budgets",
-        type=int,
+        type=count_arg(limits.TRADEOFF_BUDGETS, parse_positive_int),
         default=8,
         metavar="N",
         help="memory budgets per trade-off curve (default 8)",
     )
     p.add_argument(
         "--ilp-time-limit",
-        type=float,
+        type=parse_seconds,
         default=10.0,
         metavar="S",
         help="seconds per budget for paraplan-ilp (default 10)",
@@ -83,6 +89,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "-o",
         "--output",
+        type=parse_output_path,
         required=True,
         metavar="DIR",
         help="report folder (created; an earlier report there is replaced)",

@@ -11,12 +11,17 @@ import sys
 from typing import Any
 
 from ..api import plan as make
+from ..planner import limits
 from .common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
     add_input_args,
     add_no_progress_arg,
+    check_output,
+    count_arg,
     fraction_callback,
+    parse_non_negative_int,
+    parse_output_path,
     progress_bar,
     read_cluster,
     read_model,
@@ -38,10 +43,24 @@ def add_parser(subparsers: Any) -> None:
         description="Search DP x ZeRO x TP(+SP) x PP(schedule) x CP x EP x micro-batch x "
         "recompute x mesh order; print the chosen plan, its memory and time, and the runners-up.",
     )
-    add_input_args(p, "plan")
+    add_input_args(p, "plan", batch_required=False)
+    p.add_argument(
+        "--from-config",
+        metavar="FILE",
+        help="judge a trainer config against the best plan: a torchtitan TOML, a DeepSpeed "
+        "JSON, a Megatron-LM argument file, or torchtitan:MODULE.CONFIG (batch from the config)",
+    )
     p.add_argument("--fix", default="", metavar="K=V,...", help=FIX_HELP)
-    p.add_argument("--top", type=int, default=3, metavar="K", help="runners-up to list (default 3)")
-    p.add_argument("-o", "--output", metavar="PATH", help="write the plan JSON here")
+    p.add_argument(
+        "--top",
+        type=count_arg(limits.RUNNERS_UP, parse_non_negative_int),
+        default=3,
+        metavar="K",
+        help="runners-up to list (default 3)",
+    )
+    p.add_argument(
+        "-o", "--output", type=parse_output_path, metavar="PATH", help="write the plan JSON here"
+    )
     p.add_argument(
         "--json", action="store_true", help="print the plan JSON on stdout instead of the table"
     )
@@ -57,15 +76,26 @@ def add_parser(subparsers: Any) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Run `paraplan plan` on parsed arguments; prints, returns the exit status."""
-    import json
-
     from ..planner.api import NoFeasiblePlanError
     from ..planner.capabilities import plan_gaps
     from ..planner.explain import format_plan
+    from ..planner.jsonio import dumps_finite
     from ..planner.pins import Pins
     from ..planner.plan_io import save_plan
 
+    check_output(args)  # an unwritable -o fails now, not after the search
+
+    if args.from_config:  # judge an existing trainer config (paraplan/export/judge.py)
+        from ..export.judge import run_from_config
+
+        return EXIT_OK if run_from_config(args, read_cluster, read_model) else EXIT_BAD_INPUT
+    if not (args.global_batch or args.global_batch_tokens):
+        raise ValueError("give --global-batch N or --global-batch-tokens T (or --from-config)")
     cluster = read_cluster(args)
+    if cluster.calibration is not None:  # measured on another kind of device: say so
+        mismatch = cluster.calibration.device_mismatch(cluster.accelerator.name)
+        if mismatch:
+            print(f"paraplan: warning: {mismatch}", file=sys.stderr)
     fix = Pins.parse(args.fix)  # bad --fix fails before any tracing
     profile, batch = read_model(args, [])
     try:
@@ -92,7 +122,7 @@ def execute(args: argparse.Namespace) -> int:
     if args.output:
         save_plan(plan, args.output)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=2))
+        print(dumps_finite(plan.to_dict(), "plan"), end="")  # NaN is not JSON: refused
     else:
         print(format_plan(plan))
         for gap in plan_gaps(plan):

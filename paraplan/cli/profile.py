@@ -9,7 +9,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import EXIT_OK, add_no_progress_arg, parse_count, show_progress
+from ..planner import limits
+from .common import (
+    EXIT_OK,
+    add_no_progress_arg,
+    check_output,
+    count_arg,
+    parse_output_path,
+    show_progress,
+)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -27,11 +35,15 @@ def add_parser(subparsers: Any) -> None:
         help="a Hugging Face preset (gpt2, llama3-8b, ...) or config.json",
     )
     p.add_argument(
-        "--batch", type=parse_count, default=1, metavar="B", help="sequences (default 1)"
+        "--batch",
+        type=count_arg(limits.GLOBAL_BATCH),
+        default=1,
+        metavar="B",
+        help="sequences (default 1)",
     )
     p.add_argument(
         "--seq-len",
-        type=parse_count,
+        type=count_arg(limits.SEQ_LEN),
         metavar="S",
         help="tokens per sequence (default: the model's context length)",
     )
@@ -43,7 +55,9 @@ def add_parser(subparsers: Any) -> None:
         "measure: run on the CPU and time each layer",
     )
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="default bf16")
-    p.add_argument("-o", "--output", metavar="PATH", help="write the profile JSON here")
+    p.add_argument(
+        "-o", "--output", type=parse_output_path, metavar="PATH", help="write the profile JSON here"
+    )
     add_no_progress_arg(p)
     p.set_defaults(handler=execute)
 
@@ -54,6 +68,9 @@ def execute(args: argparse.Namespace) -> int:
     from ..planner.hf_presets import is_hf_model
     from ..planner.profile_io import save_profile
 
+    check_output(args)  # an unwritable -o fails now, not after the trace
+    if args.seq_len is not None:  # the tracer makes batch x seq token ids on the CPU
+        limits.PROFILE_TOKENS.check(args.batch * args.seq_len, "--batch x --seq-len")
     if not is_hf_model(args.model):
         raise ValueError(
             f"--model {args.model!r}: paraplan profile traces Hugging Face presets or config.json "

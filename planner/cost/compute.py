@@ -149,12 +149,8 @@ def _table(
 
 
 KERNELS: dict[str, KernelTable] = {
-    "a100-40gb": _table(
-        108, _WHITEPAPER_A100, 0.85, _GEMM_A100, 0.60, _FA2, (0.60, _CUDNN_AMPERE)
-    ),
-    "a100-80gb": _table(
-        108, _WHITEPAPER_A100, 0.85, _GEMM_A100, 0.60, _FA2, (0.60, _CUDNN_AMPERE)
-    ),
+    "a100-40gb": _table(108, _WHITEPAPER_A100, 0.85, _GEMM_A100, 0.60, _FA2, (0.60, _CUDNN_AMPERE)),
+    "a100-80gb": _table(108, _WHITEPAPER_A100, 0.85, _GEMM_A100, 0.60, _FA2, (0.60, _CUDNN_AMPERE)),
     "h100": _table(
         132, _WHITEPAPER_H100, 0.75, _GEMM_HOPPER, 0.35, _FA_HOPPER, (0.55, _CUDNN_HOPPER)
     ),
