@@ -120,10 +120,21 @@ class _Planner:
         self.shape = ProblemShape.of(profile, cluster, train)
 
     def run(self, name: str, label: str, pins: Pins, top_k: int = 0) -> Compared:
-        """Plan with `pins`; a failure becomes a `Compared` with its reason."""
+        """Plan with `pins`; a failure becomes a `Compared` with its reason. The named
+        baselines (FSDP, Megatron-style, ...) are what those frameworks run, so they are
+        planned whether or not paraplan's executor runs them (`any_engine`); the plan and
+        its runners-up are the executor's."""
         text = pins.describe()
+        baseline = name in ("fsdp", "dp-recompute", "megatron")
         try:
-            outcome = make_plan(self.profile, self.cluster, self.train, pins=pins, top_k=top_k)
+            outcome = make_plan(
+                self.profile,
+                self.cluster,
+                self.train,
+                pins=pins,
+                top_k=top_k,
+                any_engine=baseline,
+            )
         except NoFeasiblePlanError as exc:
             least = exc.least.memory.total_bytes if exc.least is not None else None
             return Compared(
