@@ -98,7 +98,8 @@ class ExpertParallelExperts(nn.Module):
 
 def _local(param: object) -> torch.Tensor:
     """This rank's shard of an expert parameter, differentiably (a DTensor's local part)."""
-    assert isinstance(param, DTensor)  # set in ExpertParallelExperts.__init__
+    if not isinstance(param, DTensor):  # set in ExpertParallelExperts.__init__
+        raise TypeError(f"expert parameter is a {type(param).__name__}, not the EP DTensor")
     return param.to_local()
 
 

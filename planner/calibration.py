@@ -186,7 +186,8 @@ _SCHEMA = object_schema(Calibration, {"figures": {"type": "object"}})
 def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calibration:
     """Read the `calibration` section (strict)."""
     validate(data, _SCHEMA, origin, fix="re-run paraplan calibrate or fix the file")
-    assert isinstance(data, Mapping)  # validated above
+    if not isinstance(data, Mapping):  # the schema says object; kept for the type checker
+        raise ValueError(f"{origin}: must be a mapping of calibration fields")
     fields = {f.name: f for f in dataclasses.fields(Calibration)}
     values: dict[str, Any] = {}
     hints = {

@@ -68,11 +68,10 @@ def execute(args: argparse.Namespace) -> int:
         raise ValueError(f"--output {args.output!r}: use a .yaml, .yml or .json file name")
     cluster = parse_cluster(args.cluster)
     calibrated = _refit(cluster, args.from_run) if args.from_run else _measure(cluster, args)
-    assert calibrated.calibration is not None
     save_cluster_file(calibrated, out)
     print(format_calibration(calibrated))
     if args.plot:
-        for path in plot_calibration(calibrated.calibration, Path(args.plot)):
+        for path in plot_calibration(_calibration_of(calibrated), Path(args.plot)):
             print(f"figure written to {path}")
     print(f"\ncluster file written to {out}; plan with --cluster {out}")
     return EXIT_OK
@@ -147,12 +146,21 @@ def _si(value: float, unit: str) -> str:
     return f"{value:.3g} {unit}"
 
 
+def _calibration_of(cluster: Cluster) -> Calibration:
+    """The cluster's calibration; a cluster without one is refused by name."""
+    if cluster.calibration is None:
+        raise ValueError(
+            f"cluster {cluster.name!r} carries no measured calibration; run paraplan calibrate "
+            "--cluster SPEC -o cal.yaml and pass cal.yaml"
+        )
+    return cluster.calibration
+
+
 def format_calibration(cluster: Cluster) -> str:
     """The measured figures and the fit as a short table."""
     from ..planner.calibration import collective_model_s
 
-    cal = cluster.calibration
-    assert cal is not None
+    cal = _calibration_of(cluster)
     acc = cluster.accelerator
     lines = [
         f"calibration of {cluster.name}: {cal.device_name} ({cal.device_kind}), torch "

@@ -6,12 +6,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..planner.cluster import Cluster
+from ..api import model_profile
+from ..planner.cluster import Cluster, parse_cluster
 from ..planner.config import TrainConfig
 from ..planner.cost.estimate import Estimate
 from ..planner.cost.evaluate import Evaluator
 from ..planner.model import ModelProfile
 from ..planner.plan import Plan
+from ..planner.profile_io import load_profile
 from ..planner.strategy import Strategy
 from . import deepspeed, megatron, torchtitan
 from .setup import Gap, Target, plan_strategy
@@ -151,9 +153,6 @@ def costing_for(
     the analytic spec is tried first, then `source`) or read from `profile_path`, on `cluster`
     (default: the plan's cluster name). ValueError when no rebuilt model matches the plan's
     fingerprint."""
-    from ..api import model_profile
-    from ..planner.cluster import parse_cluster
-    from ..planner.profile_io import load_profile
 
     cl = parse_cluster(cluster or plan.cluster.name)
     if profile_path:

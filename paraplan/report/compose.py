@@ -26,6 +26,7 @@ from ..planner.model import ModelProfile
 from ..planner.plan import Plan
 from ..planner.plan_io import save_plan
 from ..planner.solvers.chain import LayerChain
+from . import plots
 from .render import FigureEntry, ReportContent, plan_path, render_html, render_markdown
 from .strategies import STRATEGY_NAMES, Compared, compare_strategies, step_count
 from .timeline import compare_schedules, gantt_microbatches
@@ -273,8 +274,6 @@ def _figures(
     notes: list[str],
 ) -> list[FigureEntry]:
     """Draw and save every figure into figures/; returns them in page order."""
-    from .plots import memory_figure, save_figure, time_figure
-
     planned = ", ".join(plan_path(e.name) for e in entries if e.plan is not None) or "no plan"
     drawn = [
         _Drawn(
@@ -282,7 +281,7 @@ def _figures(
             heading="Memory per GPU",
             caption="Peak memory per GPU of each strategy, by holder (predicted.memory_breakdown "
             "of each plan), against the usable memory (device memory less the headroom).",
-            figure=memory_figure(
+            figure=plots.memory_figure(
                 entries, context=context, source=f"{planned} (predicted.memory_breakdown)"
             ),
         ),
@@ -292,7 +291,7 @@ def _figures(
             caption="Step time of each fitting strategy on its bounding pipeline stage "
             "(predicted.time_breakdown): compute, recompute, exposed communication, pipeline "
             "bubble, optimizer step.",
-            figure=time_figure(
+            figure=plots.time_figure(
                 entries, context=context, source=f"{planned} (predicted.time_breakdown)"
             ),
         ),
@@ -304,7 +303,7 @@ def _figures(
         drawn.append(_tradeoff_figure(curves, profile, cluster, train, context))
     out = []
     for d in drawn:
-        png, svg = save_figure(d.figure, built / "figures", d.key)
+        png, svg = plots.save_figure(d.figure, built / "figures", d.key)
         out.append(
             FigureEntry(
                 key=d.key,
@@ -323,8 +322,6 @@ def _gantt(
 ) -> _Drawn | None:
     """GPipe vs 1F1B vs interleaved with the first pipelined strategy's stages (replays written
     to data/schedules.json), or None with a note."""
-    from .plots import gantt_figure
-
     piped = _pipelined(entries)
     if piped is None or piped.plan is None:
         notes.append(
@@ -351,7 +348,7 @@ def _gantt(
         caption="GPipe, 1F1B and interleaved 1F1B replayed per stage over time with the stage "
         f"times of {piped.label}; light bars are forwards, dark bars backwards, numbers are "
         "micro-batches, hatched bars a stage's odd-numbered model chunks.",
-        figure=gantt_figure(timelines, what=what, context=context, source=source),
+        figure=plots.gantt_figure(timelines, what=what, context=context, source=source),
     )
 
 
@@ -359,8 +356,6 @@ def _tradeoff_figure(
     curves: tuple, profile: ModelProfile, cluster: Cluster, train: TrainConfig, context: str
 ) -> _Drawn:
     """The checkpointing trade-off curves."""
-    from .plots import tradeoff_figure
-
     what = (
         f"Activation checkpointing of one sequence ({train.seq_len} tokens, "
         f"{len(profile.layers)} layers, no TP) on one {cluster.accelerator.name}: time vs memory"
@@ -371,7 +366,7 @@ def _tradeoff_figure(
         caption="Time overhead over storing every activation at each memory budget, for each "
         "checkpointing strategy; every point is a schedule replayed by the solvers' simulator "
         "(filled: optimal or a fixed baseline, hollow: feasible, not proven optimal).",
-        figure=tradeoff_figure(
+        figure=plots.tradeoff_figure(
             curves,
             what=what,
             context=context,
