@@ -58,7 +58,7 @@ class PerLayerRecompute:
         most micro-batches, so they fit too and take no longer. A stage nothing fits takes the
         least-memory uniform policy."""
         sm = self.sm
-        s = _strategy_of(key)
+        s = key
         p, mbs, v = sm.profile, s.micro_batch_size, s.virtual_stages
         choice, kept_none, tmp = self._layer_choices(s.tp, s.sequence_parallel, s.cp, s.ep, mbs)
         boundary = 2 * v * sm.boundary_bytes(s) if s.pp > 1 else 0.0
@@ -147,7 +147,7 @@ class PerLayerRecompute:
 
     def _stage_rc_uncached(self, key: Strategy, stage: Stage) -> tuple[float, int, int]:
         sm = self.sm
-        s = _strategy_of(key)
+        s = key
         policies = self.policies(s)
         times = sm.layer_times(s.tp, s.cp, s.ep, s.micro_batch_size)
         seconds, n_full, n_full_moe = 0.0, 0, 0
@@ -171,7 +171,3 @@ def _recompute_s(c: StageCompute, policy: Recompute) -> float:
 def _solver_key(s: Strategy) -> Strategy:
     """What the per-layer solution depends on: the strategy without its mesh order."""
     return replace(s, mesh_order=DEFAULT_MESH_ORDER, recompute=Recompute.PER_LAYER)
-
-
-def _strategy_of(key: Strategy) -> Strategy:
-    return key
