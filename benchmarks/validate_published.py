@@ -29,7 +29,13 @@ from typing import Any
 import yaml
 
 from paraplan.planner.cluster import parse_cluster
-from paraplan.planner.config import AttentionKernel, Precision, Runtime, TrainConfig
+from paraplan.planner.config import (
+    AttentionKernel,
+    Precision,
+    Runtime,
+    SelectiveRecompute,
+    TrainConfig,
+)
 from paraplan.planner.cost.evaluate import Estimate, Evaluator
 from paraplan.planner.cost.layout import StageSplit
 from paraplan.planner.hardware import with_calibration
@@ -171,7 +177,7 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
     - Megatron-LM's README runs (Megatron-Core r0.8 on H100) state fine-grained TP
       communication overlap (--tp-comm-overlap) and run Transformer Engine's fused attention;
     - torchtitan rows without torch.compile run eager PyTorch (one kernel per operator) and
-      torch SDPA;
+      torch SDPA, and its selective checkpointing is per operator (every other matmul);
     - every other row (Megatron-LM papers and its baselines, Megatron-DeepSpeed, Meta's Llama 3
       stack) runs fused elementwise kernels, no TP overlap, and FlashAttention-2-class
       attention (or unfused attention, which the profile itself says)."""
@@ -182,8 +188,10 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
             fused_elementwise=True, tp_comm_overlap=True, attention=AttentionKernel.FUSED
         )
     if rid.startswith("torchtitan"):
+        # torchtitan's "selective" is per-operator SAC (`selective_ac_option = "op"`, its
+        # default and what every torchtitan row here states or implies).
         eager = "no torch.compile" in text or "torch.compile" not in text
-        return Runtime(fused_elementwise=not eager)
+        return Runtime(fused_elementwise=not eager, selective=SelectiveRecompute.EVERY_OTHER_MATMUL)
     return Runtime(fused_elementwise=True)
 
 
@@ -201,7 +209,7 @@ def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
             why = "fp8 (not priced yet)"
         elif any(cfg.get(k) is None for k in ("tp", "pp", "dp")):
             why = "degrees not stated"
-        elif gpu not in ("a100-80gb", "a100-40gb", "h100", "h200", "v100", "b200"):
+        elif gpu not in ("a100-80gb", "a100-40gb", "h100", "h100-hbm2e", "h200", "v100", "b200"):
             why = f"accelerator {gpu}"
         elif row["id"].startswith(tuple(_OTHER_SYSTEMS)):
             why = _OTHER_SYSTEMS[row["id"].split("_")[0] + "_" + row["id"].split("_")[1]]

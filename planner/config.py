@@ -46,6 +46,19 @@ class AttentionKernel(StrEnum):
     """Transformer Engine / cuDNN fused attention (Hopper-native on H100, as Megatron runs)."""
 
 
+class SelectiveRecompute(StrEnum):
+    """What a framework's "selective" activation recomputation recomputes."""
+
+    ATTENTION_CORE = "attention_core"
+    """The attention core only: scores, softmax, dropout, attention over V (Korthikanti et al.
+    2022 §5; Megatron-LM's `--recompute-granularity selective`, and paraplan's executor)."""
+    EVERY_OTHER_MATMUL = "every_other_matmul"
+    """torchtitan's per-operator selective checkpointing (`selective_ac_option = "op"`,
+    torchtitan/distributed/activation_checkpoint.py): within each block every second matmul
+    and every elementwise operator is recomputed; the other matmuls' outputs and the fused
+    attention's are saved."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Runtime:
     """How the training framework runs a step's kernels. The defaults are paraplan's own
@@ -60,6 +73,8 @@ class Runtime:
     Engine userbuffers, or torch's async TP); False: they sit on the critical path."""
     attention: AttentionKernel = AttentionKernel.SDPA
     """Fused attention kernel."""
+    selective: SelectiveRecompute = SelectiveRecompute.ATTENTION_CORE
+    """What `Recompute.SELECTIVE` recomputes in this framework."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

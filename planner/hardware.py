@@ -21,6 +21,34 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from .hardware_sources import (
+    _A100_DS,
+    _B200_DS,
+    _EFF_A100,
+    _EFF_B200,
+    _EFF_HOPPER,
+    _EFF_L4,
+    _EFF_MI300X,
+    _EFF_V100,
+    _H100_DS,
+    _H200_DS,
+    _HBM2E,
+    _IB_LAT,
+    _L4_DS,
+    _MI300X_DS,
+    _NET_400G,
+    _NVLINK,
+    _NVLINK_LAT,
+    _NVLINK_STEP_S,
+    _PCIE_LAT,
+    _PCIE_STEP_S,
+    _RDMA_STEP_S,
+    _RUNTIME_OVERHEAD,
+    _TCP_LAT,
+    _TCP_STEP_S,
+    _V100_DS,
+)
+
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 """dtype keys a `peak_flops` mapping may hold."""
 
@@ -140,74 +168,6 @@ def _check_positive(what: str, value: object) -> float:
     return float(value)
 
 
-# --- sources ------------------------------------------------------------------------------------
-_A100_DS = (
-    "NVIDIA A100 Tensor Core GPU datasheet (SXM), https://www.nvidia.com/content/dam/en-zz/"
-    "Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf"
-)
-_H100_DS = (
-    "NVIDIA H100 Tensor Core GPU datasheet, "
-    "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet"
-)
-_H200_DS = (
-    "NVIDIA H200 Tensor Core GPU datasheet (SXM), https://www.nvidia.com/en-us/data-center/h200/"
-)
-_B200_DS = "NVIDIA HGX B200 specifications (per GPU), https://www.nvidia.com/en-us/data-center/hgx/"
-_L4_DS = "NVIDIA L4 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/l4/"
-_V100_DS = (
-    "NVIDIA Tesla V100 GPU datasheet (SXM2), https://images.nvidia.com/content/technologies/"
-    "volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf"
-)
-_MI300X_DS = (
-    "AMD Instinct MI300X data sheet, https://www.amd.com/content/dam/amd/en/documents/"
-    "instinct-tech-docs/data-sheets/amd-instinct-mi300x-data-sheet.pdf"
-)
-_LI_2020 = (
-    "Li et al., 'Evaluating Modern GPU Interconnect: PCIe, NVLink, NV-SLI, NVSwitch and "
-    "GPUDirect', IEEE TPDS 2020 (arXiv:1903.04611)"
-)
-# Per-step latencies (alpha of the alpha-beta model); none is on a datasheet.
-_NVLINK_STEP_S = 3e-6
-_NVLINK_LAT = f"assumption: ~3 us per step over NVLink/NVSwitch/xGMI, the order in {_LI_2020}"
-_PCIE_STEP_S = 5e-6
-_PCIE_LAT = f"assumption: ~5 us per step over PCIe peer-to-peer, the order in {_LI_2020}"
-_RDMA_STEP_S = 5e-6
-_IB_LAT = (
-    "assumption: ~5 us per step across InfiniBand/RoCE (NIC, switch hops, NCCL proxy), the low "
-    "end of small-message nccl-tests latencies; calibrate"
-)
-_TCP_STEP_S = 2e-5
-_TCP_LAT = "assumption: ~20 us per step over cloud TCP Ethernet without RDMA; calibrate"
-_RUNTIME_OVERHEAD = (
-    "assumption: ~1 GiB per process for the CUDA/ROCm context (a few hundred MiB with CUDA 12 "
-    "lazy loading), cuBLAS workspaces and NCCL buffers (NCCL_BUFFSIZE 4 MiB per channel and "
-    "peer, https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html); calibrate with "
-    "torch.cuda.mem_get_info after init_process_group"
-)
-_EFF_A100 = (
-    "assumption: 0.75 of peak for large bf16 GEMMs. End-to-end MFU of 52% (Narayanan et al., "
-    "SC21, arXiv:2104.04473) and ~56% (Korthikanti et al. 2022, arXiv:2205.05198) include "
-    "communication, pipeline bubble and non-GEMM ops, so GEMMs alone run faster"
-)
-_EFF_HOPPER = (
-    "assumption: 0.70 of dense bf16 peak for large GEMMs (clocks drop under tensor-core load); "
-    "end-to-end MFU 38-43% on 8K-16K H100s (Llama 3 paper, arXiv:2407.21783, Table 4) also "
-    "pays for communication and non-GEMM ops"
-)
-_EFF_B200 = "assumption: 0.65 of dense bf16 peak (young software stack, no published GEMM study)"
-_EFF_MI300X = (
-    "assumption: 0.50 of dense bf16 peak: public hipBLASLt GEMM measurements on MI300X reach "
-    "about half of the datasheet figure; calibrate"
-)
-_EFF_L4 = "assumption: 0.60 of dense bf16 peak (72 W part: clocks drop under sustained load)"
-_EFF_V100 = "assumption: 0.70 of the fp16 tensor-core peak for large cuBLAS GEMMs; calibrate"
-_NVLINK = "{ds}; NVLink {bidi} GB/s bidirectional per GPU, halved"
-_NET_400G = (
-    "NVIDIA {system} datasheet: 8x single-port ConnectX-7, up to 400 Gb/s InfiniBand, for 8 "
-    "GPUs -> 50 GB/s per GPU, https://www.nvidia.com/en-us/data-center/{page}/"
-)
-
-
 def _sources(
     datasheet: str,
     *,
@@ -264,6 +224,14 @@ def _hopper_sxm(datasheet: str, system: str, page: str) -> dict[str, Any]:
     )
 
 
+def _hopper_hbm2e() -> dict[str, Any]:
+    """Meta Grand Teton's lower-TDP H100 (torchtitan benchmarks/llama3_h100_202412_torchtitan.md:
+    "96GB HBM2e, 500W"; 400 Gb/s RDMA per GPU); its 500 W clock loss is not published or priced."""
+    out = _hopper_sxm(_H100_DS, "DGX H100", "dgx-h100")
+    out["sources"] = {**out["sources"], "memory_bytes": _HBM2E, "memory_bw_bytes_per_s": _HBM2E}
+    return out
+
+
 _CATALOG: tuple[Accelerator, ...] = (
     Accelerator(
         name="a100-40gb", description="NVIDIA A100 SXM4 40GB",
@@ -277,6 +245,10 @@ _CATALOG: tuple[Accelerator, ...] = (
         name="h100", description="NVIDIA H100 SXM5 80GB",
         memory_bytes=80 * _GiB, memory_bw_bytes_per_s=3.35e12,
         **_hopper_sxm(_H100_DS, "DGX H100", "dgx-h100"),
+    ),
+    Accelerator(
+        name="h100-hbm2e", description="NVIDIA H100 96GB HBM2e, 500 W (Meta Grand Teton)",
+        memory_bytes=96 * _GiB, memory_bw_bytes_per_s=2.4e12, **_hopper_hbm2e(),
     ),
     Accelerator(
         name="h200", description="NVIDIA H200 SXM 141GB",

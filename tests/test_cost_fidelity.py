@@ -108,16 +108,17 @@ def _validation():
 
 @pytest.mark.slow
 def test_published_runs_within_the_recorded_bounds():
-    """The validation suite (benchmarks/validate_published.py) stays within the figures
-    docs/validation.md records, and every published pair keeps its order. The issue's target
-    (held-out mean <= 5%, max <= 10%) is not met yet: these bounds only stop regressions."""
+    """The validation suite (benchmarks/validate_published.py) meets the issue's target on the
+    held-out rows (mean |error| <= 5%, max <= 10%), stays within docs/validation.md's recorded
+    figure on the fitted rows, and every published pair keeps its order."""
     vp = _validation()
     results, _ = vp.run()
     held = vp.summarize([r for r in results if r.case.held_out])
     fit = vp.summarize([r for r in results if not r.case.held_out])
     assert held.rows >= 15 and fit.rows >= 25
-    assert held.mean_abs_error <= 0.07
-    assert fit.mean_abs_error <= 0.07
+    assert held.mean_abs_error <= 0.05
+    assert held.max_abs_error <= 0.10
+    assert fit.mean_abs_error <= 0.06
     assert all(ok for _, _, ok in vp.pair_orders(results))
 
 

@@ -154,6 +154,9 @@ KERNELS: dict[str, KernelTable] = {
     "h100": _table(
         132, _WHITEPAPER_H100, 0.75, _GEMM_HOPPER, 0.35, _FA_HOPPER, (0.55, _CUDNN_HOPPER)
     ),
+    "h100-hbm2e": _table(
+        132, _WHITEPAPER_H100, 0.75, _GEMM_HOPPER, 0.35, _FA_HOPPER, (0.55, _CUDNN_HOPPER)
+    ),
     "h200": _table(
         132,
         _WHITEPAPER_H100 + "; H200 is the same GH100 die",
@@ -343,6 +346,27 @@ def layer_gemms(profile: ModelProfile, layer: LayerCost, tp: int) -> tuple[Gemm,
     up = Gemm(n=max(1, (round(mats) - 1) * p.ffn // tp), k=h, per_token=routed)
     down = Gemm(n=h, k=max(1, p.ffn // tp), per_token=routed)
     return (*attn, up, down)
+
+
+def every_other_matmul(profile: ModelProfile, tp: int, gated: bool) -> tuple[Gemm, ...]:
+    """The forward GEMMs torchtitan's per-operator selective checkpointing recomputes in a
+    block on one TP rank: its policy counts the block's matmuls in execution order and saves
+    the odd ones, recomputing the 2nd, 4th and 6th (torchtitan/distributed/
+    activation_checkpoint.py, `_get_custom_policy`). With separate projections that order is
+    q, k, v, o, then w1, w3, w2 (gated MLP) or fc1, fc2: k, o and w3 (or fc2) are recomputed."""
+    p = profile
+    h = p.hidden
+    kv = p.kv_heads * (h // max(1, p.heads))
+    mlp = (
+        Gemm(n=max(1, p.ffn // tp), k=h, per_token=1.0)  # w3
+        if gated
+        else Gemm(n=h, k=max(1, p.ffn // tp), per_token=1.0)  # fc2
+    )
+    return (
+        Gemm(n=max(1, kv // tp), k=h, per_token=1.0),  # k
+        Gemm(n=h, k=max(1, h // tp), per_token=1.0),  # o
+        mlp,
+    )
 
 
 EAGER_NORM_PASSES = 7

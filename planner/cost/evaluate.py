@@ -302,7 +302,7 @@ class Evaluator:
                 # Each of the cp ring steps computes one (s/cp)^2 block of attention, balanced
                 # by the causal load-balanced split (zig-zag chunks), while the next K/V hop is
                 # in flight: a hop hides only under one step's attention, with contention.
-                attn_f = c.selective_recompute_s / stage.n_blocks  # one block's attention fwd
+                attn_f = c.attention_fwd_s / stage.n_blocks  # one block's attention fwd
                 step_f = attn_f / s.cp
                 step_b = ATTENTION_BACKWARD_FACTOR * step_f
                 per_block = (s.cp - 1) * hidden_behind(hop_s, step_f)

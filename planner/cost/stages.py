@@ -7,11 +7,10 @@ through these public methods; everything is memoized, as the search asks again a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cache
 
 from ..cluster import Cluster
-from ..config import AttentionKernel, TrainConfig
+from ..config import AttentionKernel, SelectiveRecompute, TrainConfig
 from ..model import LayerCost, LayerKind, ModelProfile
 from ..strategy import Recompute, Strategy
 from .comm import Collectives, link_of
@@ -22,6 +21,7 @@ from .compute import (
     KernelModel,
     Kernels,
     eager_block_elements,
+    every_other_matmul,
     is_math_attention,
     layer_gemms,
 )
@@ -35,85 +35,13 @@ from .layout import (
     chunks_from_counts,
 )
 from .memory import BUCKETS_IN_FLIGHT, DDP_BUCKET_BYTES, layer_act_bytes, model_state_bytes
+from .stage_parts import LayerTimes, StageActivations, StageCompute, StaticMemory
 
 Policy = Recompute | tuple[Recompute, ...]
 """A uniform recompute policy, or one policy per chain layer."""
 
 ACT_IO_FACTOR = 2
 """A layer writes its saved activations in forward and reads them in backward (roofline)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StageCompute:
-    """Seconds per micro-batch on one rank, summed over some layers."""
-
-    fwd_s: float
-    """Forward."""
-    bwd_s: float
-    """Backward."""
-    full_recompute_s: float
-    """What full recompute of those layers' blocks adds (their forward)."""
-    selective_recompute_s: float
-    """What selective recompute adds (the attention core's forward)."""
-
-
-@dataclass(frozen=True, slots=True)
-class LayerTimes:
-    """Prefix sums over the chain of per-micro-batch seconds on one rank: entry i is the sum
-    over layers 0..i-1 (so a range [first, stop) is `x[stop] - x[first]`)."""
-
-    fwd_s: tuple[float, ...]
-    """Forward."""
-    bwd_s: tuple[float, ...]
-    """Backward."""
-    full_recompute_s: tuple[float, ...]
-    """Full recompute (blocks only)."""
-    selective_recompute_s: tuple[float, ...]
-    """Selective recompute (blocks only)."""
-
-    def span(self, first: int, stop: int) -> StageCompute:
-        """The sums over chain layers [first, stop)."""
-        return StageCompute(
-            fwd_s=self.fwd_s[stop] - self.fwd_s[first],
-            bwd_s=self.bwd_s[stop] - self.bwd_s[first],
-            full_recompute_s=self.full_recompute_s[stop] - self.full_recompute_s[first],
-            selective_recompute_s=(
-                self.selective_recompute_s[stop] - self.selective_recompute_s[first]
-            ),
-        )
-
-    def layer(self, i: int) -> StageCompute:
-        """Layer i alone."""
-        return self.span(i, i + 1)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StaticMemory:
-    """Bytes a stage holds whatever the micro-batch: model states and buffers."""
-
-    params_bytes: float
-    """Working parameters."""
-    grads_bytes: float
-    """Gradients."""
-    optimizer_bytes: float
-    """Optimizer states and master weights."""
-    other_bytes: float
-    """Runtime context and communication buffers."""
-
-    @property
-    def total_bytes(self) -> float:
-        """Sum of every part."""
-        return self.params_bytes + self.grads_bytes + self.optimizer_bytes + self.other_bytes
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StageActivations:
-    """Activation bytes of one stage per sequence, in the training dtype."""
-
-    kept_bytes: float
-    """Kept for backward by one micro-batch (times the in-flight count at the peak)."""
-    transient_bytes: float
-    """The largest transient on top (a layer's peak, or a fully recomputed block's forward)."""
 
 
 def _kernels_for(cluster: Cluster, train: TrainConfig) -> Kernels | None:
@@ -312,8 +240,8 @@ class StageModel:
 
     def _layer_times(self, tp: int, cp: int, ep: int, mbs: int) -> LayerTimes:
         """Per-micro-batch seconds of each chain layer on one rank, as prefix sums."""
-        sums: tuple[list[float], ...] = ([0.0], [0.0], [0.0], [0.0])
-        seen: dict[tuple, tuple[float, float, float, float]] = {}
+        sums: tuple[list[float], ...] = ([0.0], [0.0], [0.0], [0.0], [0.0])
+        seen: dict[tuple, tuple[float, float, float, float, float]] = {}
         for key, x in zip(self.layer_keys, self.profile.layers, strict=True):
             if key not in seen:
                 seen[key] = self._one_layer(x, tp, cp, ep, mbs)
@@ -323,8 +251,9 @@ class StageModel:
 
     def _one_layer(
         self, x: LayerCost, tp: int, cp: int, ep: int, mbs: int
-    ) -> tuple[float, float, float, float]:
-        """(forward, backward, full recompute, selective recompute) seconds of one layer for
+    ) -> tuple[float, float, float, float, float]:
+        """(forward, backward, full recompute, selective recompute, attention forward) seconds
+        of one layer for
         one micro-batch on one rank. Transformer blocks and heads on a GPU with a kernel table
         are priced GEMM by GEMM and flash attention (`compute.py`); other layers, and devices
         without a table, on the roofline with the catalog's matmul efficiency. Both add the
@@ -338,14 +267,14 @@ class StageModel:
             f = x.fwd_time_s * mbs / (tp * cp)  # measured on this accelerator, split ideally
             b = x.bwd_time_s * mbs / (tp * cp)
             sel = x.attn_core_fwd_flops * mbs / (tp * cp) / self.flops_per_s if block else 0.0
-            return f, b, f if block else 0.0, sel
+            return f, b, f if block else 0.0, sel, sel
         gemms = layer_gemms(self.profile, x, tp) if self.kernels is not None else None
         if self.kernels is None or gemms is None:
             weights = (x.params / tp + x.expert_params / (tp * ep)) * t.param_bytes
             f = self.roofline_s(x.fwd_flops * mbs / (tp * cp), weights) + elementwise
             b = self.roofline_s(x.bwd_flops * mbs / (tp * cp), 2 * weights) + elementwise
             sel = x.attn_core_fwd_flops * mbs / (tp * cp) / self.flops_per_s if block else 0.0
-            return f, b, f if block else 0.0, sel
+            return f, b, f if block else 0.0, sel, sel
         k, p = self.kernels, self.profile
         tokens = mbs * p.seq_len / cp
         f = b = 0.0
@@ -362,17 +291,25 @@ class StageModel:
             attn_f, attn_b = k.attention_s(x.attn_core_fwd_flops * mbs / (tp * cp))
         streamed = acts * self.act_scale - ACT_IO_FACTOR * core_bytes  # core: priced above
         elementwise_f = elementwise_b = k.elementwise_s(max(0.0, streamed))
+        gated = len(gemms) == 4 and gemms[2].n * tp == 2 * p.ffn
         if block and not t.runtime.fused_elementwise:
             # Eager PyTorch: every norm, rotary, activation and residual operator is a kernel
             # of its own streaming its inputs and output (compute.eager_block_elements).
-            gated = len(gemms) == 4 and gemms[2].n * tp == 2 * p.ffn
             elems = eager_block_elements(p, tp, True, gated) * tokens * self.train.act_bytes
             elementwise_f += k.elementwise_s(elems) + k.launch_s * EAGER_BLOCK_KERNELS
             elementwise_b += k.elementwise_s(EAGER_BACKWARD_FACTOR * elems)
             elementwise_b += EAGER_BACKWARD_FACTOR * k.launch_s * EAGER_BLOCK_KERNELS
         f += attn_f + elementwise_f
         b += attn_b + elementwise_b
-        return f, b, f if block else 0.0, attn_f
+        sel = attn_f
+        if block and t.runtime.selective == SelectiveRecompute.EVERY_OTHER_MATMUL:
+            # torchtitan's per-op SAC: every second matmul of the block and every elementwise
+            # operator run again in backward; attention's output is saved.
+            again = every_other_matmul(p, tp, gated=gated)
+            sel = elementwise_f + sum(
+                k.gemm_train_s(max(1, round(tokens * g.per_token)), g.n, g.k)[0] for g in again
+            )
+        return f, b, f if block else 0.0, sel, attn_f
 
     def _stage_compute(
         self, lay: Layout, tp: int, cp: int, ep: int, mbs: int
@@ -388,6 +325,7 @@ class StageModel:
                     bwd_s=sum(x.bwd_s for x in parts),
                     full_recompute_s=sum(x.full_recompute_s for x in parts),
                     selective_recompute_s=sum(x.selective_recompute_s for x in parts),
+                    attention_fwd_s=sum(x.attention_fwd_s for x in parts),
                 )
             )
         return tuple(out)
@@ -451,6 +389,25 @@ class StageModel:
         blocks = (x.kind == LayerKind.BLOCK for x in self.profile.layers)
         return tuple(rc if is_block else Recompute.NONE for is_block in blocks)
 
+    @property
+    def _op_sac(self) -> bool:
+        return self.train.runtime.selective == SelectiveRecompute.EVERY_OTHER_MATMUL
+
+    def _every_other_matmul_kept(self, x: LayerCost, tp: int, sp: bool, cp: int) -> float:
+        """Bytes per sequence a block keeps under torchtitan's per-op selective checkpointing:
+        its input (the checkpoint's), the outputs of the 1st, 3rd, 5th and 7th matmuls (q, v,
+        w1 and w2's partial sum; fc1 without a gated MLP) and the fused attention's output
+        (`compute.every_other_matmul` for the order)."""
+        p = self.profile
+        h = p.hidden
+        kv = p.kv_heads * (h // max(1, p.heads))
+        gated = x.fwd_flops - x.attn_core_fwd_flops > 2 * p.seq_len * h * (
+            2 * h + 2 * kv + 2.5 * p.ffn
+        )
+        per_elem = x.input_bytes / (p.seq_len * h)  # bytes per activation element
+        elements = h / (tp if sp else 1) + (h + kv + p.ffn + h) / tp + (h if gated else 0)
+        return elements * p.seq_len * per_elem / cp
+
     def _act_prefix(
         self, tp: int, sp: bool, cp: int, recompute: Policy
     ) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
@@ -464,6 +421,8 @@ class StageModel:
         policies = self.uniform(recompute) if isinstance(recompute, Recompute) else recompute
         for x, policy in zip(self.profile.layers, policies, strict=True):
             kept = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=policy)
+            if policy == Recompute.SELECTIVE and self._op_sac and x.kind == LayerKind.BLOCK:
+                kept = min(kept, self._every_other_matmul_kept(x, tp, sp, cp))
             prefix.append(prefix[-1] + kept * k)
             if x.kind == LayerKind.BLOCK and policy == Recompute.FULL:
                 none = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=Recompute.NONE)
