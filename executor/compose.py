@@ -6,10 +6,10 @@
 2. pipeline split: keep this rank's chunks (first, so each rank parallelizes only the layers it
    runs, as torchtitan splits before parallelizing each part);
 3. tensor parallel, with sequence parallel when planned, and the vocab-parallel embedding and
-   head (the loss on vocab-sharded logits);
+   head (the loss on vocab-sharded logits, on the last pipeline stage under PP);
 4. context parallel: ring attention over the cp axis, load-balanced causal sequence split;
 5. expert parallel: MoE experts sharded over ep consecutive dp ranks, all-to-all dispatch;
-6. activation checkpointing per layer;
+6. activation checkpointing per layer, then activation offload per layer (`offload.py`);
 7. data parallel over dp (x cp): FSDP2 (ZeRO-2/3, HSDP, mixed precision, offload) or DDP
    (ZeRO-0, and ZeRO-1 with the sharded optimizer of `optim.py`);
 8. pipeline stages and the planned schedule.
@@ -45,6 +45,7 @@ from .data_parallel import (
     data_parallel_mesh,
 )
 from .expert_parallel import ExpertGrads, apply_ep, expert_params
+from .offload import apply_activation_offload, layer_offload
 from .recompute import apply_recompute, layer_recompute
 from .tensor_parallel import apply_tp
 
@@ -136,7 +137,11 @@ class ParallelModel:
             with self._autocast(), self._loss_context():
                 self.schedule.step(*args, target=target, losses=losses)  # type: ignore[attr-defined]
             self.tied.sync_grads()
-            return torch.stack(losses).mean().detach() if self.is_last_stage else None
+            if not self.is_last_stage:
+                return None
+            # replicated DTensors under loss_parallel
+            full = [v.full_tensor() if isinstance(v, DTensor) else v for v in losses]
+            return torch.stack(full).mean().detach()
         (part,) = self.parts
         n = self.plan.num_microbatches
         total = torch.zeros((), device=self.device)
@@ -210,8 +215,9 @@ def parallelize(
     checks.check_model(plan, chain, num_blocks=chain.num_blocks)
     if par.pp > 1:
         pipeline.check_layout(plan, chain.num_blocks)
-    # vocab-sharded logits need the default loss (cross-entropy) and no pipeline in between
-    vocab_parallel = par.tp > 1 and par.pp == 1 and loss_fn is causal_lm_loss
+    # vocab-sharded logits need the default loss (cross-entropy), which the last pipeline
+    # stage computes inside the schedule (under `loss_parallel`, forward and backward)
+    vocab_parallel = par.tp > 1 and loss_fn is causal_lm_loss
     vocab_parallel = vocab_parallel and chain.vocab is not None
     # 1. process group (bounded timeout) and the plan's mesh; same weights on every rank
     meshes.init_distributed(device_type, timeout_s=timeout_s)
@@ -245,6 +251,7 @@ def parallelize(
             experts = apply_ep(part, ep_meshes[0], ep_meshes[1].get_group(), dp=par.dp)
         # 6. activation checkpointing, per layer
         apply_recompute(part, layer_recompute(plan))
+        apply_activation_offload(part, layer_offload(plan))
         # 7. data parallel: FSDP2 / replicate in place, or a DDP wrapper (experts left out)
         dp_part = apply_data_parallel(part, dp_mesh, plan, ignored=expert_params(part))
         parts.append((index, dp_part))

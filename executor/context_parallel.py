@@ -21,7 +21,10 @@ autograd differentiates, including through the log-sum-exp merge.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +36,25 @@ from .chain import ChainModule
 
 RING_ATTENTION = "paraplan_ring"
 """Name of the ring attention in transformers' `AttentionInterface` registry."""
+
+
+_IN_RING_CORE = contextvars.ContextVar("paraplan_ring_core", default=False)
+"""True while the ring's per-block attention math runs (scores, softmax, merge)."""
+
+
+def in_ring_core() -> bool:
+    """Whether the op running now is part of the ring's attention core: what selective
+    recompute drops and recomputes (recompute.py), like SDPA's kernels without CP."""
+    return _IN_RING_CORE.get()
+
+
+@contextlib.contextmanager
+def _ring_core() -> Iterator[None]:
+    token = _IN_RING_CORE.set(True)
+    try:
+        yield
+    finally:
+        _IN_RING_CORE.reset(token)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -132,25 +154,40 @@ def ring_attention(
         allowed = pos_k[None, :] <= pos_q[:, None]  # (t, t) causal, by global position
         if not bool(allowed.any()):
             continue
-        kb = kv[0].float().repeat_interleave(rep, dim=1)  # (B, a, t, d)
-        vb = kv[1].float().repeat_interleave(rep, dim=1)  # (B, a, t, d)
-        scores = (qf @ kb.transpose(-1, -2)) * scale  # (B, a, t, t)
-        # a finite floor, not -inf: a row with no allowed key gets weight exp(floor) = 0 in the
-        # merge below instead of NaN (the diagonal block gives every row at least itself)
-        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-        lse_b = torch.logsumexp(scores, dim=-1)  # (B, a, t)
-        out_b = torch.exp(scores - lse_b.unsqueeze(-1)) @ vb  # (B, a, t, d)
-        if out is None or lse is None:
-            out, lse = out_b, lse_b
-            continue
-        merged = torch.logaddexp(lse, lse_b)  # (B, a, t)
-        out = out * torch.exp(lse - merged).unsqueeze(-1) + out_b * torch.exp(
-            lse_b - merged
-        ).unsqueeze(-1)
-        lse = merged
+        with _ring_core():  # selective recompute drops these activations (recompute.py)
+            out, lse = _attend_block(qf, kv, allowed, out, lse, rep=rep, scale=scale)
     if out is None:  # step 0 (the diagonal block) always has allowed keys
         raise RuntimeError("ring attention: no block had an allowed key (a causal-mask bug)")
     return out.to(q.dtype)
+
+
+def _attend_block(
+    qf: torch.Tensor,
+    kv: torch.Tensor,
+    allowed: torch.Tensor,
+    out: torch.Tensor | None,
+    lse: torch.Tensor | None,
+    *,
+    rep: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of queries qf (B, a, t, d) over one K/V block kv (2, B, a_kv, t, d) under
+    the mask `allowed` (t, t), merged by log-sum-exp into the running (out, lse)."""
+    kb = kv[0].float().repeat_interleave(rep, dim=1)  # (B, a, t, d)
+    vb = kv[1].float().repeat_interleave(rep, dim=1)  # (B, a, t, d)
+    scores = (qf @ kb.transpose(-1, -2)) * scale  # (B, a, t, t)
+    # a finite floor, not -inf: a row with no allowed key gets weight exp(floor) = 0 in the
+    # merge below instead of NaN (the diagonal block gives every row at least itself)
+    scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    lse_b = torch.logsumexp(scores, dim=-1)  # (B, a, t)
+    out_b = torch.exp(scores - lse_b.unsqueeze(-1)) @ vb  # (B, a, t, d)
+    if out is None or lse is None:
+        return out_b, lse_b
+    merged = torch.logaddexp(lse, lse_b)  # (B, a, t)
+    out = out * torch.exp(lse - merged).unsqueeze(-1) + out_b * torch.exp(lse_b - merged).unsqueeze(
+        -1
+    )
+    return out, merged
 
 
 def hf_ring_attention(

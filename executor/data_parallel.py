@@ -9,9 +9,9 @@ ZeRO stages map onto torch as follows (Rajbhandari et al. 2020 define the stages
   shards within groups of dp_shard consecutive dp ranks, replicas across the groups;
 - 2: `fully_shard(reshard_after_forward=False)` (parameters stay gathered between forward
   and backward, gradients and states sharded);
-- 1: DDP (gradients all-reduced) and torch's `ZeroRedundancyOptimizer` (optimizer states
-  sharded over the data-parallel ranks, updated parameters broadcast): `optim.py`. The
-  capability table (planner/capabilities.py) keeps ZeRO-1 to plans without TP, PP or EP;
+- 1: ZeRO-0's data parallelism (below) and sharded optimizer states (updated parameters
+  broadcast from their owners): torch's `ZeroRedundancyOptimizer` beside DDP, `optim.py`'s
+  `ShardedStates` beside `replicate` (TP, PP). The capability table keeps it from EP;
 - 0: `DistributedDataParallel` (replicated, gradients all-reduced in buckets); with tensor
   or pipeline parallelism, FSDP2's `replicate` instead (the same algorithm), because DDP
   cannot broadcast DTensor parameters ("got mixed torch.Tensor and DTensor") and its reducer
@@ -22,7 +22,11 @@ same sequences, so their gradients are averaged like the replicas'; the planner 
 over dp x cp). Expert parameters sharded by expert parallelism are left out
 (`expert_parallel.ExpertGrads` reduces them).
 Optimizer offload is FSDP2's `CPUOffloadPolicy`: sharded parameters, gradients and the
-optimizer step live on the host (pin_memory only with CUDA; on CPU it fails otherwise).
+optimizer step live on the host (pin_memory only with CUDA; on CPU it fails otherwise). The
+plan's parameter offload (`offload_params`, ZeRO-3) is the same policy.
+PowerSGD (plan `powersgd_rank`; Vogels et al. 2019) is DDP's `powerSGD_hook` with error
+feedback and warm start, torch's defaults otherwise (`start_powerSGD_iter` vanilla steps
+first, `min_compression_rate` 2).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from enum import StrEnum
 import torch
 from torch import nn
 from torch.distributed._composable.replicate_with_fsdp import replicate
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
@@ -42,6 +47,7 @@ from torch.distributed.fsdp import (
 from torch.nn.parallel import DistributedDataParallel
 
 from ..planner.config import Precision
+from ..planner.cost.compression import MIN_COMPRESSION_RATE, POWERSGD_START_ITER
 from ..planner.plan import Plan
 from ..planner.strategy import MeshAxis
 from .chain import ChainModule
@@ -70,11 +76,10 @@ class DataParallelKind(StrEnum):
 
 def data_parallel_kind(plan: Plan) -> DataParallelKind:
     """FSDP2 for ZeRO >= 2 or offload; DDP for ZeRO-0/1 without TP/PP, else `replicate`
-    (ZeRO-1 with TP or PP: FSDP, which the capability table keeps out of searched plans)."""
+    (ZeRO-1's sharded optimizer states are `optim.py`'s, beside either)."""
     par = plan.parallelism
     ranks = par.dp * par.cp  # the data-parallel group (context-parallel ranks included)
-    zero1_ddp = par.zero_stage == 1 and par.tp == 1 and par.pp == 1
-    if par.offload_optimizer or (ranks > 1 and par.zero_stage >= 1 and not zero1_ddp):
+    if par.offload_optimizer or par.offload_params or (ranks > 1 and par.zero_stage >= 2):
         return DataParallelKind.FSDP
     if ranks == 1:
         return DataParallelKind.NONE
@@ -112,13 +117,16 @@ def apply_data_parallel(
             dp_mesh,
             zero_stage=par.zero_stage,
             precision=precision,
-            offload=par.offload_optimizer,
+            offload=par.offload_optimizer or par.offload_params,
             ignored=ignored,
         )
     elif kind == DataParallelKind.REPLICATE:
         apply_replicate(chain, dp_mesh, precision=precision)
     elif kind == DataParallelKind.DDP:
-        return apply_ddp(chain, dp_mesh, ignored=ignored)
+        ddp = apply_ddp(chain, dp_mesh, ignored=ignored)
+        if par.powersgd_rank is not None:
+            apply_powersgd(ddp, dp_mesh, rank=par.powersgd_rank)
+        return ddp
     return chain
 
 
@@ -168,6 +176,25 @@ def apply_ddp(
         names = [n for n, p in module.named_parameters() if p in ignored]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, names)
     return DistributedDataParallel(module, process_group=dp_mesh.get_group(), device_ids=device_ids)
+
+
+def apply_powersgd(
+    ddp: DistributedDataParallel,
+    dp_mesh: DeviceMesh,
+    *,
+    rank: int,
+    start_iter: int = POWERSGD_START_ITER,
+) -> powersgd.PowerSGDState:
+    """Compress DDP's gradient all-reduce with PowerSGD at `rank` (error feedback and warm
+    start on); the first `start_iter` steps all-reduce uncompressed (torch needs > 1)."""
+    state = powersgd.PowerSGDState(
+        process_group=dp_mesh.get_group(),
+        matrix_approximation_rank=rank,
+        start_powerSGD_iter=start_iter,
+        min_compression_rate=MIN_COMPRESSION_RATE,
+    )
+    ddp.register_comm_hook(state, powersgd.powerSGD_hook)
+    return state
 
 
 def apply_replicate(chain: ChainModule, dp_mesh: DeviceMesh, *, precision: Precision) -> None:

@@ -27,6 +27,7 @@ from torch.distributed.pipelining.schedules import (
     Schedule1F1B,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
 )
 from torch.distributed.tensor import DTensor
 
@@ -38,7 +39,11 @@ SCHEDULES = {
     Schedule.GPIPE: ScheduleGPipe,
     Schedule.ONE_F_ONE_B: Schedule1F1B,
     Schedule.INTERLEAVED_1F1B: ScheduleInterleaved1F1B,
+    Schedule.INTERLEAVED_ZB: ScheduleInterleavedZeroBubble,
 }
+"""The plan's schedules this executor runs. ZB-V and DualPipeV need the chunks in a V (chunk
+c on rank c for c < pp, else 2 pp - 1 - c), which the planner's layout does not produce yet:
+planner/capabilities.py refuses them."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -57,9 +62,18 @@ class TiedCopies:
             return
         for part, name in self.holders:
             p = part.get_parameter(name)
-            if p.grad is not None:
-                grad = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
-                dist.all_reduce(grad, group=self.group)
+            if p.grad is None:
+                continue
+            # a vocab-parallel embedding's gradient may come back with other placements than
+            # its Shard(0) table (the head's): the same layout on both copies first
+            if (
+                isinstance(p.grad, DTensor)
+                and isinstance(p, DTensor)
+                and p.grad.placements != p.placements
+            ):
+                p.grad = p.grad.redistribute(p.device_mesh, p.placements)
+            grad = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
+            dist.all_reduce(grad, group=self.group)
 
 
 def local_chunks(plan: Plan, pp_rank: int) -> list[tuple[int, int, int]]:
@@ -170,10 +184,10 @@ def build_schedule(
     ]
     kind = SCHEDULES[plan.schedule]
     n = plan.num_microbatches
-    if kind is ScheduleInterleaved1F1B:
+    if kind in (ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble):
         if n % plan.parallelism.pp:
             raise ValueError(
-                f"interleaved 1F1B needs the micro-batch count ({n}) to be a multiple of "
+                f"{plan.schedule} needs the micro-batch count ({n}) to be a multiple of "
                 f"pp={plan.parallelism.pp}; re-plan with another micro-batch size"
             )
         return kind(stages, n_microbatches=n, loss_fn=loss_fn, scale_grads=True)

@@ -2,8 +2,9 @@
 
 ``full`` recomputes the whole block in backward (only its input is kept); ``selective``
 recomputes the attention core only: the scaled-dot-product-attention kernels and softmax
-(Korthikanti et al. 2022 §5), everything else is saved, through selective activation
-checkpointing (`create_selective_checkpoint_contexts`). Both use the composable
+(Korthikanti et al. 2022 §5); under context parallelism the ring's per-block scores, softmax
+and merge, and its K/V exchange (`P2P_NAMESPACE`). Everything else is saved, through selective
+activation checkpointing (`create_selective_checkpoint_contexts`). Both use the composable
 `torch.distributed._composable.checkpoint`, which keeps parameter names unchanged (so
 checkpoints and FSDP wrapping do not see an extra module level).
 """
@@ -19,6 +20,7 @@ from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint
 from ..planner.plan import Plan
 from ..planner.strategy import Recompute
 from .chain import ChainModule
+from .context_parallel import in_ring_core
 
 _aten = torch.ops.aten
 ATTENTION_CORE_OPS = frozenset(
@@ -35,8 +37,19 @@ ATTENTION_CORE_OPS = frozenset(
 """Op packets (all overloads) whose outputs selective recompute drops."""
 
 
+P2P_NAMESPACE = "c10d"
+"""Namespace of the point-to-point ops (``c10d.send``, ``c10d.recv_``) of the context-parallel
+ring: selective recompute re-runs them. Cached instead, the replay returns the forward's
+finished send but the receive waits for a message no peer sends again: a hang (torch 2.13,
+gloo; a 2-rank ring under `create_selective_checkpoint_contexts` reproduces it). Re-run, the
+ring exchanges its K/V blocks again in backward on every CP rank in the same order, as under
+full recompute."""
+
+
 def _selective_policy(ctx: object, op: object, *args: object, **kwargs: object) -> object:
     if getattr(op, "overloadpacket", op) in ATTENTION_CORE_OPS:
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    if getattr(op, "namespace", None) == P2P_NAMESPACE or in_ring_core():
         return CheckpointPolicy.PREFER_RECOMPUTE
     return CheckpointPolicy.MUST_SAVE
 

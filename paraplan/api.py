@@ -77,10 +77,14 @@ def plan(
     progress: Callable[[float], None] | None = None,
     any_engine: bool = False,
     model_source: str = "auto",
+    allow_compression: bool = False,
+    allow_async: bool = False,
 ) -> PlanOutcome:
     """Plan `model` (a preset/spec string, a `TransformerSpec` or a `ModelProfile`) on
     `cluster` (e.g. ``"8xh100"`` or a `Cluster`), with `fix` pins (`--fix` text or `Pins`).
     Only plans the executor runs are returned unless `any_engine` (planner/capabilities.py).
+    PowerSGD (`allow_compression`) and the asynchronous PipeDream-2BW pipeline
+    (`allow_async`) change the training math and are searched only when allowed.
     A model string is read as the CLI reads `--model`: `model_source` "auto" (the default of
     both) traces Hugging Face presets and configs, "spec" uses the analytic spec.
     Raises ValueError on bad input and `NoFeasiblePlanError` (a ValueError) when nothing
@@ -90,6 +94,7 @@ def plan(
     from .planner.config import TrainConfig
     from .planner.model import ModelProfile
     from .planner.model_spec import TransformerSpec
+    from .planner.options import Consent
     from .planner.pins import Pins
 
     spec: TransformerSpec | ModelProfile | str
@@ -121,8 +126,16 @@ def plan(
         memory_headroom=memory_headroom,  # type: ignore[arg-type]
     )
     pins = Pins.parse(fix) if isinstance(fix, str) else fix
+    consent = Consent(compression=allow_compression, async_pipeline=allow_async)
     return make_plan(
-        profile, cl, train, pins=pins, top_k=top_k, progress=progress, any_engine=any_engine
+        profile,
+        cl,
+        train,
+        pins=pins,
+        top_k=top_k,
+        progress=progress,
+        any_engine=any_engine,
+        consent=consent,
     )
 
 

@@ -11,6 +11,7 @@ from .config import TrainConfig
 from .cost.evaluate import Estimate, Evaluator
 from .limits import check_planning
 from .model import ModelProfile
+from .options import NO_CONSENT, Consent
 from .pins import Pins
 from .plan import Plan
 from .search import Search, SearchResult
@@ -43,16 +44,18 @@ def make_plan(
     top_k: int = 3,
     progress: Callable[[float], None] | None = None,
     any_engine: bool = False,
+    consent: Consent = NO_CONSENT,
 ) -> PlanOutcome:
     """Search the space and build the plan (only strategies the executor runs, unless
-    `any_engine`: then any strategy the cost model prices). Raises `NoFeasiblePlanError` when
+    `any_engine`: then any strategy the cost model prices; PowerSGD and the asynchronous
+    pipeline only with `consent`, `planner/options.py`). Raises `NoFeasiblePlanError` when
     nothing fits (unless every dimension is pinned: then the plan is returned marked
     infeasible)."""
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be >= 0")
     check_planning(profile, cluster, train, pins)  # every count in bounds before any search
     ev = Evaluator(profile, cluster, train)
-    search = Search(ev, pins, runnable_only=not any_engine)
+    search = Search(ev, pins, runnable_only=not any_engine, consent=consent)
     result = search.run(top_k=top_k, progress=progress)
     ctx = PlanContext(profile=profile, cluster=cluster, train=train)
     if result.best is not None:

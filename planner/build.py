@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from .cluster import Cluster
 from .config import TrainConfig
 from .cost.evaluate import Estimate, Evaluator
-from .model import ModelProfile
+from .model import LayerKind, ModelProfile
+from .options import hidden_costs
 from .plan import (
     SCHEMA_VERSION,
     ChunkRange,
@@ -49,6 +50,10 @@ def parallelism_of(s: Strategy) -> Parallelism:
         sequence_parallel=s.sequence_parallel,
         virtual_stages=s.virtual_stages,
         offload_optimizer=s.offload_optimizer,
+        powersgd_rank=s.powersgd_rank,
+        offload_params=s.offload_params,
+        offload_activations=s.offload_activations,
+        async_pipeline=s.async_pipeline,
     )
 
 
@@ -104,7 +109,14 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
         for st in range(s.pp)
     )
     layers = tuple(
-        LayerDecision(index=i, name=x.name, recompute=policy, kept_bytes=kept, recompute_s=seconds)
+        LayerDecision(
+            index=i,
+            name=x.name,
+            recompute=policy,
+            kept_bytes=kept,
+            recompute_s=seconds,
+            offload_activations=s.offload_activations and x.kind == LayerKind.BLOCK,
+        )
         for i, (x, (policy, kept, seconds)) in enumerate(
             zip(p.layers, ev.per_layer.decisions(s), strict=True)
         )
@@ -166,6 +178,7 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
             exposed_comm_s=chosen.exposed_comm_s,
             recompute_saved_bytes=ev.recompute_saved_bytes(s),
             replay=replay(ev, s),
+            hidden_costs=hidden_costs(ev, s),
         ),
         runners_up=tuple(
             RunnerUp(

@@ -79,27 +79,17 @@ def _offload(j: Job) -> str | None:
 
 def _zero1(j: Job) -> str | None:
     s = j.strategy
-    if s.zero_stage != 1 or (s.tp == 1 and s.pp == 1 and s.ep == 1):
+    if s.zero_stage != 1 or s.ep == 1:
         return None
     return (
-        f"zero_stage=1 with tp={s.tp}, pp={s.pp}, ep={s.ep}: ZeRO-1 runs as torch's "
-        "ZeroRedundancyOptimizer beside DDP, which holds plain (not DTensor) parameters and "
-        "the same parameters on every data-parallel rank; use --fix zero=2 (same traffic)"
+        f"zero_stage=1 with ep={s.ep}: ZeRO-1 shards optimizer states over data-parallel ranks "
+        "that hold the same parameters, and expert parallelism gives them different experts; "
+        "use --fix zero=2 (same traffic)"
     )
 
 
 def _context(j: Job) -> str | None:
     s = j.strategy
-    selective = s.recompute == Recompute.SELECTIVE or (
-        s.recompute == Recompute.PER_LAYER
-        and (j.block_recompute is None or Recompute.SELECTIVE in j.block_recompute)
-    )
-    if s.cp > 1 and selective:
-        return (
-            f"cp={s.cp} with recompute {str(s.recompute)!r}: selective recompute would replay "
-            "the ring's sends and receives from its cache (a hang); use --fix recompute=full "
-            "or none"
-        )
     if s.cp == 1 or (s.pp == 1 and s.ep == 1):
         return None
     return (
@@ -127,12 +117,40 @@ def _pipeline(j: Job) -> str | None:
         return (
             f"pp={s.pp} with schedule 'none': a pipeline needs a schedule; use --fix schedule=1f1b"
         )
-    if s.virtual_stages > 1 and s.schedule != Schedule.INTERLEAVED_1F1B:
+    if s.schedule in (Schedule.ZBV, Schedule.DUALPIPEV):
+        return (
+            f"schedule {str(s.schedule)!r} needs its two chunks per rank in a V, which the "
+            "planner's layout does not place yet (the executor would run the wrong layers); "
+            "use --fix schedule=interleaved_zb, or --any-engine to see its prediction"
+        )
+    chunked = (Schedule.INTERLEAVED_1F1B, Schedule.INTERLEAVED_ZB)
+    if s.virtual_stages > 1 and s.schedule not in chunked:
         return (
             f"virtual_stages={s.virtual_stages} needs schedule interleaved_1f1b, not "
             f"{str(s.schedule)!r}; use --fix schedule=interleaved_1f1b or vpp=1"
         )
     return None
+
+
+def _powersgd(j: Job) -> str | None:
+    s = j.strategy
+    if s.powersgd_rank is None or (s.tp == 1 and s.pp == 1):
+        return None
+    return (
+        f"powersgd_rank={s.powersgd_rank} with tp={s.tp}, pp={s.pp}: PowerSGD runs as DDP's "
+        "communication hook, and with TP or PP the executor replicates with FSDP2's replicate, "
+        "which takes no hook; use --fix tp=1,pp=1 or drop powersgd_rank"
+    )
+
+
+def _async_pipeline(j: Job) -> str | None:
+    if not j.strategy.async_pipeline:
+        return None
+    return (
+        "async_pipeline (PipeDream-2BW): torch.distributed.pipelining flushes the pipeline "
+        "every step and keeps one weight version, so the executor cannot run it; plan without "
+        "--allow-async (or with --any-engine to see its predictions only)"
+    )
 
 
 CAPABILITIES: tuple[Capability, ...] = (
@@ -141,16 +159,22 @@ CAPABILITIES: tuple[Capability, ...] = (
     Capability(name="offload", rule="optimizer offload with ZeRO-2/3 (FSDP2)", check=_offload),
     Capability(
         name="zero-1",
-        rule="ZeRO-1 beside DDP: no TP, PP or EP (ZeroRedundancyOptimizer)",
+        rule="ZeRO-1 with DP, TP, PP and CP, no EP (sharded optimizer states)",
         check=_zero1,
     ),
     Capability(
         name="context",
-        rule="CP with DP and TP (no PP, no EP), recompute none or full",
+        rule="CP with DP and TP (no PP, no EP)",
         check=_context,
     ),
     Capability(name="moe", rule="MoE with DP and EP only (no TP, PP, CP or HSDP)", check=_experts),
     Capability(name="pipeline", rule="PP with GPipe, 1F1B or interleaved 1F1B", check=_pipeline),
+    Capability(name="powersgd", rule="PowerSGD with DDP (no TP, no PP)", check=_powersgd),
+    Capability(
+        name="async-pipeline",
+        rule="no asynchronous pipeline (PipeDream-2BW): every step flushes",
+        check=_async_pipeline,
+    ),
 )
 """Every limit of the executor (DP/FSDP/HSDP, TP/SP, PP, CP, EP, recompute otherwise run)."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .explain_options import option_lines, option_rows
 from .model import LayerKind, ModelProfile
 from .plan import Plan
 from .strategy import Recompute
@@ -37,6 +38,7 @@ def format_plan(plan: Plan) -> str:
         + (f" (v={p.virtual_stages})" if p.virtual_stages > 1 else "")
         + f", micro-batch {plan.micro_batch_size} x {plan.num_microbatches} per replica",
         f"  recompute     {_recompute_summary(plan)}",
+        *option_rows(plan),
         "",
         "Predicted",
         f"  step time     {pr.step_time_s:,.3f} s   tokens/s {pr.tokens_per_s:,.0f}   "
@@ -142,6 +144,7 @@ def explain(plan: Plan) -> str:
             f"({shares[overhead] / step:.0%} of the step)."
         )
         out.append("  " + _advice(overhead, plan))
+    out += option_lines(plan)  # PowerSGD, offload, async pipeline: their hidden costs
     if plan.runners_up:
         r = plan.runners_up[0]
         out.append(

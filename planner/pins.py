@@ -21,6 +21,10 @@ FIX_KEYS = (
     "schedule",
     "recompute",
     "offload_optimizer",
+    "powersgd_rank",
+    "offload_params",
+    "offload_activations",
+    "async_pipeline",
 )
 """The pinnable dimensions, by their plan-JSON names, in the order `describe` writes them."""
 FIX_ALIASES = {
@@ -29,6 +33,9 @@ FIX_ALIASES = {
     "vpp": "virtual_stages",
     "mbs": "micro_batch_size",
     "offload": "offload_optimizer",
+    "powersgd": "powersgd_rank",
+    "offload_acts": "offload_activations",
+    "async": "async_pipeline",
 }
 """Short names `--fix` accepts for some keys."""
 PINNED_FOR_SINGLE = frozenset(
@@ -45,8 +52,15 @@ _INT_KEYS = (
     "dp_shard",
     "virtual_stages",
     "micro_batch_size",
+    "powersgd_rank",
 )
-_BOOL_KEYS = ("sequence_parallel", "offload_optimizer")
+_BOOL_KEYS = (
+    "sequence_parallel",
+    "offload_optimizer",
+    "offload_params",
+    "offload_activations",
+    "async_pipeline",
+)
 _ZERO_STAGES = (0, 1, 2, 3)
 _BOOL_WORDS = {
     "true": True,
@@ -103,6 +117,14 @@ class Pins:
     """Activation recomputation policy."""
     offload_optimizer: bool | None = None
     """Optimizer states and step on the host (needs zero_stage >= 1)."""
+    powersgd_rank: int | None = None
+    """PowerSGD rank of the gradient all-reduce (pinning it opts in to compression)."""
+    offload_params: bool | None = None
+    """Parameter and gradient shards on the host (ZeRO-3 with optimizer offload)."""
+    offload_activations: bool | None = None
+    """Blocks' saved activations on the host."""
+    async_pipeline: bool | None = None
+    """PipeDream-2BW asynchronous 1F1B (pinning it true opts in to weight staleness 1)."""
 
     def __post_init__(self) -> None:
         for key in _INT_KEYS:
@@ -167,6 +189,10 @@ class Pins:
             schedule=s.schedule,
             recompute=s.recompute,
             offload_optimizer=s.offload_optimizer,
+            powersgd_rank=s.powersgd_rank,
+            offload_params=s.offload_params,
+            offload_activations=s.offload_activations,
+            async_pipeline=s.async_pipeline,
         )
 
     @property

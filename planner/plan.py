@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 
 from .config import Optimizer, Precision
 from .cost.estimate import Replay, TimeBreakdown
+from .cost.hidden import HiddenCosts
 from .cost.memory import MemoryBreakdown
 from .jsonio import to_json
 from .strategy import MeshAxis, Recompute, Schedule, Strategy
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Bumped on any incompatible change of the plan JSON."""
 
 LAYER_RECOMPUTE: tuple[Recompute, ...] = tuple(r for r in Recompute if r != Recompute.PER_LAYER)
@@ -109,6 +110,22 @@ class Parallelism:
     virtual_stages: int = _pos("Model chunks per pipeline rank (interleaved 1F1B).")
     offload_optimizer: bool
     """Optimizer states and step on the host."""
+    powersgd_rank: int | None = field(
+        default=None,
+        metadata={
+            "minimum": 1,
+            "doc": "PowerSGD rank of DDP's gradient all-reduce (Vogels et al. 2019); null: "
+            "uncompressed. It changes the training math: planned only with --allow-compression "
+            "or a pin.",
+        },
+    )
+    offload_params: bool = False
+    """Parameter and gradient shards on the host (FSDP2 CPUOffloadPolicy, ZeRO-3)."""
+    offload_activations: bool = False
+    """Blocks' saved activations on the host (saved-tensor offload)."""
+    async_pipeline: bool = False
+    """PipeDream-2BW: 1F1B without the flush, weight staleness 1 (planned only with
+    --allow-async or a pin)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -158,6 +175,9 @@ class LayerDecision:
     decision (what a checkpointed block keeps: its input)."""
     recompute_s: float
     """Forward seconds per micro-batch the decision adds in backward (0 for none)."""
+    offload_activations: bool = False
+    """Whether what the layer keeps for backward goes to the host and back (the plan's
+    activation offload: every block; `kept_bytes` then lives on the host)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -190,6 +210,8 @@ class Predicted:
     replay: Replay
     """The same step replayed operation by operation (every stage with its own times, the
     schedule's real order): its step time and peak memory, next to the closed form above."""
+    hidden_costs: HiddenCosts = field(default_factory=HiddenCosts)
+    """What PowerSGD, offload and the asynchronous pipeline cost (zeros for those not taken)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -299,6 +321,10 @@ def _strategy(
         zero_stage=p.zero_stage,
         dp_shard=None if p.dp_shard == p.dp else p.dp_shard,
         offload_optimizer=p.offload_optimizer,
+        powersgd_rank=p.powersgd_rank,
+        offload_params=p.offload_params,
+        offload_activations=p.offload_activations,
+        async_pipeline=p.async_pipeline,
         sequence_parallel=p.sequence_parallel,
         schedule=schedule,
         virtual_stages=p.virtual_stages,

@@ -12,7 +12,8 @@ import os
 import typing
 
 from . import limits
-from .jsonio import dumps_finite, from_json, read_json, validate, write_atomic
+from .cost.hidden import HiddenCosts
+from .jsonio import dumps_finite, from_json, read_json, to_json, validate, write_atomic
 from .plan import SCHEMA_VERSION, ChunkRange, Plan
 from .schema import plan_schema
 from .strategy import MeshAxis
@@ -36,12 +37,49 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
         raise ValueError(f"plan file {str(path)!r}: {exc}") from None
 
 
+_V4_PARALLELISM = {
+    "powersgd_rank": None,
+    "offload_params": False,
+    "offload_activations": False,
+    "async_pipeline": False,
+}
+"""What version 5 added to `parallelism`: a version-4 plan took none of these options."""
+_V4_HIDDEN_COSTS = to_json(HiddenCosts())
+"""`predicted.hidden_costs` of a version-4 plan: nothing hidden."""
+
+
+def upgrade_v4(data: typing.Any) -> typing.Any:
+    """A version-4 plan document as version 5 (the options it could not take, off); anything
+    else unchanged (the schema then says what is wrong)."""
+    if not isinstance(data, dict) or data.get("schema_version") != 4:
+        return data
+    out = dict(data, schema_version=SCHEMA_VERSION)
+    if isinstance(out.get("parallelism"), dict):
+        out["parallelism"] = {**out["parallelism"], **_V4_PARALLELISM}
+    if isinstance(out.get("predicted"), dict):
+        out["predicted"] = {**out["predicted"], "hidden_costs": dict(_V4_HIDDEN_COSTS)}
+    if isinstance(out.get("layers"), list):
+        out["layers"] = [
+            {**x, "offload_activations": False} if isinstance(x, dict) else x for x in out["layers"]
+        ]
+    if isinstance(out.get("runners_up"), list):
+        out["runners_up"] = [
+            {**r, "parallelism": {**r["parallelism"], **_V4_PARALLELISM}}
+            if isinstance(r, dict) and isinstance(r.get("parallelism"), dict)
+            else r
+            for r in out["runners_up"]
+        ]
+    return out
+
+
 def plan_from_dict(data: typing.Any) -> Plan:
-    """Validate a parsed plan document and build the `Plan` (ValueError on any problem)."""
+    """Validate a parsed plan document and build the `Plan` (ValueError on any problem);
+    version-4 documents are read as version 5 (`upgrade_v4`)."""
+    data = upgrade_v4(data)
     if isinstance(data, dict) and data.get("schema_version") not in (None, SCHEMA_VERSION):
         raise ValueError(
             f"schema_version {data.get('schema_version')!r} is not supported (this paraplan "
-            f"reads version {SCHEMA_VERSION}); {_REGENERATE} of this version"
+            f"reads versions 4 and {SCHEMA_VERSION}); {_REGENERATE} of this version"
         )
     validate(data, plan_schema(), "plan", _REGENERATE)
     huge = limits.too_large(data)

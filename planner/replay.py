@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from .cost.estimate import Replay
 from .cost.evaluate import Evaluator
+from .cost.memory import MemoryBreakdown
+from .cost.options import has_options
+from .cost.schedules import PENDING_W_ACT_FACTOR, is_split_backward
 from .solvers.pipeline_replay import simulate_pipeline
 from .strategy import Strategy
 
@@ -39,9 +42,12 @@ def replay(ev: Evaluator, s: Strategy) -> Replay:
         forward_s=forward,
         backward_s=backward,
         virtual_stages=s.virtual_stages,
+        weight_share=ev.weight_share,
     )
     tail = max(t.tail_comm_s + t.optimizer_s for t in distinct)
     step = timeline.makespan_s + tail
+    if s.async_pipeline:  # PipeDream-2BW never flushes: the steady state is the step
+        step = ev.time(s).step_time_s
     if ev.single_pass(s):  # the backward's layer-by-layer timeline is the replay itself
         memory, peak_stage = ev.memory(s)
         return Replay(step_time_s=step, peak_memory_bytes=memory.total_bytes, peak_stage=peak_stage)
@@ -50,10 +56,20 @@ def replay(ev: Evaluator, s: Strategy) -> Replay:
     mbs = s.micro_batch_size
     best, best_stage = -1.0, 0
     for index, (_, rep) in enumerate(copies):
-        static = ev.static_memory(s, stages[rep]).total_bytes
-        held = timeline.in_flight(index) if s.pp > 1 else 1.0
-        total = static + ev.pipeline_buffer_bytes(s)
-        total += (acts[rep].kept_bytes * held + acts[rep].transient_bytes) * mbs
+        static = ev.static_memory(s, stages[rep])
+        # a split backward's pending W keeps output gradients too (cost/schedules.py)
+        pending = PENDING_W_ACT_FACTOR if is_split_backward(s.schedule) else 0.0
+        held = timeline.in_flight(index, pending) if s.pp > 1 else 1.0
+        mem = MemoryBreakdown(
+            params_bytes=static.params_bytes,
+            grads_bytes=static.grads_bytes,
+            optimizer_bytes=static.optimizer_bytes,
+            activations_bytes=(acts[rep].kept_bytes * held + acts[rep].transient_bytes) * mbs,
+            other_bytes=static.other_bytes + ev.pipeline_buffer_bytes(s),
+        )
+        if has_options(s):  # offload, PowerSGD's buffers, stashed weights (cost/options.py)
+            mem = ev.options.memory(s, stages[rep], mem, held, ev.policy(s))
+        total = mem.total_bytes
         if total > best:
             best, best_stage = total, index
     return Replay(step_time_s=step, peak_memory_bytes=best, peak_stage=best_stage)

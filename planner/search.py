@@ -15,11 +15,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
+from . import options
 from .capabilities import Job, executor_gaps
 from .cost.comm import Collectives
 from .cost.data_parallel import HOST_OPTIMIZER_BYTES_PER_S
 from .cost.evaluate import Estimate, Evaluator
 from .cost.memory import MemoryBreakdown
+from .cost.options import option_problem
 from .cost.rules import Rule, Violation
 from .intmath import divisors
 from .pins import Pins
@@ -86,11 +88,18 @@ class Search:
     """Enumerates the space for one evaluator, with pinned dimensions."""
 
     def __init__(
-        self, ev: Evaluator, pins: Pins | None = None, *, runnable_only: bool = False
+        self,
+        ev: Evaluator,
+        pins: Pins | None = None,
+        *,
+        runnable_only: bool = False,
+        consent: options.Consent = options.NO_CONSENT,
     ) -> None:
         self.ev = ev
         self.pins = pins if pins is not None else Pins()
         self.runnable_only = runnable_only
+        self.consent = consent
+        """Options that change the training math the search may offer (`options.py`)."""
         """Rank only strategies the executor runs (`capabilities.py`; the API and CLI ask for it
         unless told `any_engine`); False: the whole space the cost model prices."""
         self._unrunnable: str | None = None
@@ -99,6 +108,9 @@ class Search:
         if broken is not None:
             named = self.pins.describe(broken.rule.fields) or self.pins.describe()
             raise ValueError(f"--fix {named}: {broken.message} (rule {broken.rule})")
+        problem = options.pins_problem(self.pins)
+        if problem is not None:
+            raise ValueError(f"--fix {self.pins.describe()}: {problem}")
 
     @property
     def all_pinned(self) -> bool:
@@ -136,12 +148,17 @@ class Search:
                 scheds += [(Schedule.GPIPE, 1), (Schedule.ONE_F_ONE_B, 1)]
                 top_v = min(MAX_VIRTUAL_STAGES, ev.num_blocks // pp)
                 scheds += [(Schedule.INTERLEAVED_1F1B, v) for v in range(2, top_v + 1)]
+                scheds.append((Schedule.INTERLEAVED_ZB, 1))  # zero bubble (cost/schedules.py)
+                if top_v >= 2:
+                    scheds += [(Schedule.ZBV, 2), (Schedule.DUALPIPEV, 2)]
             if f.schedule is not None:
-                fv = f.virtual_stages if f.virtual_stages is not None else 1
+                v_shaped = f.schedule in (Schedule.ZBV, Schedule.DUALPIPEV)
+                fv = f.virtual_stages if f.virtual_stages is not None else 1 + v_shaped
                 scheds = [x for x in scheds if x[0] == f.schedule] or [(f.schedule, fv)]
             if f.virtual_stages is not None:
                 fv = f.virtual_stages
                 scheds = [x for x in scheds if x[1] == fv] or [(x[0], fv) for x in scheds[:1]]
+            scheds = [x for x in scheds if options.admits_schedule(f, x[0])]
             rest = list(
                 itertools.product(
                     _options(f.sequence_parallel, [False, True] if tp > 1 else [False]),
@@ -152,14 +169,22 @@ class Search:
             )
             if f.offload_optimizer is None:
                 rest = [r for r in rest if not (r[2] and r[1] == 0)]  # offload needs ZeRO >= 1
+            rest = [r for r in rest if options.admits(f, r[1], r[2])]  # with the pinned options
             shards = self._dp_shards(dp, tp, cp)
             for mbs in mbss:
                 for shard in shards:
                     base = Strategy(
-                        dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, micro_batch_size=mbs, dp_shard=shard
+                        dp=dp,
+                        tp=tp,
+                        pp=pp,
+                        cp=cp,
+                        ep=ep,
+                        micro_batch_size=mbs,
+                        dp_shard=shard,
+                        **options.pinned_options(f),
                     )
                     sub = rest if shard is None else [r for r in rest if r[1] == 3]
-                    if sub:
+                    if sub and scheds:
                         yield _Block(base=base, schedules=tuple(scheds), rest=tuple(sub))
 
     def _dp_shards(self, dp: int, tp: int, cp: int) -> list[int | None]:
@@ -213,7 +238,13 @@ class Search:
         blocks: list[tuple[float, int, _Block]] = []
         for block in self.blocks():
             broken = ev.violation(block.probe())
-            bound = float("inf") if broken else ev.compute_lower_bound_s(block.base)
+            bound = (
+                float("inf")
+                if broken
+                else ev.compute_lower_bound_s(
+                    options.optimistic(self.pins, self.consent, block.base)
+                )
+            )
             blocks.append((bound, len(blocks), block))
         blocks.sort(key=lambda b: b[:2])
         for done, (bound, _, block) in enumerate(blocks):
@@ -224,7 +255,8 @@ class Search:
             for sched, v in block.schedules:
                 probe = replace(block.probe(), schedule=sched, virtual_stages=v)
                 probe_rule = ev.violation(probe)
-                if probe_rule is None and ev.schedule_lower_bound_s(probe) > worst_s():
+                optimist = options.optimistic(self.pins, self.consent, probe)
+                if probe_rule is None and ev.schedule_lower_bound_s(optimist) > worst_s():
                     continue
                 # With nothing pinned, only the probe's rules can fail (the options exclude sp
                 # without TP and offload without ZeRO); with pins, each strategy is checked.
@@ -242,7 +274,7 @@ class Search:
                     evaluated += 1
                     if total is None:  # per_layer: solve it only if it could make the top k
                         s = block.strategy(sched, v, sp, zero, off, rc)
-                        if len(heap) == keep:  # it is never faster than recomputing nothing
+                        if len(heap) == keep and not self.consent.any:  # never faster than rc=none
                             plain = replace(s, recompute=Recompute.NONE)
                             ideal = ev.links(plain).ideal()
                             if ev.time(plain, ideal, self._lb_coll).step_time_s > worst_s():
@@ -250,7 +282,9 @@ class Search:
                         total = ev.memory(s)[0].total_bytes
                     if min_mem is None or total < min_mem[0]:
                         min_mem = (total, block, (sched, v, sp, zero, off, rc))
-                    if total > ev.capacity_bytes:
+                    if total > ev.capacity_bytes:  # offload may make it fit (options.py)
+                        s = block.strategy(sched, v, sp, zero, off, rc)
+                        self._rescue(s, heap, keep)
                         continue
                     if self.runnable_only and self._gap(
                         block.strategy(sched, v, sp, zero, off, rc)
@@ -264,27 +298,19 @@ class Search:
                         and f[3] <= rc_rank
                         and (f[2] == off or offload_slower)
                         and (rc != Recompute.PER_LAYER or f[3] == 0)
+                        and not block.base.offload_activations  # recompute cuts its PCIe
                         for f in fitted
                     ):
                         continue  # only adds recompute/offload to a faster strategy that fits
                     fitted.append((sp, zero, off, rc_rank))
                     s = block.strategy(sched, v, sp, zero, off, rc)
+                    self._offer(options.fit_variants(s, self.pins, self.consent), heap, keep)
                     if len(heap) == keep:
                         ideal = ev.links(s).ideal()
                         if ev.time(s, ideal, self._lb_coll).step_time_s > worst_s():
                             continue
                     memory, peak_stage = ev.memory(s)
-                    est = self._best_order(s, memory, peak_stage)
-                    entry = (
-                        -est.step_time_s,
-                        -memory.total_bytes,
-                        _Neg(est.strategy.sort_key()),
-                        est,
-                    )
-                    if len(heap) < keep:
-                        heapq.heappush(heap, entry)
-                    elif entry[:3] > heap[0][:3]:
-                        heapq.heapreplace(heap, entry)
+                    _keep(heap, keep, self._best_order(s, memory, peak_stage))
         if progress is not None:
             progress(1.0)
         if evaluated == 0 and not heap:
@@ -310,6 +336,38 @@ class Search:
             least = self._least_memory(least)
         ranked = tuple(e[3] for e in sorted(heap, key=lambda e: e[:3], reverse=True))
         return SearchResult(ranked=ranked, evaluated=evaluated, min_memory=least)
+
+    def _rescue(self, s: Strategy, heap: list[tuple], keep: int) -> bool:
+        """Offer the offload variants of `s`, which does not fit (`options.rescues`), unless
+        they cannot fit or rank (offload only adds time to `s`); whether one fitted. Only
+        recompute none or full: offload in place of recomputing, or on top of the least
+        memory recompute gives (selective lies between; per_layer solves without offload)."""
+        ev = self.ev
+        if s.recompute not in options.RESCUED_RECOMPUTE or not options.rescuable(ev, s, self.pins):
+            return False
+        if len(heap) == keep:
+            worst = -heap[0][0]
+            if ev.time(s, ev.links(s).ideal(), self._lb_coll).step_time_s > worst:
+                return False
+        return any(self._offer(tier, heap, keep) for tier in options.rescues(s, self.pins))
+
+    def _offer(self, variants: list[Strategy], heap: list[tuple], keep: int) -> bool:
+        """Evaluate option variants (`options.py`) and keep those that fit and rank; whether
+        any fitted."""
+        fits = False
+        for s in variants:
+            if self.ev.violation(s) is not None or option_problem(s) is not None:
+                continue
+            memory, peak_stage = self.ev.memory(s)
+            if memory.total_bytes > self.ev.capacity_bytes:
+                continue
+            if not options.fits_host(self.ev, s):
+                continue  # the host cannot hold what it offloads
+            if self.runnable_only and self._gap(s):
+                continue
+            fits = True
+            _keep(heap, keep, self._best_order(s, memory, peak_stage))
+        return fits
 
     def _gap(self, s: Strategy) -> bool:
         """Whether the executor cannot run `s` (remembers one reason for the error)."""
@@ -376,15 +434,8 @@ class _Block:
         self, sched: Schedule, v: int, sp: bool, zero: int, off: bool, rc: Recompute
     ) -> Strategy:
         """One strategy of the block (default mesh order)."""
-        b = self.base
-        return Strategy(
-            dp=b.dp,
-            tp=b.tp,
-            pp=b.pp,
-            cp=b.cp,
-            ep=b.ep,
-            micro_batch_size=b.micro_batch_size,
-            dp_shard=b.dp_shard,
+        return replace(
+            self.base,
             schedule=sched,
             virtual_stages=v,
             sequence_parallel=sp,
@@ -419,6 +470,15 @@ class _Neg:
 
     def __hash__(self) -> int:
         return hash(self.key)
+
+
+def _keep(heap: list[tuple], keep: int, est: Estimate) -> None:
+    """Push `est` on the min-heap of the `keep` best (its top is the worst kept)."""
+    entry = (-est.step_time_s, -est.memory.total_bytes, _Neg(est.strategy.sort_key()), est)
+    if len(heap) < keep:
+        heapq.heappush(heap, entry)
+    elif entry[:3] > heap[0][:3]:
+        heapq.heapreplace(heap, entry)
 
 
 def rank_key(e: Estimate) -> tuple:

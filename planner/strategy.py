@@ -15,6 +15,16 @@ class Schedule(StrEnum):
     GPIPE = "gpipe"
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED_1F1B = "interleaved_1f1b"
+    INTERLEAVED_ZB = "interleaved_zb"
+    """Zero bubble ZB1P (Qi et al. 2023, arXiv 2401.10241 §3.1; torch
+    `ScheduleInterleavedZeroBubble`): split backward, weight gradients fill the bubbles; v >= 1
+    chunks per stage in a loop."""
+    ZBV = "zbv"
+    """Zero bubble ZB-V (Qi et al. 2023 §6; torch `ScheduleZBVZeroBubble`): two chunks per stage
+    in a V (stage 0 holds the first and the last)."""
+    DUALPIPEV = "dualpipev"
+    """DualPipeV (DeepSeek-V3, arXiv 2412.19437 §3.2.1; torch `ScheduleDualPipeV`): V placement,
+    forward of one chunk paired with the backward of the other, split backward at the end."""
 
 
 class Recompute(StrEnum):
@@ -87,6 +97,18 @@ class Strategy:
     """Activation recomputation policy for the blocks."""
     mesh_order: tuple[MeshAxis, ...] = DEFAULT_MESH_ORDER
     """Mesh axes from outermost to innermost (the last varies fastest over ranks)."""
+    powersgd_rank: int | None = None
+    """PowerSGD rank of the gradient all-reduce (Vogels et al. 2019; DDP's `powerSGD_hook`);
+    None: uncompressed. Changes the training math: searched only with `--allow-compression`."""
+    offload_params: bool = False
+    """Sharded parameters and gradients on the host (ZeRO-Offload/Infinity style, FSDP2
+    `CPUOffloadPolicy`; needs ZeRO-3 and optimizer offload): PCIe copies every unit."""
+    offload_activations: bool = False
+    """Activations the blocks keep for backward copied to the host and back (saved-tensor
+    offload): PCIe copies every micro-batch, overlapped with neighbouring blocks."""
+    async_pipeline: bool = False
+    """PipeDream-2BW (Narayanan et al. 2021, arXiv 2006.09503): 1F1B without the flush, two
+    weight versions, weight staleness 1. Changes the training math: only with `--allow-async`."""
 
     @property
     def shard_dp(self) -> int:
@@ -126,6 +148,10 @@ class Strategy:
             self.recompute == Recompute.PER_LAYER,
             str(self.recompute),
             tuple(LOCALITY_RANK[a] for a in reversed(self.mesh_order)),
+            self.powersgd_rank or 0,
+            self.offload_params,
+            self.offload_activations,
+            self.async_pipeline,
         )
 
     def short(
@@ -149,9 +175,16 @@ class Strategy:
             parts.append("sp")
         if self.pp > 1:
             sched = str(self.schedule)
-            if self.schedule == Schedule.INTERLEAVED_1F1B:
+            looped = (Schedule.INTERLEAVED_1F1B, Schedule.INTERLEAVED_ZB)
+            if self.schedule in looped and self.virtual_stages > 1:
                 sched += f"(v={self.virtual_stages})"
-            parts.append(sched)
+            parts.append(sched + ("(async)" if self.async_pipeline else ""))
+        if self.powersgd_rank is not None:
+            parts.append(f"powersgd={self.powersgd_rank}")
+        if self.offload_params:
+            parts.append("offload_params")
+        if self.offload_activations:
+            parts.append("offload_acts")
         parts.append(f"mbs={self.micro_batch_size}")
         if num_microbatches is not None:
             parts.append(f"m={num_microbatches}")

@@ -211,8 +211,8 @@ def _layout(pm: object) -> dict[str, object]:
         "schedule": type(pm.schedule).__name__ if pm.schedule else None,  # type: ignore[attr-defined]
         "wrapper": type(part).__name__,
         "placements": [str(p) for p in q.placements] if isinstance(q, DTensor) else [],
-        "recompute": sum(
-            checkpoint.state(b) is not None for c in chains for b in c.blocks.values()
+        "recompute": sorted(  # the blocks (model indices) this rank checkpoints
+            int(k) for c in chains for k, b in c.blocks.items() if checkpoint.state(b) is not None
         ),
         "offload": offload,
         "vocab_parallel": pm.vocab_parallel,  # type: ignore[attr-defined]

@@ -36,6 +36,7 @@ def test_catalog_has_the_documented_entries():
         "a100-40gb",
         "a100-80gb",
         "h100",
+        "h100-hbm2e",
         "h100-pcie",
         "h200",
         "b200",

@@ -19,7 +19,7 @@ from paraplan.planner.model_spec import parse_model
 from paraplan.planner.pins import Pins
 from paraplan.planner.plan_io import save_plan
 from paraplan.planner.search import Search, brute_force
-from paraplan.planner.strategy import Recompute, Strategy
+from paraplan.planner.strategy import Strategy
 from tests.executor_plans import ROOT, make_plan
 from tests.test_executor_numerics import PLANS_2, PLANS_4
 
@@ -44,9 +44,8 @@ def test_every_plan_the_numerics_tests_run_is_runnable() -> None:
 @pytest.mark.parametrize(
     ("job", "words"),
     [
-        (_job(dp=2, tp=2, pp=1, zero_stage=1), "zero_stage=1 with tp=2"),
+        (_job(experts=8, dp=2, tp=1, pp=1, ep=2, zero_stage=1), "zero_stage=1 with ep=2"),
         (_job(dp=1, tp=1, pp=2, cp=2), "cp=2 with pp=2"),
-        (_job(dp=2, tp=1, pp=1, cp=2, recompute=Recompute.SELECTIVE), "selective"),
         (_job(experts=8, dp=2, tp=2, pp=1), "mixture-of-experts"),
         (_job(dp=2, tp=1, pp=1, zero_stage=1, offload_optimizer=True), "offload_optimizer"),
     ],

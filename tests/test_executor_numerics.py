@@ -66,6 +66,9 @@ PLANS_4 = {
     "llama_dp2_cp2_fsdp": dict(family="llama", dp=2, cp=2, zero=3),
     "llama_cp2_tp2_sp": dict(family="llama", cp=2, tp=2, sp=True),
     "mixtral_dp4_ep2_fsdp": dict(family="mixtral", dp=4, ep=2, zero=2),
+    "llama_dp2_cp2_zero1_selective": dict(
+        family="llama", dp=2, cp=2, zero=1, recompute=("selective", "full", "none", "selective")
+    ),
 }
 HF_NAMES = {
     family: sorted(n for n, _ in tiny_model(family).named_parameters())
@@ -92,8 +95,7 @@ def _expected_layout(kw: dict) -> dict[str, object]:
     """What parallelize must have applied for the plan `kw` (see executor/data_parallel.py)."""
     dp, tp, pp, cp = kw.get("dp", 1), kw.get("tp", 1), kw.get("pp", 1), kw.get("cp", 1)
     zero, ranks = kw.get("zero", 0), dp * cp  # data parallelism runs over dp x cp
-    zero1 = zero == 1 and tp == 1 and pp == 1  # DDP + ZeroRedundancyOptimizer
-    fsdp = kw.get("offload", False) or (ranks > 1 and zero >= 1 and not zero1)
+    fsdp = kw.get("offload", False) or (ranks > 1 and zero >= 2)
     ddp = ranks > 1 and not fsdp and tp == 1 and pp == 1
     replicate = ranks > 1 and not fsdp and not ddp
     hsdp = kw.get("dp_shard", dp) < dp
@@ -107,27 +109,36 @@ def _expected_layout(kw: dict) -> dict[str, object]:
         else "ChainModule"
     )
     dp_dims = (fsdp or replicate) + hsdp  # DTensor mesh dims data parallelism adds
-    vocab = tp > 1 and pp == 1
+    vocab = tp > 1  # vocab-parallel embedding and head, under PP too
     return {
         "schedule": SCHEDULE_CLASSES[kw.get("schedule", "none")],
         "wrapper": wrapper,
         "placements": (tp > 1) + dp_dims,  # DTensor mesh dims of a q_proj weight
-        "recompute": sum(r != "none" for r in kw.get("recompute", ())),
+        # checkpointed blocks, over the pipeline ranks (each checks its own)
+        "recompute": [i for i, r in enumerate(kw.get("recompute", ())) if r != "none"],
         "offload": kw.get("offload", False),
         "vocab_parallel": vocab,
         # the embedding table: split over the vocabulary (Shard(0) on tp) when TP runs
         "embed_placements": vocab + dp_dims if pp == 1 else None,
-        "optimizer": "ZeroRedundancyOptimizer" if zero1 and ranks > 1 else "SGD",
+        # ZeRO-1: torch's ZeroRedundancyOptimizer beside DDP, ShardedStates beside replicate
+        "optimizer": "SGD"
+        if zero != 1 or fsdp or ranks == 1
+        else "ZeroRedundancyOptimizer"
+        if ddp
+        else "ShardedStates",
     }
 
 
 def _check(results: dict[int, dict], specs: dict[str, dict]) -> None:
     for name, kw in specs.items():
         want = _expected_layout(kw)
+        blocks = sorted({b for res in results.values() for b in res[name]["layout"]["recompute"]})
+        assert blocks == want.pop("recompute"), (name, blocks)
         for res in results.values():
-            layout = res[name]["layout"]
+            layout = dict(res[name]["layout"])
+            layout.pop("recompute")
             embed = layout["embed_placements"]
-            if want["vocab_parallel"]:
+            if want["vocab_parallel"] and embed:  # ranks holding the embedding
                 assert embed[-1] == "S(0)", (name, embed)  # tp is the table's last mesh dim
             got = dict(
                 layout,
@@ -161,5 +172,7 @@ def test_two_ranks_match_reference(tmp_path: Path) -> None:
 @pytest.mark.multiprocess
 def test_four_ranks_match_reference(tmp_path: Path) -> None:
     """DP x TP (DDP and FSDP+SP, both mesh orders), DP x PP, PP x TP+SP, 4 pipeline stages,
-    HSDP 2x2, CP x DP (FSDP over dp x cp), CP x TP+SP, EP x DP (experts over 2 of 4 dp ranks)."""
+    HSDP 2x2, CP x DP (FSDP over dp x cp), CP x TP+SP, EP x DP (experts over 2 of 4 dp ranks),
+    CP x DP with ZeRO-1 and selective recompute (the ring re-run in backward). ZeRO-1 with TP
+    and PP, and the vocab-parallel head under PP: test_executor_readme_plans.py."""
     _check(_run(tmp_path, 4, PLANS_4), PLANS_4)

@@ -38,7 +38,7 @@ def test_round_trip_is_exact(plan: Plan, tmp_path: Path) -> None:
 
 def test_required_fields_present(plan: Plan) -> None:
     d = plan.to_dict()
-    assert d["schema_version"] == 4  # v4: parallelism.dp_shard (HSDP)
+    assert d["schema_version"] == 5  # v5: PowerSGD, offload and async pipeline options
     assert set(d["parallelism"]) >= {
         "dp",
         "tp",

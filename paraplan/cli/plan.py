@@ -30,7 +30,8 @@ from .common import (
 FIX_HELP = (
     "pin dimensions, e.g. tp=8,pp=8,dp=24,zero=1,mbs=2,schedule=1f1b,recompute=full (keys: dp "
     "tp pp cp ep zero_stage|zero sequence_parallel|sp virtual_stages|vpp micro_batch_size|mbs "
-    "schedule recompute offload_optimizer|offload)"
+    "schedule recompute offload_optimizer|offload powersgd_rank|powersgd offload_params "
+    "offload_activations|offload_acts async_pipeline|async)"
 )
 """What `--fix` accepts (the keys `planner.pins.Pins.parse` knows)."""
 
@@ -69,6 +70,18 @@ def add_parser(subparsers: Any) -> None:
         action="store_true",
         help="search every strategy the cost model prices, also those paraplan's executor "
         "does not run (the output says which)",
+    )
+    p.add_argument(
+        "--allow-compression",
+        action="store_true",
+        help="also search PowerSGD gradient compression (ranks 1, 2, 4, 8; DDP/ZeRO-1): it "
+        "changes the training math (low-rank gradients with error feedback)",
+    )
+    p.add_argument(
+        "--allow-async",
+        action="store_true",
+        help="also search the asynchronous PipeDream-2BW pipeline (no flush): it changes the "
+        "training semantics (weight staleness 1); paraplan's executor does not run it",
     )
     add_no_progress_arg(p)
     p.set_defaults(handler=execute)
@@ -114,6 +127,8 @@ def execute(args: argparse.Namespace) -> int:
                 top_k=args.top,
                 progress=fraction_callback(bar),
                 any_engine=args.any_engine,
+                allow_compression=args.allow_compression,
+                allow_async=args.allow_async,
             )
     except NoFeasiblePlanError as exc:
         print(f"paraplan: no plan fits: {exc}", file=sys.stderr)

@@ -6,6 +6,7 @@ from ..config import TrainConfig
 from ..hardware import Accelerator
 from ..strategy import Strategy
 from .comm import Collectives, Links
+from .compression import PowerSGDModel
 from .layout import Stage
 
 HOST_OPTIMIZER_BYTES_PER_S = 20e9
@@ -38,6 +39,7 @@ def dp_comm(
     t: TrainConfig,
     fwd: float,
     bwd: float,
+    powersgd: PowerSGDModel | None = None,
 ) -> tuple[float, float]:
     """(exposed seconds per micro-batch, exposed seconds once per step) of ZeRO/DDP traffic
     for one stage; `fwd`/`bwd` are the stage's compute seconds per micro-batch.
@@ -57,6 +59,8 @@ def dp_comm(
       reduce-scatter inside the shard group, and each unit's gradient shard is then
       all-reduced across the replica groups, every micro-batch (FSDP2 syncs each backward
       unless told otherwise).
+    - PowerSGD (`s.powersgd_rank`, DDP and ZeRO-1 only; `compression.py`): the compressed
+      all-reduces overlap the last backward as the buckets' hook runs; its compute does not.
     """
     per_mb = tail = 0.0
     dense_link = links.shard if s.zero_stage == 3 else links.dpcp
@@ -80,7 +84,11 @@ def dp_comm(
             continue
         ag = coll.all_gather(count * t.param_bytes, link)
         rs = coll.reduce_scatter(count * t.grad_bytes, link)
-        if s.zero_stage == 2:  # reduce-scatter every micro-batch, gather after the step
+        if powersgd is not None and s.powersgd_rank is not None and link is dense_link:
+            ps = powersgd.cost(s, stage, link, coll, t)  # DDP's hook in place of the all-reduce
+            tail += hidden_behind(ps.comm_s, bwd) + ps.compute_s
+            tail += hidden_behind(ag, fwd) if s.zero_stage == 1 else 0.0
+        elif s.zero_stage == 2:  # reduce-scatter every micro-batch, gather after the step
             per_mb += hidden_behind(rs, bwd)
             tail += hidden_behind(ag, fwd)
         elif s.zero_stage == 1:  # reduce-scatter once per step, gather after the step
@@ -101,4 +109,6 @@ def optimizer_s(s: Strategy, stage: Stage, t: TrainConfig, acc: Accelerator) -> 
     if not s.offload_optimizer:
         return 2 * state_bytes / acc.memory_bw_bytes_per_s
     pcie = shard * (t.grad_bytes + t.param_bytes) / acc.pcie_bw_bytes_per_s
+    if s.offload_params:  # the shards already live on the host (copies priced in offload.py)
+        pcie = 0.0
     return pcie + 2 * state_bytes / HOST_OPTIMIZER_BYTES_PER_S

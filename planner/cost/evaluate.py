@@ -14,12 +14,14 @@ from ..cluster import Cluster
 from ..config import TrainConfig
 from ..model import ModelProfile
 from ..strategy import MeshAxis, Recompute, Strategy
+from . import schedules as split_schedules
 from .comm import Collectives, Links, links_for
 from .compute import ATTENTION_BACKWARD_FACTOR
 from .data_parallel import dp_comm, hidden_behind, optimizer_s
 from .estimate import Estimate, StageTime, TimeBreakdown
 from .layout import Layout, Stage, StageSplit
 from .memory import MemoryBreakdown, in_flight_microbatches
+from .options import OptionModel, has_options, option_problem
 from .per_layer import PerLayerRecompute
 from .rules import Assignment, ProblemShape, Violation, violation
 from .stages import Policy, StageActivations, StageModel, StaticMemory
@@ -52,6 +54,10 @@ class Evaluator:
         self.shape = ProblemShape.of(profile, cluster, train)
         """What the structural rules read (see `violation`)."""
         self.per_layer = PerLayerRecompute(self.stage_model)
+        self.options = OptionModel(self.stage_model, train, self.acc)
+        """PowerSGD, parameter/activation offload and asynchronous pipeline terms."""
+        self.weight_share = split_schedules.weight_grad_share(profile)
+        """Share of a backward that is weight gradients (split-backward schedules)."""
         self._links = cache(self._links_uncached)
 
     @property
@@ -96,7 +102,8 @@ class Evaluator:
     def single_pass(self, s: Strategy) -> bool:
         """One micro-batch, no pipeline, unsharded gradients: the gradients then grow while
         the activations are freed, layer by layer, instead of coexisting whole."""
-        return s.pp == 1 and s.zero_stage < 2 and self.num_microbatches(s) == 1
+        single = s.pp == 1 and s.zero_stage < 2 and self.num_microbatches(s) == 1
+        return single and not s.offload_activations
 
     def _backward_timeline(self, s: Strategy, mem: MemoryBreakdown) -> MemoryBreakdown:
         """Peak over the backward pass, which runs from the head to the embedding: at layer i
@@ -138,13 +145,16 @@ class Evaluator:
             virtual_stages=s.virtual_stages,
         )
         kept = (acts.kept_bytes * inflight + acts.transient_bytes) * s.micro_batch_size
-        return MemoryBreakdown(
+        mem = MemoryBreakdown(
             params_bytes=static.params_bytes,
             grads_bytes=static.grads_bytes,
             optimizer_bytes=static.optimizer_bytes,
             activations_bytes=kept,
             other_bytes=static.other_bytes + self.pipeline_buffer_bytes(s),
         )
+        if has_options(s):  # offload, PowerSGD's buffers, the stashed weights (options.py)
+            mem = self.options.memory(s, stage, mem, inflight, self.policy(s))
+        return mem
 
     def memory_totals(
         self, s: Strategy, choices: tuple[tuple[bool, int, bool, Recompute], ...]
@@ -154,6 +164,17 @@ class Evaluator:
         is None (left to the caller, as it needs the recompute solver) unless `none` fits with
         the same sharding, which makes it that strategy."""
         sm = self.stage_model
+        if has_options(s):  # the options' terms live in `memory` (options.py): the slow path
+            return [
+                None
+                if rc == Recompute.PER_LAYER
+                else self.memory(
+                    replace(
+                        s, sequence_parallel=sp, zero_stage=z, offload_optimizer=o, recompute=rc
+                    )
+                )[0].total_bytes
+                for sp, z, o, rc in choices
+            ]
         m, mbs, v = self.num_microbatches(s), s.micro_batch_size, s.virtual_stages
         dpcp = s.dp * s.cp
         static: dict[tuple[int, bool, Layout], list[float]] = {}
@@ -231,12 +252,13 @@ class Evaluator:
         these degrees and micro-batch size: m slots plus the fill and drain of the most
         interleaved schedule possible, each at least `_slot_lower_bound_s`."""
         v_max = max(1, self.num_blocks // s.pp)
-        slots = self.num_microbatches(s) + (s.pp - 1) / v_max
+        slots = self.num_microbatches(s) + (0 if s.async_pipeline else (s.pp - 1) / v_max)
         return slots * self._slot_lower_bound_s(s)
 
     def schedule_lower_bound_s(self, s: Strategy) -> float:
         """Like `compute_lower_bound_s` for a pipeline shape: (m + (pp-1)/v) slots."""
-        slots = self.num_microbatches(s) + (s.pp - 1) / s.virtual_stages
+        fill = 0.0 if split_schedules.is_split_backward(s.schedule) else self.fill_slots(s)
+        slots = self.num_microbatches(s) + fill  # split backward: 0, a bound whatever F:B:W
         return slots * self._slot_lower_bound_s(s)
 
     def links(self, s: Strategy) -> Links:
@@ -314,7 +336,11 @@ class Evaluator:
                 sends = 2 * len(stage.chunks) - int(stage.index == 0)
                 sends -= int(stage.index == s.pp - 1)
                 comm += sends * p2p
-            zero_mb, tail = dp_comm(s, stage, links, coll, self.train, c.fwd_s, c.bwd_s)
+            zero_mb, tail = dp_comm(
+                s, stage, links, coll, self.train, c.fwd_s, c.bwd_s, self.options.powersgd
+            )
+            if s.offload_params or s.offload_activations:  # PCIe copies (offload.py)
+                zero_mb += self.options.offload.cost(s, stage, c, self.policy(s)).exposed_s
             out.append(
                 StageTime(
                     stage=stage.index,
@@ -345,14 +371,44 @@ class Evaluator:
             compute_s=m * (slow.fwd_s + slow.bwd_s),
             recompute_s=m * slow.recompute_s,
             comm_s=m * slow.comm_s + tail.tail_comm_s,
-            bubble_s=(s.pp - 1) / s.virtual_stages * slow.per_microbatch_s,
+            bubble_s=self.bubble_s(s, slow),
             optimizer_s=tail.optimizer_s,
         )
+
+    def bubble_s(self, s: Strategy, slow: StageTime) -> float:
+        """Fill and drain seconds: `fill_slots` slots of the slowest stage, or for the split-
+        backward schedules their replayed bubble at its F:B:W (cost/schedules.py)."""
+        if not split_schedules.is_split_backward(s.schedule):
+            return self.fill_slots(s) * slow.per_microbatch_s
+        share = slow.fwd_s / (slow.fwd_s + slow.bwd_s) if slow.fwd_s + slow.bwd_s > 0 else 0.5
+        return split_schedules.bubble_s(
+            s.schedule,
+            pp=s.pp,
+            virtual_stages=s.virtual_stages,
+            num_microbatches=self.num_microbatches(s),
+            forward_s=slow.per_microbatch_s * share,
+            backward_s=slow.per_microbatch_s * (1 - share),
+            weight_share=self.weight_share,
+        )
+
+    def fill_slots(self, s: Strategy) -> float:
+        """Slots of pipeline fill and drain: (pp-1)/v (Narayanan et al. 2021 §2.2); none for
+        the asynchronous pipeline, which never flushes (PipeDream-2BW, options.py); for the
+        split-backward schedules their replayed bubble at F:B = 1:2 (cost/schedules.py)."""
+        if split_schedules.is_split_backward(s.schedule):
+            return split_schedules.fill_slots(
+                s.schedule,
+                pp=s.pp,
+                virtual_stages=s.virtual_stages,
+                num_microbatches=self.num_microbatches(s),
+                weight_share=self.weight_share,
+            )
+        return 0.0 if s.async_pipeline else (s.pp - 1) / s.virtual_stages
 
     # ---- all together ----------------------------------------------------------------------
     def evaluate(self, s: Strategy) -> Estimate:
         """Predictions for a structurally valid strategy (see `violation`)."""
-        rule = self.violation(s)
+        rule = self.violation(s) or option_problem(s)
         if rule:
             raise ValueError(f"strategy {s.short()} is not valid: {rule}")
         memory, peak_stage = self.memory(s)
@@ -364,7 +420,7 @@ class Evaluator:
         """Assemble an `Estimate` from its memory and time parts."""
         t = self.train
         step = time.step_time_s
-        slots = self.num_microbatches(s) + (s.pp - 1) / s.virtual_stages
+        slots = self.num_microbatches(s) + self.fill_slots(s)
         model_flops = self.model_flops_per_seq * t.global_batch
         peak = self.acc.peak_flops_for(t.compute_dtype)
         return Estimate(
@@ -376,7 +432,7 @@ class Evaluator:
             memory=memory,
             peak_stage=peak_stage,
             capacity_bytes=self.stage_model.capacity_bytes,
-            bubble_fraction=(s.pp - 1) / s.virtual_stages / slots,
+            bubble_fraction=self.fill_slots(s) / slots,
             exposed_comm_s=time.comm_s,
             time=time,
         )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from ..config import TrainConfig
 from ..model import LayerCost, LayerKind
 from ..strategy import Recompute, Schedule
+from . import schedules as split_schedules
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """Gradient bucket of DDP / ZeRO-1/2 reduction (PyTorch DDP default `bucket_cap_mb=25`);
@@ -89,6 +90,10 @@ def in_flight_microbatches(
     micro-batches (Megatron-LM's warm-up count), i.e. pp + (pp - 1)/v stages' worth on stage 0
     (Korthikanti et al. 2022 §4.2.3)."""
     m = num_microbatches
+    if split_schedules.is_split_backward(schedule):  # zero bubble, DualPipeV (schedules.py)
+        return split_schedules.in_flight_microbatches(
+            schedule, pp=pp, stage=stage, num_microbatches=m, virtual_stages=virtual_stages
+        )
     if schedule == Schedule.NONE:
         return 1.0
     if schedule == Schedule.GPIPE:

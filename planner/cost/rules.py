@@ -308,7 +308,11 @@ def _schedule_matches_pp(sh: ProblemShape, a: Assignment) -> str | None:
 
 def _virtual_stages_match_schedule(sh: ProblemShape, a: Assignment) -> str | None:
     v, schedule = a.virtual_stages, a.schedule
-    if v is None or schedule is None or (schedule == Schedule.INTERLEAVED_1F1B) == (v > 1):
+    if v is None or schedule is None:
+        return None
+    if schedule in (Schedule.ZBV, Schedule.DUALPIPEV):  # a V: two chunks per stage
+        return None if v == 2 else f"{schedule} places two chunks per stage; use vpp=2, not {v}"
+    if schedule == Schedule.INTERLEAVED_ZB or (schedule == Schedule.INTERLEAVED_1F1B) == (v > 1):
         return None
     return (
         f"virtual_stages={v} with schedule={schedule}: use virtual_stages > 1 exactly with "
@@ -325,15 +329,23 @@ def _stages_within_blocks(sh: ProblemShape, a: Assignment) -> str | None:
 
 def _interleaved_microbatches(sh: ProblemShape, a: Assignment) -> str | None:
     dp, mbs, pp = a.dp, a.micro_batch_size, a.pp
-    if a.schedule != Schedule.INTERLEAVED_1F1B or dp is None or mbs is None or pp is None:
+    looped = (Schedule.INTERLEAVED_1F1B, Schedule.INTERLEAVED_ZB, Schedule.DUALPIPEV)
+    if a.schedule not in looped or dp is None or mbs is None or pp is None:
         return None
     if dp < 1 or mbs < 1 or pp < 1:
         return None  # the world size and batch rules name these
     m = sh.global_batch // (dp * mbs)
+    if a.schedule == Schedule.DUALPIPEV:  # torch's ScheduleDualPipeV rule
+        if m >= 2 * pp:
+            return None
+        return (
+            f"dualpipev needs at least 2*pp={2 * pp} micro-batches, not {m}; lower "
+            "micro_batch_size or pick another schedule"
+        )
     if m % pp == 0:
         return None
     return (
-        f"interleaved_1f1b needs the {m} micro-batches to be a multiple of pp={pp}; "
+        f"{a.schedule} needs the {m} micro-batches to be a multiple of pp={pp}; "
         "change micro_batch_size or the schedule"
     )
 

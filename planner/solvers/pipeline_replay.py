@@ -30,16 +30,21 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 from ..strategy import Schedule
+from .pipeline_orders import (
+    Op,
+    Phase,
+    dualpipev_order,
+    interleaved_zb_order,
+    v_chunk_stage,
+    zbv_order,
+)
 
-
-class Phase(StrEnum):
-    """What an interval computes."""
-
-    FORWARD = "forward"
-    BACKWARD = "backward"
+V_SHAPED = (Schedule.ZBV, Schedule.DUALPIPEV)
+"""Schedules with two chunks per stage in a V (`pipeline_orders.v_chunk_stage`)."""
+SPLIT_BACKWARD = (Schedule.INTERLEAVED_ZB, Schedule.ZBV, Schedule.DUALPIPEV)
+"""Schedules that run some backwards as an input-gradient and a weight-gradient part."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,7 +58,8 @@ class Interval:
     microbatch: int
     """Micro-batch index, 0 .. m-1."""
     chunk: int
-    """Model chunk index, 0 .. pp*v-1 (chunk c runs on stage c % pp)."""
+    """Model chunk index, 0 .. pp*v-1 (chunk c runs on stage c % pp; in a V on
+    `v_chunk_stage`)."""
     start_s: float
     """Start time from the beginning of the step."""
     end_s: float
@@ -99,25 +105,28 @@ class Timeline:
         """Idle share of the busiest stage: the cost model's `bubble_fraction`."""
         return min(self.idle_fraction(s) for s in range(self.num_stages))
 
-    def in_flight(self, stage: int) -> float:
+    def in_flight(self, stage: int, pending_weight: float = 0.0) -> float:
         """Peak number of micro-batches whose activations the stage holds, in units of the
         whole stage: (micro-batch, chunk) pairs from the start of their forward to the end of
-        their backward, divided by v (what planner/cost/memory.py counts)."""
-        events = []
+        their backward (of its weight-gradient part W when split), divided by v (what
+        planner/cost/memory.py counts). Each pair whose input gradient is done but whose W is
+        not counts `pending_weight` more (the output gradients W keeps,
+        planner/cost/schedules.py)."""
+        events: list[tuple[float, int, float]] = []
         for x in self.stage_intervals(stage):
             if x.phase == Phase.FORWARD:
-                events.append((x.start_s, 1, 1))
+                events.append((x.start_s, 1, 1.0))
+            elif x.phase == Phase.BACKWARD_INPUT:
+                events.append((x.end_s, 1, pending_weight))
+            elif x.phase == Phase.BACKWARD_WEIGHT:
+                events.append((x.end_s, 0, -1.0 - pending_weight))
             else:
-                events.append((x.end_s, 0, -1))  # at equal times a backward frees first
-        held = peak = 0
+                events.append((x.end_s, 0, -1.0))  # at equal times a backward frees first
+        held = peak = 0.0
         for _, _, delta in sorted(events):
             held += delta
             peak = max(peak, held)
         return peak / self.virtual_stages
-
-
-Op = tuple[Phase, int, int]
-"""(phase, micro-batch, local chunk 0..v-1) of one stage."""
 
 
 def _check(schedule: Schedule, pp: int, m: int, v: int) -> None:
@@ -128,15 +137,29 @@ def _check(schedule: Schedule, pp: int, m: int, v: int) -> None:
         raise ValueError(f"schedule 'none' means no pipeline; pp={pp} needs gpipe or 1f1b")
     if schedule != Schedule.NONE and pp == 1:
         raise ValueError(f"schedule {str(schedule)!r} needs pp >= 2; use 'none' for pp=1")
-    if (schedule == Schedule.INTERLEAVED_1F1B) != (v > 1):
+    if schedule in V_SHAPED and v != 2:
+        raise ValueError(f"{str(schedule)!r} places two chunks per stage in a V; use v=2, not {v}")
+    if schedule == Schedule.DUALPIPEV and m < 2 * pp:
+        raise ValueError(
+            f"dualpipev needs at least 2*pp={2 * pp} micro-batches (torch's rule), not m={m}; "
+            "raise the batch or lower micro_batch_size"
+        )
+    loop_only = schedule not in V_SHAPED and schedule != Schedule.INTERLEAVED_ZB
+    if loop_only and (schedule == Schedule.INTERLEAVED_1F1B) != (v > 1):
         raise ValueError(
             f"virtual_stages={v} with {str(schedule)!r}: use v > 1 exactly with interleaved_1f1b"
         )
-    if schedule == Schedule.INTERLEAVED_1F1B and m % pp:
+    if schedule in (Schedule.INTERLEAVED_1F1B, Schedule.INTERLEAVED_ZB) and m % pp:
         raise ValueError(
-            f"interleaved_1f1b needs the micro-batches (m={m}) to be a multiple of pp={pp} "
+            f"{schedule} needs the micro-batches (m={m}) to be a multiple of pp={pp} "
             "(Megatron-LM's rule); use m = a multiple of pp"
         )
+
+
+def chunk_placement(schedule: Schedule, chunk: int, pp: int) -> tuple[int, int]:
+    """(stage, local chunk) of model chunk `chunk`: a loop (c % pp) or, for the V-shaped
+    schedules, a V."""
+    return v_chunk_stage(chunk, pp) if schedule in V_SHAPED else (chunk % pp, chunk // pp)
 
 
 def stage_order(
@@ -162,11 +185,12 @@ def stage_order(
         for k in range(m - warmup):
             order += [(F, warmup + k, 0), (B, k, 0)]
         return order + [(B, k, 0) for k in range(m - warmup, m)]
-
-    if sched != Schedule.INTERLEAVED_1F1B:
-        raise ValueError(
-            f"no replay for schedule {str(sched)!r}; use none, gpipe, 1f1b or interleaved_1f1b"
-        )
+    if sched == Schedule.INTERLEAVED_ZB:
+        return interleaved_zb_order(pp, m, v, s)
+    if sched == Schedule.ZBV:
+        return zbv_order(pp, m, s)
+    if sched == Schedule.DUALPIPEV:
+        return dualpipev_order(pp, m, s)
 
     def virtual(k: int, backward: bool) -> Op:
         local = (k // pp) % v
@@ -200,26 +224,44 @@ def simulate_pipeline(
     backward_s: float | Sequence[float],
     virtual_stages: int = 1,
     p2p_s: float = 0.0,
+    weight_share: float | Sequence[float] = 0.5,
 ) -> Timeline:
     """Replay `schedule` and return every operation's interval.
 
     `forward_s` / `backward_s`: seconds of one micro-batch's forward / backward on each stage
     (one number for all stages, or one per stage), all of the stage's chunks together; a chunk
     takes 1/v of it. `p2p_s`: seconds an activation or gradient takes to reach the next stage
-    (the sending stage does not wait for it)."""
+    (the sending stage does not wait for it). `weight_share`: the part of a backward that is
+    the weight gradient (W), which the split-backward schedules run apart from the input
+    gradient (per stage or one for all)."""
     sched = Schedule(schedule)
     pp, m, v = num_stages, num_microbatches, virtual_stages
     _check(sched, pp, m, v)
     fwd = _per_stage("forward_s", forward_s, pp)
     bwd = _per_stage("backward_s", backward_s, pp)
+    share = _per_stage("weight_share", weight_share, pp)
+    if any(x > 1 for x in share):
+        raise ValueError(f"weight_share {share} must lie in [0, 1]: it is a part of the backward")
     if not (math.isfinite(p2p_s) and p2p_s >= 0):
         raise ValueError(f"p2p_s={p2p_s!r} must be a finite number of seconds >= 0")
     last = pp * v - 1
+    where = {c: chunk_placement(sched, c, pp) for c in range(pp * v)}
+    model_chunk = {st_local: c for c, st_local in where.items()}
     orders = [
         stage_order(sched, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=s)
         for s in range(pp)
     ]
-    done: dict[tuple[Phase, int, int], float] = {}  # (phase, micro-batch, model chunk) -> end
+    seconds = [
+        {
+            Phase.FORWARD: fwd[s] / v,
+            Phase.BACKWARD: bwd[s] / v,
+            Phase.BACKWARD_INPUT: bwd[s] * (1 - share[s]) / v,
+            Phase.BACKWARD_WEIGHT: bwd[s] * share[s] / v,
+        }
+        for s in range(pp)
+    ]
+    # (phase, micro-batch, model chunk) -> end; a backward's input gradient is "grad"
+    done: dict[tuple[str, int, int], float] = {}
     free = [0.0] * pp
     pos = [0] * pp
     out: list[list[Interval]] = [[] for _ in range(pp)]
@@ -229,23 +271,24 @@ def simulate_pipeline(
         for s in range(pp):
             while pos[s] < len(orders[s]):
                 phase, mb, local = orders[s][pos[s]]
-                chunk = local * pp + s
+                chunk = model_chunk[(s, local)]
+                dep: tuple[str, int, int] | None
                 if phase == Phase.FORWARD:
-                    dep = (Phase.FORWARD, mb, chunk - 1) if chunk > 0 else None
+                    dep = ("forward", mb, chunk - 1) if chunk > 0 else None
+                elif phase == Phase.BACKWARD_WEIGHT:
+                    dep = ("grad", mb, chunk)
                 else:
-                    dep = (
-                        (Phase.BACKWARD, mb, chunk + 1)
-                        if chunk < last
-                        else (Phase.FORWARD, mb, chunk)
-                    )
+                    dep = ("grad", mb, chunk + 1) if chunk < last else ("forward", mb, chunk)
                 if dep is not None and dep not in done:
                     break
                 ready = 0.0
                 if dep is not None:
-                    ready = done[dep] + (p2p_s if dep[2] % pp != s else 0.0)
+                    ready = done[dep] + (p2p_s if where[dep[2]][0] != s else 0.0)
                 start = max(free[s], ready)
-                end = start + (fwd[s] if phase == Phase.FORWARD else bwd[s]) / v
-                done[(phase, mb, chunk)] = end
+                end = start + seconds[s][phase]
+                done[("forward" if phase == Phase.FORWARD else str(phase), mb, chunk)] = end
+                if phase in (Phase.BACKWARD, Phase.BACKWARD_INPUT):
+                    done[("grad", mb, chunk)] = end
                 free[s] = end
                 out[s].append(
                     Interval(

@@ -1,0 +1,125 @@
+"""Offload beyond the optimizer, CPU only (no NVMe): parameters and activations.
+
+- Parameters (ZeRO-Offload, Ren et al. 2021 §4; ZeRO-Infinity, Rajbhandari et al. 2021 §5,
+  CPU tier only), as FSDP2's `CPUOffloadPolicy` runs it under ZeRO-3: each rank's parameter
+  and gradient shards live on the host. Before every all-gather of a unit (forward, and again
+  for backward) its parameter shard is copied host-to-device, and after every reduce-scatter
+  its gradient shard device-to-host; the optimizer step runs on the host (so optimizer
+  offload is implied). GPU memory keeps only the unsharded units in flight.
+- Activations (vDNN, Rhu et al. 2016; the executor's saved-tensor offload): what each block
+  keeps for backward is copied to the host during forward and back before its backward. GPU
+  memory keeps two blocks' worth per stage (the block being copied out or in, and the next:
+  double buffering) instead of every block of every in-flight micro-batch.
+
+Transfers use the accelerator's host link (`Accelerator.pcie_bw_bytes_per_s`, one direction;
+both kinds share it). A copy overlaps only with its neighbouring unit's compute, as FSDP's
+prefetch and vDNN's prefetch do, and overlapped compute runs slower (`hidden_behind`:
+contention); the first copy of each pass is not hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..config import TrainConfig
+from ..hardware import Accelerator
+from ..model import LayerKind
+from ..strategy import Strategy
+from .data_parallel import hidden_behind
+from .layout import Stage
+from .memory import MemoryBreakdown
+from .stage_parts import StageCompute
+from .stages import Policy, StageModel
+
+ACTIVATION_BUFFERS = 2
+"""Blocks' activations kept on the GPU under activation offload: one being copied, one being
+computed (vDNN's double buffering, Rhu et al. 2016 §3.3)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OffloadCost:
+    """PCIe traffic of one stage's rank per micro-batch, and what it exposes."""
+
+    param_bytes: float
+    """Parameter shards copied host-to-device (twice per unit) and gradient shards back."""
+    activation_bytes: float
+    """Activations copied to the host and back."""
+    exposed_s: float
+    """Seconds of those copies not hidden under neighbouring compute (with contention)."""
+
+    @property
+    def pcie_bytes(self) -> float:
+        """All bytes over the host link per micro-batch."""
+        return self.param_bytes + self.activation_bytes
+
+
+class OffloadModel:
+    """Prices parameter and activation offload for one stage model."""
+
+    def __init__(self, stage_model: StageModel, train: TrainConfig, acc: Accelerator) -> None:
+        self.sm, self.train, self.acc = stage_model, train, acc
+
+    def block_act_bytes(self, s: Strategy, stage: Stage, policy: Policy) -> tuple[float, float]:
+        """(bytes all blocks of the stage keep per sequence, the largest block's) under the
+        activation policy."""
+        prefix, _, _ = self.sm.act_prefix(s.tp, s.sequence_parallel, s.cp, policy)
+        kinds = [x.kind for x in self.sm.profile.layers]
+        per_block = [
+            prefix[i + 1] - prefix[i]
+            for c in stage.chunks
+            for i in range(c.first_layer, c.last_layer + 1)
+            if kinds[i] == LayerKind.BLOCK
+        ]
+        return sum(per_block), max(per_block, default=0.0)
+
+    def memory(
+        self, s: Strategy, stage: Stage, mem: MemoryBreakdown, inflight: float, policy: Policy
+    ) -> MemoryBreakdown:
+        """`mem` (the stage's memory without offload) with the offloaded parts moved off the
+        GPU: parameter and gradient shards (and optimizer states) under parameter offload;
+        every block's kept activations but `ACTIVATION_BUFFERS` blocks' under activation
+        offload."""
+        if s.offload_params:
+            mem = replace(mem, params_bytes=0.0, grads_bytes=0.0, optimizer_bytes=0.0)
+        if s.offload_activations:
+            blocks, largest = self.block_act_bytes(s, stage, policy)
+            moved = blocks * inflight - ACTIVATION_BUFFERS * largest
+            acts = mem.activations_bytes - max(0.0, moved) * s.micro_batch_size
+            mem = replace(mem, activations_bytes=max(0.0, acts))
+        return mem
+
+    def cost(self, s: Strategy, stage: Stage, c: StageCompute, policy: Policy) -> OffloadCost:
+        """Copies per micro-batch and their exposed seconds for one stage."""
+        t, bw = self.train, self.acc.pcie_bw_bytes_per_s
+        units = max(1, stage.n_blocks + int(stage.has_embedding) + int(stage.has_head))
+        fwd_u, bwd_u = c.fwd_s / units, c.bwd_s / units
+        fwd_copy = bwd_copy = 0.0  # bytes per unit, per pass
+        param_bytes = act_bytes = 0.0
+        if s.offload_params:
+            ranks = max(1, s.dp * s.cp // s.dp_replicate)
+            shard = (stage.dense_params / s.tp + stage.expert_params / (s.tp * s.ep)) / ranks
+            param_bytes = shard * (2 * t.param_bytes + t.grad_bytes)
+            fwd_copy += shard * t.param_bytes / units
+            bwd_copy += shard * (t.param_bytes + t.grad_bytes) / units
+        if s.offload_activations and stage.n_blocks:
+            blocks, _ = self.block_act_bytes(s, stage, policy)
+            act_bytes = 2 * blocks * s.micro_batch_size
+            fwd_copy += blocks * s.micro_batch_size / units
+            bwd_copy += blocks * s.micro_batch_size / units
+        f, b = fwd_copy / bw, bwd_copy / bw
+        exposed = 0.0
+        if f or b:  # the first copy of each pass waits; the others hide under a neighbour
+            exposed = f + b + (units - 1) * (hidden_behind(f, fwd_u) + hidden_behind(b, bwd_u))
+        return OffloadCost(param_bytes=param_bytes, activation_bytes=act_bytes, exposed_s=exposed)
+
+
+def offload_problem(s: Strategy) -> str | None:
+    """Why the strategy's offload choices cannot be priced (None when they can)."""
+    if s.offload_params and (s.zero_stage != 3 or not s.offload_optimizer):
+        return (
+            f"offload_params with zero_stage={s.zero_stage}, offload_optimizer="
+            f"{str(s.offload_optimizer).lower()}: parameter offload shards parameters on the "
+            "host (FSDP2 CPUOffloadPolicy, ZeRO-3) and runs the optimizer there; use --fix "
+            "zero=3,offload=true,offload_params=true"
+        )
+    return None

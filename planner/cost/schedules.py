@@ -1,0 +1,153 @@
+"""Bubble and in-flight terms of the split-backward schedules (zero bubble, DualPipeV).
+
+These schedules run a backward as an input gradient B (which the previous stage waits for) and
+a weight gradient W (which nobody waits for) (Qi et al. 2023, "Zero Bubble Pipeline
+Parallelism", arXiv 2401.10241, §2). Their fill and drain depend on how F, B and W compare,
+and the papers state them only for particular ratios:
+
+- ZB-H1 / ZB1P (`interleaved_zb`): bubble (p-1)(T_F + T_B - T_W) (Qi et al. §2.1, Fig. 3
+  top; DeepSeek-V3 Table 2 writes it (PP-1)(F + B - 2W) with B the full backward), a third of
+  1F1B's (p-1)(T_F + T_B + T_W) when the three are equal.
+- ZB-V (`zbv`): no idle time inside any stage's own span when T_F = T_B = T_W (Qi et al. §6;
+  the authors' table "Bubble Rate 0"); the last stage still starts (p-1) chunk forwards late
+  and the first ends that much early, which only their optimizer post-validation hides. torch
+  and paraplan step the optimizer after the whole schedule, so the step pays it.
+- DualPipeV (`dualpipev`): (PP/2 - 1)(F&B + B - 3W) for PP chunks (DeepSeek-V3 Table 2,
+  arXiv 2412.19437; DualPipe README for the V variant), with F&B = F + B when forward and
+  backward are not overlapped (torch's default).
+
+For any ratio the exact value is that of torch's own operation order, which
+`solvers/pipeline_replay.py` replays; with m >= 2p micro-batches it no longer depends on m
+(tests/test_schedules.py checks this and the papers' formulas). So the cost model prices the
+fill and drain of these schedules by replaying equal stages with min(m, 2p) micro-batches,
+cached by (schedule, p, v, m, F:B:W rounded to 1e-3).
+
+Memory: a micro-batch keeps its activations until its W ran (W reads the inputs of the
+weight GEMMs) and, between its B and its W, also the gradients of the GEMM outputs that W
+reads. For a transformer block those gradients are 18 sbh bytes against the 34 sbh of its
+activations in 16-bit (Korthikanti et al. 2022 Table 2 terms: QKV 6, projection 2, FC1 8,
+FC2 2 sbh), so a pending W counts `PENDING_W_ACT_FACTOR` = 18/34 of a micro-batch more.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ..model import ModelProfile
+from ..solvers.pipeline_replay import SPLIT_BACKWARD, simulate_pipeline
+from ..strategy import Schedule
+
+PENDING_W_ACT_FACTOR = 18.0 / 34.0
+"""Output-gradient bytes a pending weight gradient keeps, per byte of the micro-batch's
+activations (Korthikanti et al. 2022 Table 2: 18 sbh of GEMM output gradients, 34 sbh)."""
+
+DEFAULT_WEIGHT_SHARE = 0.5
+"""Share of a backward that is the weight gradient when nothing better is known: each GEMM's
+backward is one input-gradient and one weight-gradient GEMM of equal FLOPs (Narayanan et al.
+2021 §3.3's 2x forward)."""
+
+_RATIO_DIGITS = 3
+
+
+def is_split_backward(schedule: Schedule) -> bool:
+    """Whether the schedule splits backwards into B and W (the terms of this module apply)."""
+    return schedule in SPLIT_BACKWARD
+
+
+def weight_grad_share(profile: ModelProfile) -> float:
+    """Share of the model's backward FLOPs that is weight gradients: every forward FLOP but the
+    attention core (QK^T, AV: no weights) is a GEMM with a weight, whose weight gradient costs
+    its forward FLOPs again."""
+    fwd = sum(x.fwd_flops - x.attn_core_fwd_flops for x in profile.layers)
+    bwd = sum(x.bwd_flops for x in profile.layers)
+    if bwd <= 0:
+        return DEFAULT_WEIGHT_SHARE
+    return min(1.0, max(0.0, fwd / bwd))
+
+
+def _reference_m(schedule: Schedule, pp: int, m: int) -> int:
+    """The micro-batches replayed: min(m, 2p), past which nothing changes. Counts torch
+    refuses (rules.py rejects those strategies before they are ranked) replay the nearest
+    count it accepts, so that pricing never fails: 2p for DualPipeV, p for ZB1P off a
+    multiple of p."""
+    if schedule == Schedule.DUALPIPEV:
+        return 2 * pp
+    if schedule == Schedule.INTERLEAVED_ZB:
+        return 2 * pp if m >= 2 * pp else pp
+    return min(m, 2 * pp)
+
+
+@lru_cache(maxsize=4096)
+def _replayed(
+    schedule: Schedule, pp: int, v: int, m: int, f: float, b: float, share: float
+) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
+    t = simulate_pipeline(
+        schedule,
+        num_stages=pp,
+        num_microbatches=m,
+        forward_s=f,
+        backward_s=b,
+        virtual_stages=v,
+        weight_share=share,
+    )
+    bubble = t.makespan_s - m * (f + b)
+    held = tuple(t.in_flight(s) for s in range(pp))
+    pending = tuple(t.in_flight(s, PENDING_W_ACT_FACTOR) for s in range(pp))
+    return bubble, held, pending
+
+
+def bubble_s(
+    schedule: Schedule,
+    *,
+    pp: int,
+    virtual_stages: int,
+    num_microbatches: int,
+    forward_s: float,
+    backward_s: float,
+    weight_share: float,
+) -> float:
+    """Fill and drain seconds of a split-backward schedule with equal stages, each running a
+    micro-batch's forward in `forward_s` and its backward in `backward_s` (see the module
+    docstring)."""
+    total = forward_s + backward_s
+    if total <= 0:
+        return 0.0
+    f = round(forward_s / total, _RATIO_DIGITS)
+    share = round(weight_share, _RATIO_DIGITS)
+    m = _reference_m(schedule, pp, num_microbatches)
+    unit_bubble, _, _ = _replayed(schedule, pp, virtual_stages, m, f, 1.0 - f, share)
+    return max(0.0, unit_bubble) * total
+
+
+def fill_slots(
+    schedule: Schedule, *, pp: int, virtual_stages: int, num_microbatches: int, weight_share: float
+) -> float:
+    """`bubble_s` in slots of one micro-batch's forward and backward, for the F:B ratio of 1:2
+    (backward twice the forward, Narayanan et al. 2021 §3.3)."""
+    return bubble_s(
+        schedule,
+        pp=pp,
+        virtual_stages=virtual_stages,
+        num_microbatches=num_microbatches,
+        forward_s=1.0 / 3.0,
+        backward_s=2.0 / 3.0,
+        weight_share=weight_share,
+    )
+
+
+def in_flight_microbatches(
+    schedule: Schedule,
+    *,
+    pp: int,
+    stage: int,
+    num_microbatches: int,
+    virtual_stages: int,
+    weight_share: float = DEFAULT_WEIGHT_SHARE,
+) -> float:
+    """Micro-batches' worth of activations a stage holds at its peak, in units of the whole
+    stage, counting each pending weight gradient `PENDING_W_ACT_FACTOR` more (the replayed
+    torch order with m' = min(m, 2p): the peak no longer grows past it)."""
+    m = _reference_m(schedule, pp, num_microbatches)
+    share = round(weight_share, _RATIO_DIGITS)
+    _, _, pending = _replayed(schedule, pp, virtual_stages, m, 1.0 / 3.0, 2.0 / 3.0, share)
+    return pending[stage]
