@@ -34,6 +34,7 @@ from typing import Any
 
 from .cost.calibrated import CalibratedKernels, KernelFit
 from .cost.comm import AxisLink, Collectives
+from .cost.data_parallel import OVERLAP_CONTENTION
 from .hardware import (
     CALIBRATABLE_FIELDS,
     accelerator_for_device_name,
@@ -76,7 +77,7 @@ class CollectivePoint:
     """Bytes of the unsharded tensor (all-gather output, reduce-scatter input, all-reduce
     tensor, all-to-all buffer per rank, send/recv message)."""
     seconds: float
-    """Median seconds of one call."""
+    """Mean seconds of one call (what a step that makes many of them pays)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -116,8 +117,16 @@ class Calibration:
     only)."""
     refit_runs: int = 0
     """Run reports the refits have used in all."""
+    overlap_contention: float = OVERLAP_CONTENTION
+    """Seconds of compute lost per second of communication hidden behind it, measured
+    (`microbench.overlap_contention`: 0 perfect overlap, 1 none); replaces the cost model's
+    assumption `data_parallel.OVERLAP_CONTENTION`."""
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.overlap_contention) and 0 <= self.overlap_contention <= 1):
+            raise ValueError(
+                f"calibration: overlap_contention={self.overlap_contention!r} must be in [0, 1]"
+            )
         for name in ("world_size", "threads_per_rank"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -220,22 +229,72 @@ def apply_figures(accelerator: str, calibration: Calibration) -> Any:
 # ---- fits ------------------------------------------------------------------------------------
 def fit_links(points: Sequence[CollectivePoint]) -> tuple[float, float]:
     """(intra-node bandwidth in bytes/s, latency in s) for which the cost model's collectives
-    (`cost/comm.py`, one node) best match the measured points, in relative error.
+    (`cost/comm.py`, one node) best match the measured points, in log error.
 
-    The model's time is linear in 1/bandwidth and latency, so the coefficients of each are read
-    off the model itself and the two unknowns fitted by least squares on relative errors,
-    kept non-negative."""
+    The model's time is linear in 1/bandwidth and latency (`a / bw + b * latency`, the
+    coefficients read off the model itself). The two unknowns minimize the squared error of
+    log(predicted / measured): symmetric, where a relative error would count a 4x
+    under-prediction (-75%) as smaller than a 2x over-prediction (+100%) and drive the
+    latency to zero when some collective kinds are much faster than others (gloo's
+    send/recv against its all-reduce). A log grid, refined twice around its best point."""
     if not points:
         raise ValueError("no collective measurements to fit link figures on")
-    rows, targets = [], []
+    rows = []
     for p in points:
         a = collective_model_s(p, bw=1.0, lat=0.0)
         b = collective_model_s(p, bw=1e30, lat=1.0)
-        rows.append((a / p.seconds, b / p.seconds))
-        targets.append(1.0)
-    x, lat = _nnls2(rows, targets)
-    x = max(x, 1e-15)
-    return 1.0 / x, max(lat, 1e-9)
+        rows.append((a, b, math.log(p.seconds)))
+
+    def loss(inv_bw: float, lat: float) -> float:
+        return sum((math.log(a * inv_bw + b * lat + 1e-30) - y) ** 2 for a, b, y in rows)
+
+    lo_bw, hi_bw, lo_lat, hi_lat = -14.0, -5.0, -9.0, -1.0  # log10 of 1/bw and of latency
+    best = (1e-9, 0.0)
+    for _ in range(3):
+        steps = 40
+        grid = [
+            (10 ** (lo_bw + i * (hi_bw - lo_bw) / steps), lat)
+            for i in range(steps + 1)
+            for lat in [0.0]
+            + [10 ** (lo_lat + j * (hi_lat - lo_lat) / steps) for j in range(steps + 1)]
+        ]
+        best = min(grid, key=lambda x: loss(*x))
+        span_bw, span_lat = (hi_bw - lo_bw) / 8, (hi_lat - lo_lat) / 8
+        c_bw = math.log10(best[0])
+        c_lat = math.log10(best[1]) if best[1] > 0 else lo_lat
+        lo_bw, hi_bw = c_bw - span_bw, c_bw + span_bw
+        lo_lat, hi_lat = c_lat - span_lat, c_lat + span_lat
+    inv_bw, lat = _gauss_newton(rows, *best)
+    return 1.0 / inv_bw, max(lat, 1e-9)
+
+
+def _gauss_newton(
+    rows: Sequence[tuple[float, float, float]], inv_bw: float, lat: float
+) -> tuple[float, float]:
+    """Polish the grid's best point: Gauss-Newton steps on the log residuals (kept
+    non-negative; a step that does not lower the loss ends it)."""
+
+    def loss(x0: float, x1: float) -> float:
+        return sum((math.log(a * x0 + b * x1 + 1e-30) - y) ** 2 for a, b, y in rows)
+
+    current = loss(inv_bw, lat)
+    for _ in range(50):
+        jaa = jab = jbb = ga = gb = 0.0
+        for a, b, y in rows:
+            pred = a * inv_bw + b * lat + 1e-30
+            r, da, db = math.log(pred) - y, a / pred, b / pred
+            jaa, jab, jbb = jaa + da * da, jab + da * db, jbb + db * db
+            ga, gb = ga + da * r, gb + db * r
+        det = jaa * jbb - jab * jab
+        if det <= 0:
+            break
+        x0 = max(inv_bw - (jbb * ga - jab * gb) / det, 0.0)
+        x1 = max(lat - (jaa * gb - jab * ga) / det, 0.0)
+        new = loss(x0, x1)
+        if new >= current:
+            break
+        inv_bw, lat, current = x0, x1, new
+    return inv_bw, lat
 
 
 _TINY_LAT = 1e-30
@@ -257,29 +316,6 @@ def collective_model_s(p: CollectivePoint, *, bw: float, lat: float) -> float:
     if p.kind == CollectiveKind.ALL_TO_ALL:
         return coll.all_to_all(p.nbytes, link)
     return coll.p2p(p.nbytes, cross_node=False)
-
-
-def _nnls2(rows: Sequence[tuple[float, float]], y: Sequence[float]) -> tuple[float, float]:
-    """Least squares of y ~ a*x0 + b*x1 with x >= 0 (two unknowns: try the free solution,
-    else each with the other at 0)."""
-    saa = sum(a * a for a, _ in rows)
-    sbb = sum(b * b for _, b in rows)
-    sab = sum(a * b for a, b in rows)
-    say = sum(a * t for (a, _), t in zip(rows, y, strict=True))
-    sby = sum(b * t for (_, b), t in zip(rows, y, strict=True))
-    det = saa * sbb - sab * sab
-    if det > 0:
-        x0 = (say * sbb - sby * sab) / det
-        x1 = (sby * saa - say * sab) / det
-        if x0 >= 0 and x1 >= 0:
-            return x0, x1
-    only0 = (max(say / saa, 0.0), 0.0) if saa > 0 else (0.0, 0.0)
-    only1 = (0.0, max(sby / sbb, 0.0)) if sbb > 0 else (0.0, 0.0)
-
-    def loss(x: tuple[float, float]) -> float:
-        return sum((a * x[0] + b * x[1] - t) ** 2 for (a, b), t in zip(rows, y, strict=True))
-
-    return min(only0, only1, key=loss)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -23,6 +23,17 @@ class LayerKind(StrEnum):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class OpElements:
+    """Output elements of one compute-heavy elementwise operator (a transcendental: tanh, exp,
+    erf, sigmoid, ...), which a CPU runs far below its memory bandwidth."""
+
+    op: str
+    """The aten overload packet, e.g. ``aten.tanh``."""
+    elems: float
+    """Output elements per sequence."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class LayerCost:
     """Costs of one layer of the chain, per sequence of `ModelProfile.seq_len` tokens."""
 
@@ -58,6 +69,22 @@ class LayerCost:
     """Measured forward seconds per sequence on `ModelProfile.measured_on` (None: roofline)."""
     bwd_time_s: float | None = None
     """Measured backward seconds per sequence (None: roofline)."""
+    fwd_ops: int = 0
+    """Aten operators the traced forward dispatched for the whole traced batch, views
+    included: each pays the per-operator dispatch cost (0: not traced)."""
+    bwd_ops: int = 0
+    """Aten operators of the traced backward (0: not traced)."""
+    fwd_stream_bytes: float = 0.0
+    """Bytes per sequence the forward's memory-bound operators read and write: every op
+    without FLOPs that allocates its output (views excluded), transcendentals apart."""
+    bwd_stream_bytes: float = 0.0
+    """The same in backward."""
+    fwd_special: tuple[OpElements, ...] = ()
+    """Transcendental operators of the forward, with their output elements per sequence."""
+    bwd_special: tuple[OpElements, ...] = ()
+    """The same in backward."""
+    param_tensors: int = 0
+    """Parameter tensors first used by the layer (an unfused optimizer steps each one)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

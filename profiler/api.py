@@ -9,7 +9,14 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from paraplan.planner.model import LayerCost, LayerGraph, LayerKind, ModelProfile, ProfiledOp
+from paraplan.planner.model import (
+    LayerCost,
+    LayerGraph,
+    LayerKind,
+    ModelProfile,
+    OpElements,
+    ProfiledOp,
+)
 
 from .attention import FusedAttention
 from .chain import BlockList, find_blocks, module_digest, same_structure
@@ -276,7 +283,19 @@ def _layer(
         bwd_tmp_bytes=st.tmp_bytes(BWD) / b,
         fwd_time_s=None if times is None else times[FWD][seg] / b,
         bwd_time_s=None if times is None else times[BWD][seg] / b,
+        fwd_ops=st.ops[FWD],
+        bwd_ops=st.ops[BWD],
+        fwd_stream_bytes=st.stream_bytes[FWD] / b,
+        bwd_stream_bytes=st.stream_bytes[BWD] / b,
+        fwd_special=_special(st.special[FWD], b),
+        bwd_special=_special(st.special[BWD], b),
+        param_tensors=st.param_tensors,
     )
+
+
+def _special(elems: dict[str, float], batch: float) -> tuple[OpElements, ...]:
+    """Transcendental elements per sequence, by operator (sorted: profiles compare equal)."""
+    return tuple(OpElements(op=op, elems=n / batch) for op, n in sorted(elems.items()))
 
 
 def _graph(layer: int, st: SegmentStats, batch: int) -> LayerGraph:

@@ -22,12 +22,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..planner.calibration import CollectiveKind, CollectivePoint
-from ..planner.cost.calibrated import AttentionCurve, GemmGrid, KernelFit
+from ..planner.cost.calibrated import AttentionCurve, GemmGrid, KernelFit, OpRate
+from .tracer import SPECIAL_OPS
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 """Planner dtype keys -> torch dtypes."""
 CHAIN_OPS = 64
 """Tiny ops in the chain that times per-op dispatch."""
+STREAM_SIZES_BYTES = (2**16, 2**18, 2**20, 2**22, 2**24)
+"""Tensor sizes of the elementwise bandwidth curve: 64 KiB (L2) to 16 MiB (beyond L3 of a
+small VM's share)."""
 ELEMENTWISE_BYTES = 32 * 2**20
 """Tensor size of the bandwidth benchmark: far beyond the caches."""
 MIN_RATE = 1e6
@@ -50,7 +54,8 @@ class Budget:
     collective_bytes: tuple[int, ...]
     """Message sizes of the collectives."""
     collective_repeats: int
-    """Timed calls per collective (more than kernels: small messages jitter on a shared host)."""
+    """Timed calls per collective (more than kernels: small messages jitter on a shared host,
+    and their mean is what a step pays)."""
     gemm_budget_s: float
     """Seconds of GEMM measurement per dtype; the points left take their neighbours' rates (a
     slow dtype, such as bf16 on a CPU without bf16 units, measures only small shapes)."""
@@ -62,7 +67,7 @@ FULL = Budget(
     repeats=5,
     attention_seqs=(64, 128, 256, 512),
     collective_bytes=tuple(4**i * 4096 for i in range(7)),  # 4 KiB .. 16 MiB
-    collective_repeats=11,
+    collective_repeats=25,
     gemm_budget_s=30.0,
 )
 QUICK = Budget(
@@ -71,7 +76,7 @@ QUICK = Budget(
     repeats=3,
     attention_seqs=(64, 256),
     collective_bytes=(4096, 262144, 4 * 2**20),
-    collective_repeats=5,
+    collective_repeats=12,
     gemm_budget_s=3.0,
 )
 
@@ -88,8 +93,10 @@ class Timer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def __call__(self, fn: Callable[[], object], repeats: int | None = None) -> float:
-        """Median seconds of one call of `fn` (one untimed warm-up first)."""
+    def __call__(
+        self, fn: Callable[[], object], repeats: int | None = None, *, mean: bool = False
+    ) -> float:
+        """Median (or `mean`) seconds of one call of `fn` (one untimed warm-up first)."""
         fn()
         self._sync()
         if self.group:
@@ -100,7 +107,7 @@ class Timer:
             fn()
             self._sync()
             times.append(time.perf_counter() - start)
-        return statistics.median(times)
+        return statistics.mean(times) if mean else statistics.median(times)
 
 
 def dispatch_s(timer: Timer, dtype: torch.dtype) -> tuple[float, float]:
@@ -135,6 +142,55 @@ def bandwidth_bytes_per_s(timer: Timer, dtype: torch.dtype, raw_s: float) -> flo
     out = torch.empty_like(x)
     seconds = timer(lambda: torch.mul(x, 1.0001, out=out))
     return 2 * x.numel() * x.element_size() / max(seconds - raw_s, 1e-9)
+
+
+def stream_curve(
+    timer: Timer, dtype: torch.dtype, raw_s: float, sizes: tuple[int, ...]
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(tensor bytes, bytes read + written per second) of an elementwise op on tensors of
+    each size: small ones stay in the caches."""
+    rates = []
+    for nbytes in sizes:
+        x = torch.ones(
+            max(1, nbytes * 8 // torch.finfo(dtype).bits), dtype=dtype, device=timer.device
+        )
+        out = torch.empty_like(x)
+        seconds = timer(partial(torch.mul, x, 1.0001, out=out))
+        rates.append(2 * x.numel() * x.element_size() / max(seconds - raw_s, 1e-9))
+    return tuple(float(n) for n in sizes), tuple(rates)
+
+
+def special_rates(timer: Timer, dtype: torch.dtype, raw_s: float) -> tuple[OpRate, ...]:
+    """Elements per second of each transcendental operator the profiler records
+    (`tracer.SPECIAL_OPS`), on an activation-sized (256 x 1024) tensor."""
+    aten = torch.ops.aten
+    x = torch.randn(256, 1024, dtype=dtype, device=timer.device)
+    g = torch.randn_like(x)
+    y = torch.log_softmax(x, -1)
+    calls: dict[str, Callable[[], object]] = {
+        "aten.tanh": partial(aten.tanh, x),
+        "aten.exp": partial(aten.exp, x),
+        "aten.erf": partial(aten.erf, x),
+        "aten.sigmoid": partial(aten.sigmoid, x),
+        "aten.silu": partial(aten.silu, x),
+        "aten.gelu": partial(aten.gelu, x),
+        "aten.gelu_backward": partial(aten.gelu_backward, g, x),
+        "aten.silu_backward": partial(aten.silu_backward, g, x),
+        "aten._softmax": partial(aten._softmax, x, -1, False),
+        "aten._log_softmax": partial(aten._log_softmax, x, -1, False),
+        "aten._log_softmax_backward_data": partial(
+            aten._log_softmax_backward_data, g, y, -1, dtype
+        ),
+        "aten.sin": partial(aten.sin, x),
+        "aten.cos": partial(aten.cos, x),
+        "aten.log": partial(aten.log, x.abs() + 1),
+    }
+    missing = SPECIAL_OPS - set(calls)
+    assert not missing, f"no benchmark for {sorted(missing)}"
+    return tuple(
+        OpRate(op=op, elems_per_s=x.numel() / max(timer(call) - raw_s, 1e-9))
+        for op, call in sorted(calls.items())
+    )
 
 
 def copy_bytes_per_s(timer: Timer) -> float:
@@ -248,7 +304,7 @@ def kernel_fit(
     timer: Timer, dtype_key: str, budget: Budget, done: Callable[[str], None] | None = None
 ) -> tuple[KernelFit, float]:
     """Everything about one dtype's kernels, and the raw per-op dispatch seconds; `done(part)`
-    after each of the four parts (dispatch, bandwidth, GEMM grid, attention)."""
+    after each of the five parts (dispatch, bandwidth, GEMM grid, attention, operators)."""
     dtype = DTYPES[dtype_key]
     tick = done or (lambda part: None)
     raw_s, launch_s = dispatch_s(timer, dtype)
@@ -259,8 +315,18 @@ def kernel_fit(
     tick("GEMM grid")
     attention = attention_curve(timer, dtype, budget.attention_seqs)
     tick("attention")
+    sizes, stream_bw = stream_curve(timer, dtype, raw_s, STREAM_SIZES_BYTES)
+    special = special_rates(timer, dtype, raw_s)
+    tick("operators")
     fit = KernelFit(
-        launch_s=launch_s, elementwise_bw_bytes_per_s=bw, gemm=gemm, attention=attention
+        launch_s=launch_s,
+        elementwise_bw_bytes_per_s=bw,
+        gemm=gemm,
+        attention=attention,
+        stream_tensor_bytes=sizes,
+        stream_bw_bytes_per_s=stream_bw,
+        special_rates=special,
+        raw_dispatch_s=raw_s,
     )
     return fit, raw_s
 
@@ -275,7 +341,7 @@ def supported(dtype_key: str, device: torch.device) -> bool:
 def collectives(
     timer: Timer, budget: Budget, on_point: Callable[[], None] | None = None
 ) -> list[CollectivePoint]:
-    """Median seconds of each collective over the default group, per message size (bytes of
+    """Mean seconds of each collective over the default group, per message size (bytes of
     the unsharded tensor, fp32)."""
     world, rank, dev = dist.get_world_size(), dist.get_rank(), timer.device
     points = []
@@ -293,7 +359,9 @@ def collectives(
         }
         for kind, call in calls.items():
             try:
-                seconds = timer(call, budget.collective_repeats)
+                # The mean, not the median: a training step sums dozens of collectives, and
+                # on a shared host a share of calls wait a scheduler tick for their peer.
+                seconds = timer(call, budget.collective_repeats, mean=True)
             except (RuntimeError, NotImplementedError):  # e.g. a backend without this one
                 continue
             if kind == CollectiveKind.SEND_RECV:
@@ -302,6 +370,41 @@ def collectives(
             if on_point is not None:
                 on_point()
     return points
+
+
+OVERLAP_BYTES = 4 * 2**20
+"""All-reduce message of the overlap benchmark (a DDP gradient bucket is 25 MiB; 4 MiB keeps
+it quick and still bandwidth-bound)."""
+
+
+def overlap_contention(timer: Timer) -> float:
+    """How much compute slows down per second of communication run alongside it, measured:
+    an all-reduce alone (t_comm), GEMMs of about the same duration alone (t_comp), and the
+    all-reduce launched asynchronously while the same GEMMs run (t_both). Perfect overlap
+    gives t_both = max(t_comm, t_comp): 0; none gives their sum: 1. On a CPU whose cores all
+    run ranks, the backend's progress threads take the cores the compute needs."""
+    buf = torch.ones(OVERLAP_BYTES // 4, device=timer.device)
+    x = torch.randn(256, 256, device=timer.device)
+    t_comm = timer(partial(dist.all_reduce, buf))
+    one = timer(partial(torch.mm, x, x))
+    count = torch.tensor([max(1.0, t_comm / max(one, 1e-9))], device=timer.device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)  # every rank runs the same GEMMs
+    n = int(count.item())
+
+    def compute() -> None:
+        for _ in range(n):
+            torch.mm(x, x)
+
+    def both() -> None:
+        work = dist.all_reduce(buf, async_op=True)
+        compute()
+        assert work is not None
+        work.wait()
+
+    t_comp, t_both = timer(compute), timer(both)
+    t_comm = timer(partial(dist.all_reduce, buf))
+    hidden = min(t_comm, t_comp)
+    return min(1.0, max(0.0, (t_both - max(t_comm, t_comp)) / max(hidden, 1e-9)))
 
 
 def _ping(t: torch.Tensor, rank: int, world: int) -> None:

@@ -33,6 +33,7 @@ from ..planner.calibration import (
     fit_links,
 )
 from ..planner.cluster import Cluster
+from ..planner.cost.data_parallel import OVERLAP_CONTENTION
 from . import microbench as mb
 
 Progress = Callable[[int, int, str], None]
@@ -54,6 +55,7 @@ class _RankResult:
     runtime_bytes: int
     memory_bytes: int
     threads: int
+    overlap_contention: float
 
 
 def device_name(device: torch.device) -> str:
@@ -71,10 +73,10 @@ def device_name(device: torch.device) -> str:
 
 
 def steps_total(budget: mb.Budget, dtypes: Sequence[str], world: int) -> int:
-    """Progress steps: four per dtype (dispatch, bandwidth, GEMMs, attention), one for copies
-    and one per collective measurement."""
+    """Progress steps: five per dtype (dispatch, bandwidth, GEMMs, attention, operators), one
+    for copies and one per collective measurement."""
     per_size = len(mb.CollectiveKind) if world > 1 else 0
-    return 4 * len(dtypes) + 1 + per_size * len(budget.collective_bytes)
+    return 5 * len(dtypes) + 1 + per_size * len(budget.collective_bytes)
 
 
 def _free_port() -> int:
@@ -140,6 +142,7 @@ def _measure(
     copy = mb.copy_bytes_per_s(timer)
     tick("copies")
     points = mb.collectives(timer, budget, lambda: tick("collectives"))
+    contention = mb.overlap_contention(timer) if world > 1 else OVERLAP_CONTENTION
     sizes: list[Any] = [None] * world
     dist.all_gather_object(sizes, runtime)
     if rank == 0:
@@ -155,6 +158,7 @@ def _measure(
             runtime_bytes=int(max(sizes)),
             memory_bytes=int(memory),
             threads=torch.get_num_threads(),
+            overlap_contention=contention,
         )
         out.put(("result", result))
 
@@ -254,4 +258,5 @@ def _calibration(
         figures=figures,
         dtype_kernels=tuple(DtypeKernels(dtype=k, fit=fits[k]) for k in dtypes),
         collectives=r.collectives,
+        overlap_contention=r.overlap_contention,
     )

@@ -53,6 +53,15 @@ class SegmentStats:
     """Bytes of the segment's output tensor."""
     params: int = 0
     """Parameters first used by this segment."""
+    param_tensors: int = 0
+    """Parameter tensors first used by this segment."""
+    ops: list[int] = field(default_factory=lambda: [0, 0])
+    """Aten operators dispatched in forward, backward (views included)."""
+    stream_bytes: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    """Bytes read and written by memory-bound operators (no FLOPs, not a view, not a
+    transcendental) in forward, backward."""
+    special: list[dict[str, float]] = field(default_factory=lambda: [{}, {}])
+    """Output elements of transcendental operators by overload packet, forward, backward."""
     expert_params: int = 0
     """Of which in MoE experts."""
     nodes: list[dict[str, Any]] = field(default_factory=list)
@@ -74,6 +83,60 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+SPECIAL_OPS = frozenset(
+    {
+        "aten.tanh",
+        "aten.exp",
+        "aten.erf",
+        "aten.sigmoid",
+        "aten.silu",
+        "aten.gelu",
+        "aten.gelu_backward",
+        "aten.silu_backward",
+        "aten._softmax",
+        "aten._log_softmax",
+        "aten._log_softmax_backward_data",
+        "aten.sin",
+        "aten.cos",
+        "aten.log",
+    }
+)
+"""Transcendental operators: a CPU computes them far below its memory bandwidth (each
+element is a polynomial or table evaluation), so they are priced by measured elements per
+second (`paraplan calibrate`), not by bytes streamed."""
+_INDEX_OPS = frozenset({"aten.embedding"})
+"""Gathers: they read the rows they write, not their whole table."""
+
+
+def _dispatched(func: Any) -> bool:
+    """Whether an op is one the model's own code dispatches: not a `prim` query (the meta
+    device answers `.device` through the dispatcher) nor the detaches the tracer's own
+    saved-tensor hooks add."""
+    name = str(func._overloadpacket)
+    return not (name.startswith("prim.") or name == "aten.detach")
+
+
+def _count_traffic(
+    seg: SegmentStats, phase: int, func: Any, args: tuple, kwargs: dict, out: Any
+) -> None:
+    """Add one FLOP-free operator to `seg`'s memory traffic (or transcendental elements).
+    Views (outputs aliasing an input, unwritten) move no data."""
+    returns = func._schema.returns
+    if returns and all(r.alias_info is not None and not r.alias_info.is_write for r in returns):
+        return
+    name = str(func._overloadpacket)
+    outs = _tensors(out)
+    if name in SPECIAL_OPS:
+        special = seg.special[phase]
+        special[name] = special.get(name, 0.0) + sum(t.numel() for t in outs)
+        return
+    out_bytes = sum(_nbytes(t) for t in outs)
+    if name in _INDEX_OPS:
+        seg.stream_bytes[phase] += 2.0 * out_bytes
+        return
+    seg.stream_bytes[phase] += out_bytes + sum(_nbytes(t) for t in _tensors((args, kwargs)))
 
 
 class _CallBoundary(TorchFunctionMode):
@@ -288,7 +351,7 @@ class Tracer(TorchDispatchMode):
         )
         if key in self._replicated_ids or is_mask or self._in_norm:
             seg.replicated_bytes += nbytes
-        elif t.dim() >= 2 and t.shape[-1] == t.shape[-2] == self.seq_len > 1:
+        elif t.dim() >= 3 and t.shape[-1] == t.shape[-2] == self.seq_len > 1:
             seg.attn_core_bytes += nbytes
         prod = self._producer.get(key)
         if prod is not None and prod[0] == self.seg and prod[1] < len(seg.nodes):
@@ -317,15 +380,20 @@ class Tracer(TorchDispatchMode):
                     self._param_seen.add(key)
                     numel, expert = self._params[key]
                     seg.params += numel
+                    seg.param_tensors += 1
                     seg.expert_params += numel if expert else 0
             if flops and (
                 is_attention_op(func)
                 or any(
-                    t.dim() >= 2 and t.shape[-1] == t.shape[-2] == self.seq_len > 1
+                    t.dim() >= 3 and t.shape[-1] == t.shape[-2] == self.seq_len > 1
                     for t in _tensors((args, out))
                 )
             ):
                 seg.attn_core_flops += flops
+        if _dispatched(func):
+            seg.ops[self.phase] += 1
+        if not flops and _dispatched(func):
+            _count_traffic(seg, self.phase, func, args, kwargs, out)
         new_bytes = sum(self._track(t) for t in _tensors(out))
         seg.peak[self.phase] = max(seg.peak[self.phase], self.live)
         if self.phase == FWD and self.seg in self.graph_segments:

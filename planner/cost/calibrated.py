@@ -87,6 +87,20 @@ class AttentionCurve:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class OpRate:
+    """Measured rate of one transcendental operator (tanh, exp, erf, ...)."""
+
+    op: str
+    """The aten overload packet, as the profiler records it (``aten.tanh``)."""
+    elems_per_s: float
+    """Output elements per second."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.elems_per_s) and self.elems_per_s > 0):
+            raise ValueError(f"{self.op}: elems_per_s={self.elems_per_s!r} must be positive")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class KernelFit:
     """Everything measured about one dtype's kernels on one device."""
 
@@ -98,8 +112,31 @@ class KernelFit:
     """GEMM rates by shape."""
     attention: AttentionCurve | None = None
     """Fused attention rates (None: priced as GEMMs plus elementwise, unfused)."""
+    stream_tensor_bytes: tuple[float, ...] = ()
+    """Tensor sizes (bytes) of the elementwise bandwidth curve, ascending: small tensors stay
+    in the caches and stream faster than `elementwise_bw_bytes_per_s` (measured far beyond
+    them)."""
+    stream_bw_bytes_per_s: tuple[float, ...] = ()
+    """Bytes read + written per second by an elementwise op on each of those sizes."""
+    special_rates: tuple[OpRate, ...] = ()
+    """Transcendental operators' rates (a CPU computes tanh several times slower than it
+    streams memory)."""
+    raw_dispatch_s: float = 0.0
+    """Seconds per operator outside autograd (an optimizer's in-place updates); 0: not
+    measured, `launch_s` is used."""
 
     def __post_init__(self) -> None:
+        if len(self.stream_tensor_bytes) != len(self.stream_bw_bytes_per_s) or list(
+            self.stream_tensor_bytes
+        ) != sorted(set(self.stream_tensor_bytes)):
+            raise ValueError(
+                "stream_tensor_bytes must be distinct ascending sizes, one per "
+                "stream_bw_bytes_per_s; re-run paraplan calibrate"
+            )
+        if not all(math.isfinite(b) and b > 0 for b in self.stream_bw_bytes_per_s):
+            raise ValueError("stream_bw_bytes_per_s must hold positive rates")
+        if not (math.isfinite(self.raw_dispatch_s) and self.raw_dispatch_s >= 0):
+            raise ValueError(f"raw_dispatch_s={self.raw_dispatch_s!r} must be >= 0")
         if not (math.isfinite(self.launch_s) and self.launch_s >= 0):
             raise ValueError(f"launch_s={self.launch_s!r} must be a finite number >= 0")
         bw = self.elementwise_bw_bytes_per_s
@@ -173,6 +210,33 @@ class CalibratedKernels:
     def gemm_train_s(self, m: int, n: int, k: int) -> tuple[float, float]:
         """(forward, backward) seconds of a GEMM (m, n, k) in training."""
         return self.gemm_s(m, n, k), self.gemm_s(m, n, k, True)
+
+    @property
+    def dispatch_s(self) -> float:
+        """Seconds per operator outside autograd (optimizer updates)."""
+        return (self.fit.raw_dispatch_s or self.fit.launch_s) * self.time_scale
+
+    def stream_s(self, nbytes: float, tensor_bytes: float) -> float:
+        """Seconds to stream `nbytes` (read + written) through elementwise ops on tensors of
+        about `tensor_bytes` each: the measured bandwidth at that size (log-log interpolated),
+        or the large-tensor bandwidth when no curve was measured."""
+        if nbytes <= 0:
+            return 0.0
+        fit = self.fit
+        if not fit.stream_tensor_bytes:
+            return self.elementwise_s(nbytes)
+        bw = _curve(fit.stream_tensor_bytes, fit.stream_bw_bytes_per_s, max(tensor_bytes, 1.0))
+        return nbytes / bw * self.time_scale
+
+    def special_s(self, op: str, elems: float, elem_bytes: float, tensor_bytes: float) -> float:
+        """Seconds of a transcendental operator over `elems` output elements: its measured
+        rate, or streaming its input and output when it was not measured."""
+        if elems <= 0:
+            return 0.0
+        for rate in self.fit.special_rates:
+            if rate.op == op:
+                return elems / rate.elems_per_s * self.time_scale
+        return self.stream_s(2 * elems * elem_bytes, tensor_bytes)
 
     def elementwise_s(self, nbytes: float) -> float:
         """Seconds to stream `nbytes` (read + written) through memory-bound kernels."""

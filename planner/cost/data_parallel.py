@@ -24,11 +24,12 @@ communication abstraction barrier"; fitted on the published runs' training rows:
 `benchmarks/fit_constants.py`, docs/validation.md)."""
 
 
-def hidden_behind(comm_s: float, compute_s: float) -> float:
+def hidden_behind(comm_s: float, compute_s: float, contention: float = OVERLAP_CONTENTION) -> float:
     """Exposed seconds of `comm_s` run alongside `compute_s` of compute: what does not fit
-    under it, plus the slowdown of the compute it does hide under (`OVERLAP_CONTENTION`)."""
+    under it, plus the slowdown of the compute it does hide under (`contention`: the
+    assumption `OVERLAP_CONTENTION`, or what `paraplan calibrate` measured)."""
     hidden = min(comm_s, compute_s)
-    return comm_s - hidden + OVERLAP_CONTENTION * hidden
+    return comm_s - hidden + contention * hidden
 
 
 def dp_comm(
@@ -40,6 +41,7 @@ def dp_comm(
     fwd: float,
     bwd: float,
     powersgd: PowerSGDModel | None = None,
+    contention: float = OVERLAP_CONTENTION,
 ) -> tuple[float, float]:
     """(exposed seconds per micro-batch, exposed seconds once per step) of ZeRO/DDP traffic
     for one stage; `fwd`/`bwd` are the stage's compute seconds per micro-batch.
@@ -79,32 +81,37 @@ def dp_comm(
             if link is dense_link and links.replicate.size > 1:
                 rs += coll.all_reduce(unit * t.grad_bytes / link.size, links.replicate)
             fwd_u, bwd_u = fwd / units, bwd / units
-            per_mb += ag + (units - 1) * hidden_behind(ag, fwd_u)
-            per_mb += ag + (units - 1) * hidden_behind(ag + rs, bwd_u) + rs
+            per_mb += ag + (units - 1) * hidden_behind(ag, fwd_u, contention)
+            per_mb += ag + (units - 1) * hidden_behind(ag + rs, bwd_u, contention) + rs
             continue
         ag = coll.all_gather(count * t.param_bytes, link)
         rs = coll.reduce_scatter(count * t.grad_bytes, link)
         if powersgd is not None and s.powersgd_rank is not None and link is dense_link:
             ps = powersgd.cost(s, stage, link, coll, t)  # DDP's hook in place of the all-reduce
-            tail += hidden_behind(ps.comm_s, bwd) + ps.compute_s
-            tail += hidden_behind(ag, fwd) if s.zero_stage == 1 else 0.0
+            tail += hidden_behind(ps.comm_s, bwd, contention) + ps.compute_s
+            tail += hidden_behind(ag, fwd, contention) if s.zero_stage == 1 else 0.0
         elif s.zero_stage == 2:  # reduce-scatter every micro-batch, gather after the step
-            per_mb += hidden_behind(rs, bwd)
-            tail += hidden_behind(ag, fwd)
+            per_mb += hidden_behind(rs, bwd, contention)
+            tail += hidden_behind(ag, fwd, contention)
         elif s.zero_stage == 1:  # reduce-scatter once per step, gather after the step
-            tail += hidden_behind(rs, bwd) + hidden_behind(ag, fwd)
+            tail += hidden_behind(rs, bwd, contention) + hidden_behind(ag, fwd, contention)
         else:  # all-reduce once per step, overlapped with the last backward
-            tail += hidden_behind(coll.all_reduce(count * t.grad_bytes, link), bwd)
+            tail += hidden_behind(coll.all_reduce(count * t.grad_bytes, link), bwd, contention)
     return per_mb, tail
+
+
+def optimizer_shard_params(s: Strategy, stage: Stage) -> float:
+    """Parameters whose optimizer states one rank of `stage` updates."""
+    dpcp = s.dp * s.cp if s.zero_stage >= 1 else 1
+    edp = dpcp // s.ep if s.zero_stage >= 1 else 1  # experts shard over dp*cp/ep
+    dense_ranks = dpcp // s.dp_replicate  # HSDP: the shard group's ranks
+    return stage.dense_params / s.tp / dense_ranks + stage.expert_params / (s.tp * s.ep) / edp
 
 
 def optimizer_s(s: Strategy, stage: Stage, t: TrainConfig, acc: Accelerator) -> float:
     """Optimizer step: memory-bound over the rank's shard of states (read and write), or on
     the host with the gradient/parameter PCIe transfers (Ren et al. 2021 §4)."""
-    dpcp = s.dp * s.cp if s.zero_stage >= 1 else 1
-    edp = dpcp // s.ep if s.zero_stage >= 1 else 1  # experts shard over dp*cp/ep
-    dense_ranks = dpcp // s.dp_replicate  # HSDP: the shard group's ranks
-    shard = stage.dense_params / s.tp / dense_ranks + stage.expert_params / (s.tp * s.ep) / edp
+    shard = optimizer_shard_params(s, stage)
     state_bytes = shard * (t.param_bytes + t.grad_bytes + t.optimizer_bytes)
     if not s.offload_optimizer:
         return 2 * state_bytes / acc.memory_bw_bytes_per_s

@@ -11,13 +11,21 @@ from dataclasses import replace
 from functools import cache
 
 from ..cluster import Cluster
-from ..config import TrainConfig
+from ..config import FP32_BYTES, TrainConfig
 from ..model import ModelProfile
 from ..strategy import MeshAxis, Recompute, Strategy
 from . import schedules as split_schedules
+from .calibrated import CalibratedKernels
 from .comm import Collectives, Links, links_for
 from .compute import ATTENTION_BACKWARD_FACTOR
-from .data_parallel import dp_comm, hidden_behind, optimizer_s
+from .data_parallel import (
+    OVERLAP_CONTENTION,
+    dp_comm,
+    hidden_behind,
+    optimizer_s,
+    optimizer_shard_params,
+)
+from .eager import unfused_adamw_s
 from .estimate import Estimate, StageTime, TimeBreakdown
 from .layout import Layout, Stage, StageSplit
 from .memory import MemoryBreakdown, in_flight_microbatches
@@ -46,6 +54,9 @@ class Evaluator:
         self.acc = cluster.accelerator
         self.stage_model = StageModel(profile, cluster, train, split)
         """Layout, per-layer seconds and static memory."""
+        cal = cluster.calibration
+        self.contention = OVERLAP_CONTENTION if cal is None else cal.overlap_contention
+        """Compute slowdown per second of overlapped communication (measured when calibrated)."""
         self.coll = Collectives(self.acc)
         self.lower_bound_coll = Collectives(self.acc, lower_bound=True)
         """Collectives on the fastest link with no latency: bounds for the search."""
@@ -319,7 +330,7 @@ class Evaluator:
                 # Megatron's --tp-comm-overlap (Transformer Engine userbuffers; Wang et al. 2023
                 # decomposition): each collective is split and pipelined with the GEMM it feeds,
                 # so it hides under the stage's compute, which it slows (contention).
-                comm = hidden_behind(comm, c.fwd_s + c.bwd_s)
+                comm = hidden_behind(comm, c.fwd_s + c.bwd_s, self.contention)
             if s.cp > 1 and stage.n_blocks:
                 # Each of the cp ring steps computes one (s/cp)^2 block of attention, balanced
                 # by the causal load-balanced split (zig-zag chunks), while the next K/V hop is
@@ -327,8 +338,8 @@ class Evaluator:
                 attn_f = c.attention_fwd_s / stage.n_blocks  # one block's attention fwd
                 step_f = attn_f / s.cp
                 step_b = ATTENTION_BACKWARD_FACTOR * step_f
-                per_block = (s.cp - 1) * hidden_behind(hop_s, step_f)
-                per_block += (s.cp - 1) * hidden_behind(2 * hop_s, step_b)
+                per_block = (s.cp - 1) * hidden_behind(hop_s, step_f, self.contention)
+                per_block += (s.cp - 1) * hidden_behind(2 * hop_s, step_b, self.contention)
                 comm += stage.n_blocks * per_block
             # EP: dispatch and combine all-to-all, forward and backward (Lepikhin et al. 2020)
             comm += (stage.n_moe_blocks * 4 + n_full_moe * 2) * a2a
@@ -337,7 +348,15 @@ class Evaluator:
                 sends -= int(stage.index == s.pp - 1)
                 comm += sends * p2p
             zero_mb, tail = dp_comm(
-                s, stage, links, coll, self.train, c.fwd_s, c.bwd_s, self.options.powersgd
+                s,
+                stage,
+                links,
+                coll,
+                self.train,
+                c.fwd_s,
+                c.bwd_s,
+                self.options.powersgd,
+                self.contention,
             )
             if s.offload_params or s.offload_activations:  # PCIe copies (offload.py)
                 zero_mb += self.options.offload.cost(s, stage, c, self.policy(s)).exposed_s
@@ -349,10 +368,20 @@ class Evaluator:
                     recompute_s=rc,
                     comm_s=comm + zero_mb,
                     tail_comm_s=tail,
-                    optimizer_s=optimizer_s(s, stage, self.train, self.acc),
+                    optimizer_s=self._optimizer_s(s, stage),
                 )
             )
         return tuple(out)
+
+    def _optimizer_s(self, s: Strategy, stage: Stage) -> float:
+        """`data_parallel.optimizer_s`; on a calibrated device with a traced model, torch's
+        unfused AdamW operator by operator (`eager.unfused_adamw_s`)."""
+        k = self.stage_model.kernels
+        tensors = sum(self.profile.layers[i].param_tensors for i in stage.layers)
+        if not isinstance(k, CalibratedKernels) or not tensors or s.offload_optimizer:
+            return optimizer_s(s, stage, self.train, self.acc)
+        shard = optimizer_shard_params(s, stage)
+        return unfused_adamw_s(shard, tensors, k, state_bytes=FP32_BYTES)
 
     def time(
         self,

@@ -13,6 +13,7 @@ from ..cluster import Cluster
 from ..config import AttentionKernel, SelectiveRecompute, TrainConfig
 from ..model import LayerCost, LayerKind, ModelProfile
 from ..strategy import Recompute, Strategy
+from .calibrated import CalibratedKernels
 from .comm import Collectives, link_of
 from .compute import (
     EAGER_BACKWARD_FACTOR,
@@ -25,6 +26,7 @@ from .compute import (
     is_math_attention,
     layer_gemms,
 )
+from .eager import traced_layer_s
 from .layout import (
     Chunk,
     Layout,
@@ -269,6 +271,15 @@ class StageModel:
             sel = x.attn_core_fwd_flops * mbs / (tp * cp) / self.flops_per_s if block else 0.0
             return f, b, f if block else 0.0, sel, sel
         gemms = layer_gemms(self.profile, x, tp) if self.kernels is not None else None
+        if gemms is None and self.op_by_op(x):  # no GEMM of a known shape: at peak rate
+            assert isinstance(self.kernels, CalibratedKernels)
+            rate = self.kernels.fit.peak_gemm_flops_per_s() / self.kernels.time_scale
+            dense = (x.fwd_flops - x.attn_core_fwd_flops) * mbs / (tp * cp)
+            dense_b = max(0.0, x.bwd_flops - 2 * x.attn_core_fwd_flops) * mbs / (tp * cp)
+            gemm_s = (dense / rate, dense_b / rate)
+            return traced_layer_s(
+                self.kernels, self.profile, self.train, self.act_scale, x, tp, cp, mbs, gemm_s
+            )
         if self.kernels is None or gemms is None:
             weights = (x.params / tp + x.expert_params / (tp * ep)) * t.param_bytes
             f = self.roofline_s(x.fwd_flops * mbs / (tp * cp), weights) + elementwise
@@ -282,6 +293,9 @@ class StageModel:
             gf, gb = k.gemm_train_s(max(1, round(tokens * g.per_token)), g.n, g.k)
             f, b = f + gf, b + gb
         core_bytes = x.act_attn_core_bytes * self.act_scale * mbs / (tp * cp)
+        if self.op_by_op(x):
+            assert isinstance(k, CalibratedKernels)
+            return traced_layer_s(k, p, self.train, self.act_scale, x, tp, cp, mbs, (f, b))
         if block and is_math_attention(p, x):
             heads = max(1, mbs * p.heads // tp)
             attn_f, attn_b = k.math_attention_s(
@@ -310,6 +324,15 @@ class StageModel:
                 k.gemm_train_s(max(1, round(tokens * g.per_token)), g.n, g.k)[0] for g in again
             )
         return f, b, f if block else 0.0, sel, attn_f
+
+    def op_by_op(self, x: LayerCost) -> bool:
+        """Whether `x` is priced from its traced operators (`eager.py`): a traced layer on
+        a calibrated device running eager PyTorch."""
+        return (
+            isinstance(self.kernels, CalibratedKernels)
+            and x.fwd_ops > 0
+            and not self.train.runtime.fused_elementwise
+        )
 
     def _stage_compute(
         self, lay: Layout, tp: int, cp: int, ep: int, mbs: int

@@ -1,0 +1,110 @@
+"""A traced layer on a measured machine, operator by operator.
+
+On a device `paraplan calibrate` measured, a layer traced from the real model is priced from
+what its trace saw (`LayerCost.fwd_ops`, `fwd_stream_bytes`, `fwd_special`, and the same in
+backward) rather than from a generic transformer block:
+
+- every dispatched aten operator pays the measured per-operator cost (`launch_s`): on a CPU the
+  Python, dispatcher and autograd bookkeeping, which dominates small models;
+- memory-bound operators stream the bytes the trace counted, at the bandwidth measured for
+  tensors of the layer's activation size (small activations stay in the caches);
+- transcendental operators (tanh, exp, erf, softmax, ...) run at their measured element rate:
+  a CPU evaluates tanh several times slower than it streams memory, and an eager model may
+  spell an activation as many operators (Hugging Face's GPT-2 `gelu_new` is eight);
+- GEMMs and attention keep their measured curves (`calibrated.py`).
+
+The unfused optimizer the executor runs on a CPU (torch.optim.AdamW's single-tensor loop,
+torch's default off CUDA) is priced the same way: operators per parameter tensor, and the
+passes over the states they stream.
+"""
+
+from __future__ import annotations
+
+from ..config import TrainConfig
+from ..model import LayerCost, LayerKind, ModelProfile
+from .calibrated import CalibratedKernels
+from .compute import is_math_attention
+
+ADAMW_OPS_PER_TENSOR = 10
+"""Aten operators of one parameter's update in torch.optim.adamw's `_single_tensor_adam`
+(torch 2.13): step += 1, step.item(), param.mul_ (weight decay), exp_avg.lerp_,
+exp_avg_sq.mul_ and .addcmul_, sqrt, div, add_ (eps) and param.addcdiv_ (counted by a
+TorchDispatchMode over `optimizer.step()`: 522 operators for GPT-2 tiny's 52 tensors)."""
+ADAMW_STREAMED_VALUES = 21
+"""Parameter-sized values those operators read and write per parameter: mul_ 2, lerp_ 3,
+mul_ 2, addcmul_ 4, sqrt 2, div 2, add_ 2, addcdiv_ 4."""
+
+
+def eager_extra_s(
+    x: LayerCost,
+    k: CalibratedKernels,
+    *,
+    share: float,
+    mbs: int,
+    act_scale: float,
+    elem_bytes: float,
+    tensor_bytes: float,
+) -> tuple[float, float]:
+    """(forward, backward) seconds of one micro-batch's non-GEMM, non-attention work in a
+    traced layer: operator dispatch, memory-bound traffic and transcendentals. `share` is
+    the part of the layer's activations one rank holds (1 / (tp * cp)); `tensor_bytes` the
+    size of one activation on the rank (what sets the streaming bandwidth)."""
+    seqs = mbs * share
+    out = []
+    for ops, stream, special in (
+        (x.fwd_ops, x.fwd_stream_bytes, x.fwd_special),
+        (x.bwd_ops, x.bwd_stream_bytes, x.bwd_special),
+    ):
+        t = k.launch_s * ops + k.stream_s(stream * seqs * act_scale, tensor_bytes)
+        for o in special:
+            t += k.special_s(o.op, o.elems * seqs, elem_bytes, tensor_bytes)
+        out.append(t)
+    return out[0], out[1]
+
+
+def unfused_adamw_s(
+    params: float, tensors: int, k: CalibratedKernels, *, state_bytes: float
+) -> float:
+    """Seconds of torch's single-tensor AdamW over `params` parameters in `tensors` tensors
+    (the rank's shard): the operators' dispatch plus the passes they stream, each value
+    `state_bytes` wide (fp32 master and states)."""
+    per_tensor_bytes = params * state_bytes / max(1, tensors)
+    streamed = ADAMW_STREAMED_VALUES * params * state_bytes
+    return k.dispatch_s * ADAMW_OPS_PER_TENSOR * tensors + k.stream_s(streamed, per_tensor_bytes)
+
+
+def traced_layer_s(
+    k: CalibratedKernels,
+    p: ModelProfile,
+    train: TrainConfig,
+    act_scale: float,
+    x: LayerCost,
+    tp: int,
+    cp: int,
+    mbs: int,
+    gemm_s: tuple[float, float],
+) -> tuple[float, float, float, float, float]:
+    """`stages.StageModel._one_layer` of a traced layer on a calibrated device: the GEMMs priced by
+    the caller (`gemm_s`: forward, backward), attention from its curve (or the score GEMMs
+    when unfused), and every other operator as traced (`eager_extra_s`)."""
+    block = x.kind == LayerKind.BLOCK
+    attn_f = attn_b = 0.0
+    if block and is_math_attention(p, x):
+        m = max(1, mbs * p.heads // tp) * (p.seq_len // cp)
+        qk = k.gemm_train_s(m, p.seq_len, p.hidden // p.heads)
+        av = k.gemm_train_s(m, p.hidden // p.heads, p.seq_len)
+        attn_f, attn_b = qk[0] + av[0], qk[1] + av[1]
+    elif block:
+        attn_f, attn_b = k.attention_s(x.attn_core_fwd_flops * mbs / (tp * cp))
+    act_bytes = float(train.act_bytes)
+    extra_f, extra_b = eager_extra_s(
+        x,
+        k,
+        share=1.0 / (tp * cp),
+        mbs=mbs,
+        act_scale=act_scale,
+        elem_bytes=act_bytes,
+        tensor_bytes=mbs * p.seq_len / cp * p.hidden * act_bytes,
+    )
+    f, b = gemm_s[0] + attn_f + extra_f, gemm_s[1] + attn_b + extra_b
+    return f, b, f if block else 0.0, attn_f, attn_f
