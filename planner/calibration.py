@@ -33,7 +33,7 @@ from enum import StrEnum
 from typing import Any
 
 from .cost.calibrated import CalibratedKernels, KernelFit
-from .cost.comm import AxisLink, Collectives
+from .cost.comm import AxisLink, CollectiveKind, Collectives
 from .cost.data_parallel import OVERLAP_CONTENTION
 from .hardware import (
     CALIBRATABLE_FIELDS,
@@ -55,16 +55,6 @@ class DeviceKind(StrEnum):
     CUDA = "cuda"
 
 
-class CollectiveKind(StrEnum):
-    """The collectives `paraplan calibrate` times."""
-
-    ALL_REDUCE = "all_reduce"
-    ALL_GATHER = "all_gather"
-    REDUCE_SCATTER = "reduce_scatter"
-    ALL_TO_ALL = "all_to_all"
-    SEND_RECV = "send_recv"
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CollectivePoint:
     """One measured collective."""
@@ -78,6 +68,20 @@ class CollectivePoint:
     tensor, all-to-all buffer per rank, send/recv message)."""
     seconds: float
     """Mean seconds of one call (what a step that makes many of them pays)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KindLatency:
+    """The step latency one collective kind showed, fitted with the link's bandwidth fixed."""
+
+    kind: CollectiveKind
+    """Which collective."""
+    latency_s: float
+    """Seconds per step inside a node."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.latency_s) and self.latency_s >= 0):
+            raise ValueError(f"{self.kind}: latency_s={self.latency_s!r} must be >= 0")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -117,6 +121,8 @@ class Calibration:
     only)."""
     refit_runs: int = 0
     """Run reports the refits have used in all."""
+    kind_latency: tuple[KindLatency, ...] = ()
+    """Per-collective step latency (empty: the link's one latency for all)."""
     overlap_contention: float = OVERLAP_CONTENTION
     """Seconds of compute lost per second of communication hidden behind it, measured
     (`microbench.overlap_contention`: 0 perfect overlap, 1 none); replaces the cost model's
@@ -142,6 +148,10 @@ class Calibration:
                     f"calibration figure {key!r} is not calibratable; use one of "
                     f"{', '.join(CALIBRATABLE_FIELDS)}"
                 )
+
+    def kind_latency_s(self) -> dict[CollectiveKind, float]:
+        """Measured step latency by collective kind (`cost.comm.Collectives` reads it)."""
+        return {k.kind: k.latency_s * self.time_scale for k in self.kind_latency}
 
     @property
     def dtypes(self) -> tuple[str, ...]:
@@ -204,6 +214,8 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
         "dtype_kernels": tuple[DtypeKernels, ...],
         "collectives": tuple[CollectivePoint, ...],
         "time_scale": float,
+        "kind_latency": tuple[KindLatency, ...],
+        "overlap_contention": float,
     }
     for name in fields:
         raw = data[name]
@@ -297,6 +309,34 @@ def _gauss_newton(
     return inv_bw, lat
 
 
+def fit_kind_latencies(points: Sequence[CollectivePoint], bw: float) -> tuple[KindLatency, ...]:
+    """Each collective kind's step latency on links of `bw`, in log error (`fit_links`):
+    a backend runs each kind its own way (gloo's send/recv and all-to-all answer in a fraction
+    of its all-reduce's time), which one shared latency cannot show."""
+    out = []
+    for kind in CollectiveKind:
+        mine = [p for p in points if p.kind == kind]
+        if not mine:
+            continue
+        rows = []
+        for p in mine:
+            a = collective_model_s(p, bw=bw, lat=0.0)
+            b = collective_model_s(p, bw=1e30, lat=1.0)
+            rows.append((a, b, math.log(p.seconds)))
+
+        def loss(lat: float, rows: list[tuple[float, float, float]] = rows) -> float:
+            return sum((math.log(a + b * lat + 1e-30) - y) ** 2 for a, b, y in rows)
+
+        lo, hi, best = -9.0, -1.0, 0.0
+        for _ in range(3):
+            grid = [0.0] + [10 ** (lo + j * (hi - lo) / 40) for j in range(41)]
+            best = min(grid, key=loss)
+            center = math.log10(best) if best > 0 else lo
+            lo, hi = center - (hi - lo) / 8, center + (hi - lo) / 8
+        out.append(KindLatency(kind=kind, latency_s=best))
+    return tuple(out)
+
+
 _TINY_LAT = 1e-30
 
 
@@ -311,8 +351,10 @@ def collective_model_s(p: CollectivePoint, *, bw: float, lat: float) -> float:
     link = AxisLink(p.ranks, p.ranks, 1)
     if p.kind == CollectiveKind.ALL_REDUCE:
         return coll.all_reduce(p.nbytes, link)
-    if p.kind in (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER):
+    if p.kind == CollectiveKind.ALL_GATHER:
         return coll.all_gather(p.nbytes, link)
+    if p.kind == CollectiveKind.REDUCE_SCATTER:
+        return coll.reduce_scatter(p.nbytes, link)
     if p.kind == CollectiveKind.ALL_TO_ALL:
         return coll.all_to_all(p.nbytes, link)
     return coll.p2p(p.nbytes, cross_node=False)

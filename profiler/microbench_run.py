@@ -30,6 +30,7 @@ from ..planner.calibration import (
     CollectivePoint,
     DeviceKind,
     DtypeKernels,
+    fit_kind_latencies,
     fit_links,
 )
 from ..planner.cluster import Cluster
@@ -248,6 +249,11 @@ def _calibration(
         }
         if cluster.num_nodes == 1:  # one node: nothing crosses a network
             figures |= {"inter_node_bw_bytes_per_s": bw, "inter_node_latency_s": lat}
+    kinds = (
+        fit_kind_latencies(r.collectives, figures["intra_node_bw_bytes_per_s"])
+        if r.collectives
+        else ()
+    )
     return Calibration(
         device_name=device_name(device),
         device_kind=DeviceKind.CUDA if device.type == "cuda" else DeviceKind.CPU,
@@ -258,5 +264,6 @@ def _calibration(
         figures=figures,
         dtype_kernels=tuple(DtypeKernels(dtype=k, fit=fits[k]) for k in dtypes),
         collectives=r.collectives,
+        kind_latency=kinds,
         overlap_contention=r.overlap_contention,
     )

@@ -23,6 +23,7 @@ from paraplan.planner.calibration import (
     DtypeKernels,
     RunSample,
     calibration_from_dict,
+    fit_kind_latencies,
     fit_links,
     recalibrate_hint,
     refit,
@@ -194,6 +195,33 @@ def test_link_fit_recovers_a_ring_all_reduce() -> None:
     got_bw, got_lat = fit_links(points)
     assert got_bw == pytest.approx(bw, rel=1e-6)
     assert got_lat == pytest.approx(lat, rel=1e-6)
+
+
+def test_kind_latencies_recover_a_slow_all_reduce_and_a_fast_send() -> None:
+    """2-rank points made by hand: a ring all-reduce (two steps of half the tensor) with 1 ms
+    per step and a send/recv (one message) with 20 us, on the same link; each kind's own
+    latency is recovered with the bandwidth given."""
+    bw = 2e9
+    eff = bw * BUS_EFFICIENCY_INTRA
+    half = HALF_BANDWIDTH_BYTES_INTRA
+    sizes = (4096.0, 65536.0, 1e6)
+    points = [
+        CollectivePoint(
+            kind=CollectiveKind.ALL_REDUCE,
+            ranks=2,
+            nbytes=s,
+            seconds=s / eff + 2 * (1e-3 + half / eff),
+        )
+        for s in sizes
+    ] + [
+        CollectivePoint(
+            kind=CollectiveKind.SEND_RECV, ranks=2, nbytes=s, seconds=2e-5 + (s + half) / eff
+        )
+        for s in sizes
+    ]
+    got = {k.kind: k.latency_s for k in fit_kind_latencies(points, bw)}
+    assert got[CollectiveKind.ALL_REDUCE] == pytest.approx(1e-3, rel=0.02)
+    assert got[CollectiveKind.SEND_RECV] == pytest.approx(2e-5, rel=0.02)
 
 
 def test_refit_scales_time_and_shifts_memory() -> None:

@@ -186,18 +186,18 @@ def format_calibration(cluster: Cluster) -> str:
         f"{_si(acc.runtime_overhead_bytes, 'B')}",
     ]
     kinds = sorted({p.kind for p in cal.collectives})
+    own = cal.kind_latency_s()
     for kind in kinds:
         pts = [p for p in cal.collectives if p.kind == kind]
+        lat = own.get(kind, acc.intra_node_latency_s)
         errs = [
-            collective_model_s(p, bw=acc.intra_node_bw_bytes_per_s, lat=acc.intra_node_latency_s)
-            / p.seconds
-            - 1
+            collective_model_s(p, bw=acc.intra_node_bw_bytes_per_s, lat=lat) / p.seconds - 1
             for p in pts
         ]
         lines.append(
             f"  {kind:<15} {len(pts)} sizes, {_si(pts[0].nbytes, 'B')}..{_si(pts[-1].nbytes, 'B')}"
-            f": {pts[0].seconds * 1e3:.3f}..{pts[-1].seconds * 1e3:.3f} ms, fit error median "
-            f"{statistics.median(errs):+.0%}"
+            f": {pts[0].seconds * 1e3:.3f}..{pts[-1].seconds * 1e3:.3f} ms, latency "
+            f"{lat * 1e6:.0f} us, fit error median {statistics.median(errs):+.0%}"
         )
     return "\n".join(lines)
 
@@ -218,10 +218,8 @@ def plot_calibration(cal: Calibration, folder: Path) -> list[Path]:
         pts = [p for p in cal.collectives if p.kind == kind]
         xs = [p.nbytes for p in pts]
         (line,) = ax_c.loglog(xs, [p.seconds for p in pts], "o", label=str(kind))
-        fitted = [
-            collective_model_s(p, bw=acc.intra_node_bw_bytes_per_s, lat=acc.intra_node_latency_s)
-            for p in pts
-        ]
+        lat = cal.kind_latency_s().get(kind, acc.intra_node_latency_s)
+        fitted = [collective_model_s(p, bw=acc.intra_node_bw_bytes_per_s, lat=lat) for p in pts]
         ax_c.loglog(xs, fitted, "-", color=line.get_color())
     ax_c.set(xlabel="bytes", ylabel="seconds", title="collectives: measured (o), fitted (-)")
     ax_c.legend(fontsize=7)

@@ -11,12 +11,24 @@ all-reduce do (Sergeev & Del Balso 2018).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from functools import cache
 from math import ceil, lcm
 
 from ..hardware import Accelerator
 from ..strategy import MeshAxis
+
+
+class CollectiveKind(StrEnum):
+    """The collectives the model prices (and `paraplan calibrate` times)."""
+
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    SEND_RECV = "send_recv"
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,10 +207,19 @@ class Collectives:
     2 log2 n steps), whichever is faster (Sanders et al. 2009; NCCL 2.4 release notes).
     """
 
-    def __init__(self, acc: Accelerator, *, lower_bound: bool = False) -> None:
+    def __init__(
+        self,
+        acc: Accelerator,
+        *,
+        lower_bound: bool = False,
+        kind_latency_s: Mapping[CollectiveKind, float] | None = None,
+    ) -> None:
         self._acc = acc
         self._cache: dict[tuple, float] = {}
         self._lower_bound = lower_bound
+        self._kind_latency_s = dict(kind_latency_s or {}) if not lower_bound else {}
+        """Measured per-kind step latency inside a node (`paraplan calibrate`): a backend
+        implements each collective its own way (gloo's all-reduce and send/recv differ 10x)."""
         # A lower bound for any placement: every byte on the fastest link, no latency.
         fastest = max(acc.intra_node_bw_bytes_per_s, acc.inter_node_bw_bytes_per_s)
         if lower_bound:
@@ -215,11 +236,16 @@ class Collectives:
                 HALF_BANDWIDTH_BYTES_INTER,
             )
 
-    def _phases(self, link: AxisLink) -> tuple[_Phase, ...]:
+    def _intra_for(self, kind: CollectiveKind) -> tuple[float, float, float]:
+        """(bandwidth, latency, half-bandwidth bytes) inside a node for one kind."""
+        lat = self._kind_latency_s.get(kind)
+        return self._intra if lat is None else (self._intra[0], lat, self._intra[2])
+
+    def _phases(self, link: AxisLink, kind: CollectiveKind) -> tuple[_Phase, ...]:
         """The intra-node and inter-node levels of a group."""
         phases = []
         if link.per_node > 1:
-            phases.append(_Phase(link.per_node, *self._intra, tree=False))
+            phases.append(_Phase(link.per_node, *self._intra_for(kind), tree=False))
         if link.nodes > 1:
             phases.append(_Phase(link.nodes, *self._inter, tree=True))
         return tuple(phases)
@@ -242,11 +268,13 @@ class Collectives:
         tree = 2 * (n - 1) / n * _transfer_s(shard, phase.bw_bytes_per_s, phase.half_bytes)
         return min(ring, tree + depth * phase.latency_s)
 
-    def _hierarchical(self, nbytes: float, link: AxisLink, passes: int) -> float:
+    def _hierarchical(
+        self, nbytes: float, link: AxisLink, passes: int, kind: CollectiveKind
+    ) -> float:
         """`passes`=2 for all-reduce, 1 for all-gather / reduce-scatter (B = unsharded bytes)."""
         time_s = 0.0
         shard = nbytes
-        for phase in self._phases(link):
+        for phase in self._phases(link, kind):
             time_s += self._level_s(phase, shard, passes)
             shard /= phase.ranks  # the next (inter-node) level works on a 1/m shard per GPU
         return time_s
@@ -255,17 +283,27 @@ class Collectives:
         """Seconds to all-reduce `nbytes` over the group."""
         key = ("ar", nbytes, link)
         if key not in self._cache:
-            self._cache[key] = self._hierarchical(nbytes, link, 2) if link.size > 1 else 0.0
+            self._cache[key] = (
+                self._hierarchical(nbytes, link, 2, CollectiveKind.ALL_REDUCE)
+                if link.size > 1
+                else 0.0
+            )
         return self._cache[key]
 
     def all_gather(self, nbytes: float, link: AxisLink) -> float:
-        """Seconds to all-gather a tensor of `nbytes` (unsharded size); same for reduce-scatter."""
-        key = ("ag", nbytes, link)
-        if key not in self._cache:
-            self._cache[key] = self._hierarchical(nbytes, link, 1) if link.size > 1 else 0.0
-        return self._cache[key]
+        """Seconds to all-gather a tensor of `nbytes` (unsharded size)."""
+        return self._one_pass(nbytes, link, CollectiveKind.ALL_GATHER)
 
-    reduce_scatter = all_gather
+    def reduce_scatter(self, nbytes: float, link: AxisLink) -> float:
+        """Seconds to reduce-scatter a tensor of `nbytes` (unsharded size): the all-gather's
+        steps and bytes, with its own measured latency when calibrated."""
+        return self._one_pass(nbytes, link, CollectiveKind.REDUCE_SCATTER)
+
+    def _one_pass(self, nbytes: float, link: AxisLink, kind: CollectiveKind) -> float:
+        key = (kind, nbytes, link)
+        if key not in self._cache:
+            self._cache[key] = self._hierarchical(nbytes, link, 1, kind) if link.size > 1 else 0.0
+        return self._cache[key]
 
     def all_to_all(self, nbytes: float, link: AxisLink) -> float:
         """Seconds for each rank to exchange `nbytes` evenly with the group (pairwise: the
@@ -273,7 +311,7 @@ class Collectives:
         if link.size <= 1:
             return 0.0
         n, m = link.size, link.per_node
-        intra_bw, intra_lat, intra_half = self._intra
+        intra_bw, intra_lat, intra_half = self._intra_for(CollectiveKind.ALL_TO_ALL)
         inter_bw, inter_lat, inter_half = self._inter
         intra_bytes = (m - 1) / n * nbytes
         inter_bytes = (n - m) / n * nbytes
@@ -284,7 +322,7 @@ class Collectives:
 
     def p2p(self, nbytes: float, cross_node: bool) -> float:
         """Seconds to send `nbytes` to one peer."""
-        bw, lat, half = self._inter if cross_node else self._intra
+        bw, lat, half = self._inter if cross_node else self._intra_for(CollectiveKind.SEND_RECV)
         return lat + _transfer_s(nbytes, bw, half)
 
 

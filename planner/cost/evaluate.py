@@ -57,7 +57,8 @@ class Evaluator:
         cal = cluster.calibration
         self.contention = OVERLAP_CONTENTION if cal is None else cal.overlap_contention
         """Compute slowdown per second of overlapped communication (measured when calibrated)."""
-        self.coll = Collectives(self.acc)
+        cal_kinds = None if cluster.calibration is None else cluster.calibration.kind_latency_s()
+        self.coll = Collectives(self.acc, kind_latency_s=cal_kinds)
         self.lower_bound_coll = Collectives(self.acc, lower_bound=True)
         """Collectives on the fastest link with no latency: bounds for the search."""
         self.model_flops_per_seq = sum(x.fwd_flops + x.bwd_flops for x in profile.layers)

@@ -75,7 +75,8 @@ class StageModel:
         """How blocks are split over pipeline chunks."""
         acc = cluster.accelerator
         self.acc = acc
-        self.coll = Collectives(acc)
+        cal = cluster.calibration
+        self.coll = Collectives(acc, kind_latency_s=None if cal is None else cal.kind_latency_s())
         self.kernels: Kernels | None = _kernels_for(cluster, train)
         """GEMM and attention kernel model (None: roofline only)."""
         self.flops_per_s = acc.peak_flops_for(train.compute_dtype) * acc.matmul_efficiency
