@@ -85,6 +85,31 @@ class KindLatency:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TensorParallelDispatch:
+    """What tensor parallelism through DTensor costs on the host, measured on the ranks'
+    mesh: an operator on a DTensor runs sharding propagation in Python before its local
+    kernel, and each module `parallelize_module` wraps dispatches several of them."""
+
+    launch_s: float
+    """Seconds per DTensor operator (half of one op's forward plus backward, as `launch_s`)."""
+    colwise_ops: tuple[int, int]
+    """DTensor operators of a `ColwiseParallel` Linear: (forward, backward)."""
+    rowwise_ops: tuple[int, int]
+    """The same for a `RowwiseParallel` Linear."""
+    sequence_norm_ops: tuple[int, int]
+    """The same for a LayerNorm under `SequenceParallel`."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.launch_s) and self.launch_s >= 0):
+            raise ValueError(f"tensor parallel launch_s={self.launch_s!r} must be >= 0")
+        for name in ("colwise_ops", "rowwise_ops", "sequence_norm_ops"):
+            ops = tuple(getattr(self, name))
+            if len(ops) != 2 or any(not isinstance(n, int) or n < 0 for n in ops):
+                raise ValueError(f"tensor parallel {name}={ops!r} must be two counts >= 0")
+            object.__setattr__(self, name, ops)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class DtypeKernels:
     """The kernel measurements of one dtype."""
 
@@ -123,6 +148,8 @@ class Calibration:
     """Run reports the refits have used in all."""
     kind_latency: tuple[KindLatency, ...] = ()
     """Per-collective step latency (empty: the link's one latency for all)."""
+    tensor_parallel: TensorParallelDispatch | None = None
+    """DTensor's host cost (None: not measured, one rank)."""
     overlap_contention: float = OVERLAP_CONTENTION
     """Seconds of compute lost per second of communication hidden behind it, measured
     (`microbench.overlap_contention`: 0 perfect overlap, 1 none); replaces the cost model's
@@ -215,6 +242,7 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
         "collectives": tuple[CollectivePoint, ...],
         "time_scale": float,
         "kind_latency": tuple[KindLatency, ...],
+        "tensor_parallel": TensorParallelDispatch | None,
         "overlap_contention": float,
     }
     for name in fields:

@@ -30,12 +30,14 @@ from ..planner.calibration import (
     CollectivePoint,
     DeviceKind,
     DtypeKernels,
+    TensorParallelDispatch,
     fit_kind_latencies,
     fit_links,
 )
 from ..planner.cluster import Cluster
 from ..planner.cost.data_parallel import OVERLAP_CONTENTION
 from . import microbench as mb
+from .microbench_tp import tensor_parallel_dispatch
 
 Progress = Callable[[int, int, str], None]
 """(steps done, steps in all, what was just measured)."""
@@ -57,6 +59,7 @@ class _RankResult:
     memory_bytes: int
     threads: int
     overlap_contention: float
+    tensor_parallel: TensorParallelDispatch | None
 
 
 def device_name(device: torch.device) -> str:
@@ -144,6 +147,7 @@ def _measure(
     tick("copies")
     points = mb.collectives(timer, budget, lambda: tick("collectives"))
     contention = mb.overlap_contention(timer) if world > 1 else OVERLAP_CONTENTION
+    tp_dispatch = tensor_parallel_dispatch(timer) if world > 1 else None
     sizes: list[Any] = [None] * world
     dist.all_gather_object(sizes, runtime)
     if rank == 0:
@@ -160,6 +164,7 @@ def _measure(
             memory_bytes=int(memory),
             threads=torch.get_num_threads(),
             overlap_contention=contention,
+            tensor_parallel=tp_dispatch,
         )
         out.put(("result", result))
 
@@ -266,4 +271,5 @@ def _calibration(
         collectives=r.collectives,
         kind_latency=kinds,
         overlap_contention=r.overlap_contention,
+        tensor_parallel=r.tensor_parallel,
     )

@@ -317,6 +317,10 @@ def test_closed_loop_on_two_gloo_ranks(tmp_path: Path) -> None:
     assert "GEMM peak" in done.stdout and "links (fitted on" in done.stdout
     calibrated = load_cluster_file(cal)
     assert calibrated.calibration is not None and calibrated.calibration.world_size == 2
+    # a DTensor operator runs sharding propagation in Python: dearer than a plain one
+    tp = calibrated.calibration.tensor_parallel
+    plain_s = calibrated.calibration.kernels("fp32").fit.launch_s
+    assert tp is not None and tp.launch_s > plain_s and min(tp.colwise_ops) >= 1
 
     import paraplan
     from paraplan.executor.launch import run_plan

@@ -20,10 +20,11 @@ passes over the states they stream.
 
 from __future__ import annotations
 
+from ..calibration import TensorParallelDispatch
 from ..config import TrainConfig
 from ..model import LayerCost, LayerKind, ModelProfile
 from .calibrated import CalibratedKernels
-from .compute import is_math_attention
+from .compute import is_math_attention, layer_gemms
 
 ADAMW_OPS_PER_TENSOR = 10
 """Aten operators of one parameter's update in torch.optim.adamw's `_single_tensor_adam`
@@ -83,6 +84,7 @@ def traced_layer_s(
     cp: int,
     mbs: int,
     gemm_s: tuple[float, float],
+    tp_dispatch: TensorParallelDispatch | None = None,
 ) -> tuple[float, float, float, float, float]:
     """`stages.StageModel._one_layer` of a traced layer on a calibrated device: the GEMMs priced by
     the caller (`gemm_s`: forward, backward), attention from its curve (or the score GEMMs
@@ -106,5 +108,37 @@ def traced_layer_s(
         elem_bytes=act_bytes,
         tensor_bytes=mbs * p.seq_len / cp * p.hidden * act_bytes,
     )
-    f, b = gemm_s[0] + attn_f + extra_f, gemm_s[1] + attn_b + extra_b
+    dt_f, dt_b = tensor_parallel_host_s(k, p, x, tp, tp_dispatch)
+    f = gemm_s[0] + attn_f + extra_f + dt_f
+    b = gemm_s[1] + attn_b + extra_b + dt_b
     return f, b, f if block else 0.0, attn_f, attn_f
+
+
+def tensor_parallel_host_s(
+    k: CalibratedKernels,
+    p: ModelProfile,
+    x: LayerCost,
+    tp: int,
+    td: TensorParallelDispatch | None,
+) -> tuple[float, float]:
+    """(forward, backward) host seconds DTensor adds to a block under tensor parallelism:
+    the executor wraps q, k, v and the MLP's up (and gate) projections in `ColwiseParallel`,
+    the attention output and MLP down projections in `RowwiseParallel`, and both norms in
+    `SequenceParallel`; each wrapped module dispatches the DTensor operators `paraplan
+    calibrate` counted, at the measured DTensor cost beyond a plain operator's (already
+    charged as traced)."""
+    if tp == 1 or td is None or x.kind != LayerKind.BLOCK:
+        return 0.0, 0.0
+    gemms = layer_gemms(p, x, tp)
+    gated = gemms is not None and len(gemms) == 4 and gemms[2].n * tp == 2 * p.ffn
+    cols, rows, norms = 3 + (2 if gated else 1), 2, 2
+    extra_s = max(0.0, td.launch_s * k.time_scale - k.launch_s)
+    out = []
+    for phase in (0, 1):
+        ops = (
+            cols * td.colwise_ops[phase]
+            + rows * td.rowwise_ops[phase]
+            + norms * td.sequence_norm_ops[phase]
+        )
+        out.append(ops * extra_s)
+    return out[0], out[1]

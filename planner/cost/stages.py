@@ -77,6 +77,8 @@ class StageModel:
         self.acc = acc
         cal = cluster.calibration
         self.coll = Collectives(acc, kind_latency_s=None if cal is None else cal.kind_latency_s())
+        self.tp_dispatch = None if cal is None else cal.tensor_parallel
+        """DTensor's measured host cost (calibrated clusters with more than one rank)."""
         self.kernels: Kernels | None = _kernels_for(cluster, train)
         """GEMM and attention kernel model (None: roofline only)."""
         self.flops_per_s = acc.peak_flops_for(train.compute_dtype) * acc.matmul_efficiency
@@ -279,7 +281,16 @@ class StageModel:
             dense_b = max(0.0, x.bwd_flops - 2 * x.attn_core_fwd_flops) * mbs / (tp * cp)
             gemm_s = (dense / rate, dense_b / rate)
             return traced_layer_s(
-                self.kernels, self.profile, self.train, self.act_scale, x, tp, cp, mbs, gemm_s
+                self.kernels,
+                self.profile,
+                self.train,
+                self.act_scale,
+                x,
+                tp,
+                cp,
+                mbs,
+                gemm_s,
+                self.tp_dispatch,
             )
         if self.kernels is None or gemms is None:
             weights = (x.params / tp + x.expert_params / (tp * ep)) * t.param_bytes
@@ -296,7 +307,9 @@ class StageModel:
         core_bytes = x.act_attn_core_bytes * self.act_scale * mbs / (tp * cp)
         if self.op_by_op(x):
             assert isinstance(k, CalibratedKernels)
-            return traced_layer_s(k, p, self.train, self.act_scale, x, tp, cp, mbs, (f, b))
+            return traced_layer_s(
+                k, p, self.train, self.act_scale, x, tp, cp, mbs, (f, b), self.tp_dispatch
+            )
         if block and is_math_attention(p, x):
             heads = max(1, mbs * p.heads // tp)
             attn_f, attn_b = k.math_attention_s(
