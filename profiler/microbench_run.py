@@ -27,17 +27,20 @@ import torch.multiprocessing as mp
 
 from ..planner.calibration import (
     Calibration,
+    CollectiveKind,
     CollectivePoint,
     DeviceKind,
     DtypeKernels,
+    KindLatency,
     TensorParallelDispatch,
+    collective_model_s,
     fit_kind_latencies,
     fit_links,
 )
 from ..planner.cluster import Cluster
 from ..planner.cost.data_parallel import OVERLAP_CONTENTION
 from . import microbench as mb
-from .microbench_tp import tensor_parallel_dispatch
+from .microbench_tp import FSDP_UNIT_BYTES, fsdp_unit_s, tensor_parallel_dispatch
 
 Progress = Callable[[int, int, str], None]
 """(steps done, steps in all, what was just measured)."""
@@ -60,6 +63,7 @@ class _RankResult:
     threads: int
     overlap_contention: float
     tensor_parallel: TensorParallelDispatch | None
+    fsdp_unit_s: float
 
 
 def device_name(device: torch.device) -> str:
@@ -148,6 +152,7 @@ def _measure(
     points = mb.collectives(timer, budget, lambda: tick("collectives"))
     contention = mb.overlap_contention(timer) if world > 1 else OVERLAP_CONTENTION
     tp_dispatch = tensor_parallel_dispatch(timer) if world > 1 else None
+    fsdp_s = fsdp_unit_s(timer) if world > 1 else 0.0
     sizes: list[Any] = [None] * world
     dist.all_gather_object(sizes, runtime)
     if rank == 0:
@@ -165,6 +170,7 @@ def _measure(
             threads=torch.get_num_threads(),
             overlap_contention=contention,
             tensor_parallel=tp_dispatch,
+            fsdp_unit_s=fsdp_s,
         )
         out.put(("result", result))
 
@@ -272,4 +278,22 @@ def _calibration(
         kind_latency=kinds,
         overlap_contention=r.overlap_contention,
         tensor_parallel=r.tensor_parallel,
+        fsdp_unit_host_s=fsdp_host_s(r, figures, kinds, world),
     )
+
+
+def fsdp_host_s(
+    r: _RankResult, figures: dict[str, Any], kinds: tuple[KindLatency, ...], world: int
+) -> float:
+    """The measured FSDP2 unit time less its three collectives as the fitted model prices
+    them (two all-gathers and a reduce-scatter of the benchmark unit's parameters)."""
+    if not r.fsdp_unit_s or "intra_node_bw_bytes_per_s" not in figures:
+        return 0.0
+    bw = figures["intra_node_bw_bytes_per_s"]
+    own = {k.kind: k.latency_s for k in kinds}
+    comm_s = 0.0
+    for kind, count in ((CollectiveKind.ALL_GATHER, 2), (CollectiveKind.REDUCE_SCATTER, 1)):
+        point = CollectivePoint(kind=kind, ranks=world, nbytes=FSDP_UNIT_BYTES, seconds=1.0)
+        lat = own.get(kind, figures["intra_node_latency_s"])
+        comm_s += count * collective_model_s(point, bw=bw, lat=lat)
+    return max(0.0, r.fsdp_unit_s - comm_s)

@@ -76,3 +76,36 @@ def _dtensor_ops(
     with backward:
         local.sum().backward()
     return forward.ops, backward.ops
+
+
+FSDP_UNITS = 4
+"""Linear units of the FSDP2 host-cost benchmark (the slope from 1 to this many)."""
+FSDP_WIDTH = 16
+"""Width of each benchmark unit (a width x width Linear with bias)."""
+FSDP_UNIT_BYTES = 4.0 * (FSDP_WIDTH * FSDP_WIDTH + FSDP_WIDTH)
+"""Unsharded fp32 bytes of one benchmark unit's parameters."""
+
+
+def fsdp_unit_s(timer: Timer, width: int = FSDP_WIDTH) -> float:
+    """Seconds one FSDP2 unit adds to a forward+backward on the ranks' mesh: the slope of a
+    stack of `fully_shard` Linear units from 1 to `FSDP_UNITS` (mean of repeats, as a step
+    sums them). It holds the unit's three collectives (two all-gathers, one reduce-scatter)
+    and its host work (pre/post hooks, copy-in and copy-out, the gradient division): the
+    caller subtracts the collectives as the cost model prices them."""
+    from torch.distributed.fsdp import fully_shard
+
+    dev = timer.device
+    mesh = init_device_mesh(dev.type, (dist.get_world_size(),))
+    x = torch.randn(4, width, device=dev)
+    times = []
+    for units in (1, FSDP_UNITS):
+        stack = nn.Sequential(*(nn.Linear(width, width, device=dev) for _ in range(units)))
+        for layer in stack:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(stack, mesh=mesh)
+
+        def step(stack: nn.Module = stack) -> None:
+            stack(x).sum().backward()
+
+        times.append(timer(step, mean=True))
+    return max(0.0, (times[1] - times[0]) / (FSDP_UNITS - 1))

@@ -42,6 +42,7 @@ def dp_comm(
     bwd: float,
     powersgd: PowerSGDModel | None = None,
     contention: float = OVERLAP_CONTENTION,
+    fsdp_unit_host_s: float = 0.0,
 ) -> tuple[float, float]:
     """(exposed seconds per micro-batch, exposed seconds once per step) of ZeRO/DDP traffic
     for one stage; `fwd`/`bwd` are the stage's compute seconds per micro-batch.
@@ -83,6 +84,9 @@ def dp_comm(
             fwd_u, bwd_u = fwd / units, bwd / units
             per_mb += ag + (units - 1) * hidden_behind(ag, fwd_u, contention)
             per_mb += ag + (units - 1) * hidden_behind(ag + rs, bwd_u, contention) + rs
+            # FSDP2's hooks, copy-in/out and gradient division run on the host, not hidden
+            # (measured per unit by `paraplan calibrate`; 0 on catalog devices)
+            per_mb += units * fsdp_unit_host_s
             continue
         ag = coll.all_gather(count * t.param_bytes, link)
         rs = coll.reduce_scatter(count * t.grad_bytes, link)

@@ -56,6 +56,7 @@ class Evaluator:
         """Layout, per-layer seconds and static memory."""
         cal = cluster.calibration
         self.contention = OVERLAP_CONTENTION if cal is None else cal.overlap_contention
+        self.fsdp_unit_host_s = 0.0 if cal is None else cal.fsdp_unit_host_s * cal.time_scale
         """Compute slowdown per second of overlapped communication (measured when calibrated)."""
         cal_kinds = None if cluster.calibration is None else cluster.calibration.kind_latency_s()
         self.coll = Collectives(self.acc, kind_latency_s=cal_kinds)
@@ -358,6 +359,7 @@ class Evaluator:
                 c.bwd_s,
                 self.options.powersgd,
                 self.contention,
+                self.fsdp_unit_host_s,
             )
             if s.offload_params or s.offload_activations:  # PCIe copies (offload.py)
                 zero_mb += self.options.offload.cost(s, stage, c, self.policy(s)).exposed_s
