@@ -15,6 +15,7 @@ from .options import NO_CONSENT, Consent
 from .pins import Pins
 from .plan import Plan
 from .search import Search, SearchResult
+from .units import gib
 
 
 class NoFeasiblePlanError(ValueError):
@@ -63,8 +64,8 @@ def make_plan(
     least = result.min_memory
     if search.all_pinned and least is not None:
         return PlanOutcome(plan=build_plan(ctx, least, ()), result=result)
-    need = f"{least.memory.total_bytes / 1e9:.2f} GB" if least else "unknown"
-    cap = ev.capacity_bytes / 1e9
+    need = gib(least.memory.total_bytes) if least else "unknown"
+    cap = gib(ev.capacity_bytes)
     pinned = search.pins.describe()
     what = f" with --fix {pinned}" if pinned else ""
     hint = (
@@ -74,7 +75,7 @@ def make_plan(
     )
     raise NoFeasiblePlanError(
         f"{profile.name} does not fit on {cluster.name}{what}: the smallest per-GPU memory any "
-        f"plan needs is {need}{hint}, but a {cluster.accelerator.name} offers {cap:.2f} GB "
+        f"plan needs is {need}{hint}, but a {cluster.accelerator.name} offers {cap} "
         f"usable; use more GPUs, GPUs with more memory, a smaller global batch or sequence, "
         f"or fewer pinned dimensions",
         least,

@@ -25,6 +25,7 @@ from .plan import (
 )
 from .replay import replay
 from .strategy import Strategy
+from .units import gib
 
 GENERATOR = "paraplan 0.1.0"
 
@@ -64,8 +65,8 @@ def lost_because(loser: Estimate, winner: Estimate) -> str:
     gap = loser.step_time_s - winner.step_time_s
     if gap <= 0:
         if loser.memory.total_bytes > winner.memory.total_bytes:
-            extra = (loser.memory.total_bytes - winner.memory.total_bytes) / 1e9
-            return f"as fast, but needs {extra:.2f} GB more per GPU"
+            extra = loser.memory.total_bytes - winner.memory.total_bytes
+            return f"as fast, but needs {gib(extra)} more per GPU"
         return (
             "equivalent under the cost model (same time and memory); the plan is preferred as "
             "the simpler strategy (smaller tp, pp, cp first)"

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from .explain_options import option_lines, option_rows
 from .model import LayerKind, ModelProfile
-from .plan import Plan
+from .plan import Plan, RunnerUp
 from .strategy import Recompute
+from .units import GIB, UNIT_NOTE, gib
 
-GB = 1e9
 MEMORY_BOUND_SHARE = 0.9
 """A plan using more than this share of usable memory is called memory-bound."""
 
 
 def _gb(x: float) -> str:
-    return f"{x / GB:,.2f} GB"
+    return gib(x)
 
 
 def format_plan(plan: Plan) -> str:
@@ -36,17 +36,19 @@ def format_plan(plan: Plan) -> str:
         f"  mesh          {mesh}  (outermost -> innermost)",
         f"  schedule      {plan.schedule}"
         + (f" (v={p.virtual_stages})" if p.virtual_stages > 1 else "")
-        + f", micro-batch {plan.micro_batch_size} x {plan.num_microbatches} per replica",
+        + f", {plan.num_microbatches} micro-batch{'es' if plan.num_microbatches != 1 else ''}"
+        f" of {plan.micro_batch_size} sequence{'s' if plan.micro_batch_size != 1 else ''}"
+        " per replica",
         f"  recompute     {_recompute_summary(plan)}",
         *option_rows(plan),
         "",
         "Predicted",
-        f"  step time     {pr.step_time_s:,.3f} s   tokens/s {pr.tokens_per_s:,.0f}   "
-        f"MFU {pr.mfu:.1%}",
+        f"  step time     {pr.step_time_s:,.3f} s   tokens/s {pr.tokens_per_s:,.0f} "
+        f"({pr.tokens_per_s / c.num_gpus:,.0f} per GPU)   MFU {pr.mfu:.1%}",
         f"  bubble        {pr.bubble_fraction:.1%}   exposed communication {pr.exposed_comm_s:,.3f} s",
         "",
         f"Memory per GPU (stage {pr.peak_stage}): {_gb(pr.memory_per_gpu_bytes)} of "
-        f"{_gb(pr.memory_capacity_bytes)} usable",
+        f"{_gb(pr.memory_capacity_bytes)} usable ({UNIT_NOTE})",
     ]
     total = pr.memory_per_gpu_bytes or 1.0
     for name, value in (
@@ -69,17 +71,48 @@ def format_plan(plan: Plan) -> str:
     ):
         lines.append(f"  {name:<12}{value:>10,.3f} s  {value / step:6.1%}")
     if plan.runners_up:
+        rows, ties = _collapse_ties(plan)
         lines += ["", "Runners-up"]
+        if ties:
+            lines.append(f"  (equivalent to the plan under the cost model: {', '.join(ties)})")
         lines.append(
-            f"  {'#':<3}{'strategy':<58}{'step s':>9}{'MFU':>7}{'GB/GPU':>8}  lost because"
+            f"  {'#':<3}{'strategy':<58}{'step s':>9}{'MFU':>7}{'GiB/GPU':>8}  lost because"
         )
-        for i, r in enumerate(plan.runners_up, 1):
+        for i, (r, same) in enumerate(rows, 1):
             lines.append(
                 f"  {i:<3}{r.strategy().short():<58}"
-                f"{r.step_time_s:>9.3f}{r.mfu:>7.1%}{r.memory_per_gpu_bytes / GB:>8.1f}  "
+                f"{r.step_time_s:>9.3f}{r.mfu:>7.1%}{r.memory_per_gpu_bytes / GIB:>8.1f}  "
                 f"{r.lost_because}"
             )
+            if same:
+                lines.append(f"     (equivalent: {', '.join(same)})")
     return "\n".join(lines)
+
+
+def _collapse_ties(plan: Plan) -> tuple[list[tuple[RunnerUp, list[str]]], list[str]]:
+    """Runners-up with exact ties folded in: a row whose predicted step time and memory equal
+    the plan's, or an earlier row's (a DP/CP swap, an order of equal stages), is named beside
+    it instead of getting a row of its own. Returns (rows with their equivalents, the shapes
+    equivalent to the plan itself)."""
+    pr = plan.predicted
+
+    def key(step_s: float, memory_bytes: float) -> tuple[float, float]:
+        return (round(step_s, 9), round(memory_bytes))
+
+    mine = key(pr.step_time_s, pr.memory_per_gpu_bytes)
+    ties: list[str] = []
+    rows: list[tuple[RunnerUp, list[str]]] = []
+    seen: dict[tuple[float, float], list[str]] = {}
+    for r in plan.runners_up:
+        k = key(r.step_time_s, r.memory_per_gpu_bytes)
+        if k == mine:
+            ties.append(r.strategy().short())
+        elif k in seen:
+            seen[k].append(r.strategy().short())
+        else:
+            seen[k] = []
+            rows.append((r, seen[k]))
+    return rows, ties
 
 
 def _recompute_summary(plan: Plan) -> str:
@@ -150,7 +183,7 @@ def explain(plan: Plan) -> str:
         out.append(
             f"Next best: {r.strategy().short()} "
             f"at {r.step_time_s:.3f} s per step ({r.step_time_s / step - 1:+.1%}), "
-            f"{r.memory_per_gpu_bytes / GB:.1f} GB per GPU: {r.lost_because}."
+            f"{r.memory_per_gpu_bytes / GIB:.1f} GiB per GPU: {r.lost_because}."
         )
     else:
         out.append("No runner-up was recorded (re-plan with --top K to list alternatives).")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from .cost.compression import MIN_COMPRESSION_RATE, POWERSGD_START_ITER
 from .plan import Plan
 
-_GB = 1e9
+_GB = 2**30
 
 
 def option_rows(plan: Plan) -> list[str]:
@@ -39,7 +39,7 @@ def option_lines(plan: Plan) -> list[str]:
         )
         out.append(
             f"  Hidden costs: {h.compression_compute_s * 1e3:.2f} ms of compression compute per "
-            f"step and {h.error_feedback_bytes / _GB:.2f} GB of error-feedback buffer per GPU. "
+            f"step and {h.error_feedback_bytes / _GB:.2f} GiB of error-feedback buffer per GPU. "
             f"It changes the training math (a low-rank gradient with error feedback; chosen "
             f"with --allow-compression); torch's hook all-reduces uncompressed for the first "
             f"{POWERSGD_START_ITER} steps and leaves vectors and matrices that shrink less "
@@ -55,11 +55,11 @@ def option_lines(plan: Plan) -> list[str]:
             if on
         )
         out.append(
-            f"Offload: {what} live on the host, freeing {h.offload_saved_bytes / _GB:.2f} GB "
-            f"per GPU; hidden costs: {h.offload_pcie_bytes / _GB:.2f} GB over PCIe per step, "
+            f"Offload: {what} live on the host, freeing {h.offload_saved_bytes / _GB:.2f} GiB "
+            f"per GPU; hidden costs: {h.offload_pcie_bytes / _GB:.2f} GiB over PCIe per step, "
             f"{h.offload_exposed_s:.3f} s of it not hidden under compute"
             + (
-                f"; the host holds {h.offload_host_bytes / _GB:.1f} GB of model states per GPU."
+                f"; the host holds {h.offload_host_bytes / _GB:.1f} GiB of model states per GPU."
                 if h.offload_host_bytes
                 else "."
             )
@@ -67,7 +67,7 @@ def option_lines(plan: Plan) -> list[str]:
     if p.async_pipeline:
         out.append(
             f"Asynchronous pipeline (PipeDream-2BW): no flush, so no bubble; hidden costs: "
-            f"{h.stashed_weight_bytes / _GB:.2f} GB per GPU for the stashed weight version, and "
+            f"{h.stashed_weight_bytes / _GB:.2f} GiB per GPU for the stashed weight version, and "
             f"weight staleness {h.staleness_steps} (gradients from the weights of the step "
             f"before; chosen with --allow-async). paraplan's executor does not run it."
         )

@@ -8,6 +8,7 @@ generalized to GQA, SwiGLU, MoE and fused (flash) attention; docs/cost-model.md 
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 from pathlib import Path
@@ -461,7 +462,9 @@ def parse_model(text: str) -> TransformerSpec:
                 )
             values[key.strip().lower()] = value.strip()
         return spec_from_mapping(values, source=f"--model {text!r}", base=_FAMILIES[family])
-    raise ValueError(f"--model {text!r}: not a known model; expected {MODEL_FORMS}")
+    close = difflib.get_close_matches(text.lower(), list(PRESETS), n=3)
+    hint = f"did you mean {', '.join(close)}? " if close else ""
+    raise ValueError(f"--model {text!r}: not a known model; {hint}expected {MODEL_FORMS}")
 
 
 def load_spec_file(path: Path) -> TransformerSpec:

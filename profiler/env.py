@@ -21,3 +21,18 @@ def scoped_env(name: str, value: str, *, override: bool = True) -> Iterator[None
             os.environ.pop(name, None)
         else:
             os.environ[name] = old
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Hugging Face's advisories (e.g. "`loss_type=None` was set in the config but it is
+    unrecognized") silenced inside the block and the verbosity restored afterwards: paraplan
+    builds configs and models itself, so they address no one. Errors still show."""
+    from transformers.utils import logging as hf_logging
+
+    old = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(old)

@@ -3,6 +3,7 @@ files, example inputs, and `profile_hf` (the shape facts are in `shape`)."""
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from paraplan.planner.limits import PROFILE_TOKENS
 from paraplan.planner.model import ModelProfile
 
 from .api import profile
-from .env import scoped_env
+from .env import quiet_transformers, scoped_env
 from .shape import shape_of
 
 HUB_OFFLINE = "HF_HUB_OFFLINE"
@@ -47,9 +48,13 @@ def load_config(source: str | dict[str, Any]) -> Any:
 
         try:
             config = AutoConfig.for_model(model_type, **data)
-        except (ValueError, KeyError) as exc:
+        except (ValueError, KeyError):
+            from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+            close = difflib.get_close_matches(str(model_type), list(CONFIG_MAPPING_NAMES), n=5)
+            hint = f"did you mean {', '.join(close)}?" if close else "see transformers' list"
             raise ValueError(
-                f"{where}: model_type {model_type!r} is not supported: {exc}"
+                f"{where}: model_type {model_type!r} is not a model type transformers knows; {hint}"
             ) from None
         except Exception as exc:
             # the config classes' own field checks (huggingface_hub's strict dataclass errors,
@@ -100,6 +105,18 @@ def profile_hf(
 ) -> ModelProfile:
     """Profile a Hugging Face model given by preset name, config.json path or config dict:
     built on the meta device (mode="meta", nothing allocated) or on the CPU (mode="measure")."""
+    with quiet_transformers():
+        return _profile_hf(source, seq_len, batch, dtype, mode, progress)
+
+
+def _profile_hf(
+    source: str | dict[str, Any],
+    seq_len: int | None,
+    batch: int,
+    dtype: torch.dtype,
+    mode: str,
+    progress: bool,
+) -> ModelProfile:
     config = load_config(source)
     shape = shape_of(config)
     seq = seq_len or shape.max_seq

@@ -140,7 +140,7 @@ def test_pinned_infeasible_plan_is_reported(capsys, tmp_path: Path) -> None:
     assert "does not fit" in err
     plan = load_plan(out_path)
     assert plan.feasible is False
-    assert "GB per GPU" in plan.infeasible_reason
+    assert "GiB per GPU" in plan.infeasible_reason
     assert plan.predicted.memory_per_gpu_bytes > plan.predicted.memory_capacity_bytes
     assert (plan.parallelism.dp, plan.parallelism.tp, plan.parallelism.zero_stage) == (8, 1, 0)
 

@@ -195,7 +195,7 @@ def test_figures_label_axes_with_units_and_keep_colours(mid_report) -> None:
 
     entries = mid_report.entries
     context = "gpt on 8xl4, global batch 16 x 4096 tokens"
-    for make, unit in ((memory_figure, "(GB)"), (time_figure, "(s)")):
+    for make, unit in ((memory_figure, "(GiB)"), (time_figure, "(s)")):
         fig = make(entries, context=context, source="plans/*.json")
         (ax,) = fig.axes
         assert ax.get_xlabel() == "strategy" and ax.get_ylabel().endswith(unit)
@@ -240,7 +240,7 @@ def test_figures_label_axes_with_units_and_keep_colours(mid_report) -> None:
     ]
     fig = tradeoff_figure(curves, what="checkpointing", context=context, source="data")
     (ax,) = fig.axes
-    assert ax.get_xlabel() == "memory budget for activations (GB)"
+    assert ax.get_xlabel() == "memory budget for activations (GiB)"
     assert ax.get_ylabel() == "time overhead vs store-all (%)"
     assert [_hex(line.get_color()) for line in ax.get_lines()] == [
         strategy_color("sqrt-L"),

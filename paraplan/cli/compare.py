@@ -159,13 +159,13 @@ def execute(args: argparse.Namespace) -> int:
 
 def summary(result: ReportResult) -> str:
     """The compared strategies in a short table, and where the report went."""
-    lines = [f"{'strategy':<22}{'step s':>9}{'tokens/s':>12}{'MFU':>7}{'GB/GPU':>8}  status"]
+    lines = [f"{'strategy':<22}{'step s':>9}{'tokens/s':>12}{'MFU':>7}{'GiB/GPU':>8}  status"]
     for e in result.entries:
         if e.fits and e.plan is not None:
             pr = e.plan.predicted
             lines.append(
                 f"{e.label:<22}{pr.step_time_s:>9.3f}{pr.tokens_per_s:>12,.0f}"
-                f"{pr.mfu:>7.1%}{pr.memory_per_gpu_bytes / 1e9:>8.1f}  fits"
+                f"{pr.mfu:>7.1%}{pr.memory_per_gpu_bytes / 2**30:>8.1f}  fits"
             )
         else:
             lines.append(f"{e.label:<22}{'-':>9}{'-':>12}{'-':>7}{'-':>8}  {e.status}")

@@ -91,6 +91,7 @@ def execute(args: argparse.Namespace) -> int:
     """Run `paraplan plan` on parsed arguments; prints, returns the exit status."""
     from ..planner.api import NoFeasiblePlanError
     from ..planner.capabilities import plan_gaps
+    from ..planner.cost.rules import cluster_violation
     from ..planner.explain import format_plan
     from ..planner.jsonio import dumps_finite
     from ..planner.pins import Pins
@@ -110,6 +111,10 @@ def execute(args: argparse.Namespace) -> int:
         if mismatch:
             print(f"paraplan: warning: {mismatch}", file=sys.stderr)
     fix = Pins.parse(args.fix)  # bad --fix fails before any tracing
+    broken = cluster_violation(cluster.num_gpus, fix)  # and degrees the cluster cannot hold
+    if broken is not None:
+        named = fix.describe(broken.rule.fields) or fix.describe()
+        raise ValueError(f"--fix {named}: {broken.message} (rule {broken.rule})")
     profile, batch = read_model(args, [])
     try:
         with progress_bar(

@@ -52,7 +52,7 @@ class Approximation:
         lines.append(
             f"predicted cost: {self.exported_step_s:.3f} s per step instead of "
             f"{self.planned_step_s:.3f} s ({delta:+.3f} s, {delta / self.planned_step_s:+.1%}), "
-            f"{self.exported_memory_bytes / 1e9:.1f} GB per GPU"
+            f"{self.exported_memory_bytes / 2**30:.1f} GiB per GPU"
         )
         return lines
 

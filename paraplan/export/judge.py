@@ -22,7 +22,7 @@ REGISTRY_PREFIX = "torchtitan:"
 """`--from-config torchtitan:MODULE.CONFIG` reads a configuration shipped in torchtitan."""
 SUFFIXES = {".toml": Target.TORCHTITAN, ".json": Target.DEEPSPEED}
 """Trainer by file suffix; any other file is read as Megatron-LM arguments."""
-_GB = 1e9
+_GB = 2**30
 
 
 def read_config(source: str, *, world_size: int) -> TrainerSetup:
@@ -100,7 +100,7 @@ def format_comparison(c: Comparison) -> str:
 
 def _mem(p: Plan) -> str:
     pr = p.predicted
-    return f"{pr.memory_per_gpu_bytes / _GB:.1f} of {pr.memory_capacity_bytes / _GB:.1f} GB"
+    return f"{pr.memory_per_gpu_bytes / _GB:.1f} of {pr.memory_capacity_bytes / _GB:.1f} GiB"
 
 
 _ROWS = [

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-GB = 1e9
-"""Bytes per GB: memory is shown in GB (10^9 bytes), as `paraplan plan` prints it."""
+GB = 2**30
+"""Bytes per GiB: memory is shown in GiB (2^30 bytes), as `paraplan plan` prints it."""
 MS_PER_S = 1e3
 """Gantt charts show milliseconds."""
 PERCENT = 100.0
@@ -166,12 +166,12 @@ def memory_figure(entries: Sequence[Compared], *, context: str, source: str) -> 
         usable = ref.predicted.memory_capacity_bytes / GB
         device = usable / (1.0 - ref.train.memory_headroom)
         handles.append(ax.axhline(usable, color="#CC3311", linewidth=1.5))
-        labels.append(f"usable per GPU ({usable:.1f} GB)")
+        labels.append(f"usable per GPU ({usable:.1f} GiB)")
         handles.append(ax.axhline(device, color="#555555", linewidth=1.0, linestyle=":"))
-        labels.append(f"device memory ({device:.1f} GB)")
+        labels.append(f"device memory ({device:.1f} GiB)")
     ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     _strategy_axis(ax, entries)
-    ax.set_ylabel("peak memory per GPU (GB)")
+    ax.set_ylabel("peak memory per GPU (GiB)")
     title = "Peak memory per GPU by strategy"
     if any(e.plan is None and e.least_memory_bytes is not None for e in entries):
         title += " (hatched: the least memory a strategy that does not fit needs)"
@@ -335,7 +335,7 @@ def tradeoff_figure(curves: Sequence[CurveLike], *, what: str, context: str, sou
         ax.scatter(
             xs, ys, c=face, edgecolors=color, zorder=3, s=size, marker=marker, label=curve.strategy
         )
-    ax.set_xlabel("memory budget for activations (GB)")
+    ax.set_xlabel("memory budget for activations (GiB)")
     ax.set_ylabel("time overhead vs store-all (%)")
     ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
     ax.grid(True, alpha=0.3)

@@ -18,8 +18,8 @@ from ..planner.plan import Plan
 from .colors import strategy_color
 from .strategies import Compared
 
-GB = 1e9
-"""Bytes per GB in the table (10^9, as `paraplan plan` prints)."""
+GB = 2**30
+"""Bytes per GiB in the table (2^30, as `paraplan plan` prints)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -41,13 +41,13 @@ COLUMNS = (
     Column(header="tokens/s", field="predicted.tokens_per_s", scale=1.0, fmt="{:,.0f}"),
     Column(header="MFU (%)", field="predicted.mfu", scale=100.0, fmt="{:.1f}"),
     Column(
-        header="memory per GPU (GB)",
+        header="memory per GPU (GiB)",
         field="predicted.memory_per_gpu_bytes",
         scale=1 / GB,
         fmt="{:.2f}",
     ),
     Column(
-        header="usable per GPU (GB)",
+        header="usable per GPU (GiB)",
         field="predicted.memory_capacity_bytes",
         scale=1 / GB,
         fmt="{:.2f}",
@@ -116,7 +116,7 @@ def layout_summary(plan: Plan) -> str:
 def status_text(e: Compared) -> str:
     """What the table says for a strategy without fitting numbers."""
     need = (
-        f" (needs at least {e.least_memory_bytes / GB:.2f} GB per GPU)"
+        f" (needs at least {e.least_memory_bytes / GB:.2f} GiB per GPU)"
         if e.least_memory_bytes is not None
         else ""
     )

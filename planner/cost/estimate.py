@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..strategy import Strategy
+from ..units import gib
 from .memory import MemoryBreakdown
 
 
@@ -104,6 +105,6 @@ class Estimate:
         if self.feasible:
             return ""
         return (
-            f"needs {self.memory.total_bytes / 1e9:.2f} GB per GPU on stage {self.peak_stage}, "
-            f"more than the {self.capacity_bytes / 1e9:.2f} GB usable"
+            f"needs {gib(self.memory.total_bytes)} per GPU on stage {self.peak_stage}, "
+            f"more than the {gib(self.capacity_bytes)} usable"
         )

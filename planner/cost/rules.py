@@ -187,23 +187,32 @@ def _product_text(pairs: list[tuple[str, int]]) -> str:
 
 
 def _world_size(sh: ProblemShape, a: Assignment) -> str | None:
+    found = cluster_violation(sh.num_gpus, a)
+    return None if found is None else found.message
+
+
+def cluster_violation(num_gpus: int, a: Assignment) -> Violation | None:
+    """The world-size rule alone: what pinned degrees can be refused from the cluster's GPU
+    count before any model is read or traced."""
     pairs = _set(a, _FIELDS[Rule.WORLD_SIZE])
     if not pairs:
         return None
-    n, total = sh.num_gpus, prod(v for _, v in pairs)
+    n, total = num_gpus, prod(v for _, v in pairs)
+    ok = total == n if len(pairs) == 4 else total >= 1 and n % total == 0
+    if ok:
+        return None
     if len(pairs) == 4:
-        if total == n:
-            return None
-        return (
+        message = (
             f"{_product_text(pairs)} GPUs, but the cluster has {n}; use degrees whose product "
             f"is {n}"
         )
-    if total >= 1 and n % total == 0:
-        return None
-    if len(pairs) == 1:
-        key = pairs[0][0]
-        return f"{key} must divide the {n} GPUs of the cluster; use a divisor of {n}"
-    return f"{_product_text(pairs)} must divide the {n} GPUs of the cluster; use smaller degrees"
+    elif len(pairs) == 1:
+        message = f"{pairs[0][0]} must divide the {n} GPUs of the cluster; use a divisor of {n}"
+    else:
+        message = (
+            f"{_product_text(pairs)} must divide the {n} GPUs of the cluster; use smaller degrees"
+        )
+    return Violation(rule=Rule.WORLD_SIZE, message=message)
 
 
 def _tp_divides_model(sh: ProblemShape, a: Assignment) -> str | None:
