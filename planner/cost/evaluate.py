@@ -380,8 +380,10 @@ class Evaluator:
         """`data_parallel.optimizer_s`; on a calibrated device with a traced model, torch's
         unfused AdamW operator by operator (`eager.unfused_adamw_s`)."""
         k = self.stage_model.kernels
+        if not isinstance(k, CalibratedKernels) or s.offload_optimizer:
+            return optimizer_s(s, stage, self.train, self.acc)
         tensors = sum(self.profile.layers[i].param_tensors for i in stage.layers)
-        if not isinstance(k, CalibratedKernels) or not tensors or s.offload_optimizer:
+        if not tensors:
             return optimizer_s(s, stage, self.train, self.acc)
         shard = optimizer_shard_params(s, stage)
         return unfused_adamw_s(shard, tensors, k, state_bytes=FP32_BYTES)
