@@ -28,6 +28,7 @@ def model_profile(
     'family:key=value,...' or a spec file). "auto" traces Hugging Face models and falls back to
     the analytic spec of the same preset when tracing is impossible (the reason goes to
     `notes`)."""
+    from . import profile_cache
     from .planner.hf_presets import is_hf_model
     from .planner.model_spec import PRESETS, parse_model
 
@@ -40,6 +41,9 @@ def model_profile(
                 f"--model {model!r}: tracing needs a Hugging Face preset or config.json "
                 "(with model_type); use --model-source spec for a transformer by its sizes"
             )
+        hit = profile_cache.lookup(model, seq_len=seq_len, precision=precision)
+        if hit is not None:  # traced before with the same config, versions and profiler
+            return hit
         try:
             import torch
 
@@ -52,7 +56,9 @@ def model_profile(
         else:
             dtype = torch.float32 if precision == "fp32" else torch.bfloat16
             try:
-                return profile_hf(model, seq_len=seq_len, dtype=dtype, progress=progress)
+                traced = profile_hf(model, seq_len=seq_len, dtype=dtype, progress=progress)
+                profile_cache.store(model, traced, seq_len=seq_len, precision=precision)
+                return traced
             except ValueError as exc:
                 if source == "trace" or model.lower() not in PRESETS:
                     raise

@@ -1,0 +1,105 @@
+"""Traced profiles cached on disk, so planning a Hugging Face preset twice traces it once.
+
+An entry is the profile JSON (`planner/profile_io.py`) under a digest of everything the trace
+depends on: the model config (a preset's dict, or the config file's bytes), the sequence length
+and dtype, the torch and transformers versions (read from package metadata: no import), the
+profile schema version and the profiler's own source. An entry that does not load (corrupt,
+truncated, another schema) is ignored and rewritten, never trusted; writes are atomic.
+
+Where: `$PARAPLAN_CACHE_DIR`, else `$XDG_CACHE_HOME/paraplan`, else `~/.cache/paraplan`;
+`PARAPLAN_NO_CACHE=1` turns it off. Nothing happens at import time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+
+from .planner.hf_presets import HF_PRESETS
+from .planner.model import ModelProfile
+from .planner.outputs import write_atomic
+from .planner.profile_io import PROFILE_SCHEMA_VERSION, profile_from_dict, profile_to_dict
+
+DISABLE_ENV = "PARAPLAN_NO_CACHE"
+"""Set to 1 to trace every time."""
+DIR_ENV = "PARAPLAN_CACHE_DIR"
+"""Where the entries go (default: the user cache directory)."""
+
+
+def cache_dir() -> Path | None:
+    """The cache folder, or None when caching is off."""
+    if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+        return None
+    if os.environ.get(DIR_ENV):
+        return Path(os.environ[DIR_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "paraplan"
+
+
+@cache
+def _profiler_digest() -> str:
+    """Digest of the profiler's source: a changed tracer never serves old entries."""
+    h = hashlib.sha256()
+    for path in sorted((Path(__file__).resolve().parents[0] / "profiler").glob("*.py")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def cache_key(model: str, *, seq_len: int | None, precision: str) -> str:
+    """The digest an entry for this trace is stored under."""
+    if model.lower() in HF_PRESETS:
+        config = json.dumps(HF_PRESETS[model.lower()], sort_keys=True)
+    else:
+        config = hashlib.sha256(Path(model).read_bytes()).hexdigest()
+    parts = {
+        "config": config,
+        "seq_len": seq_len,
+        "precision": precision,
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "schema": PROFILE_SCHEMA_VERSION,
+        "profiler": _profiler_digest(),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _entry(model: str, seq_len: int | None, precision: str) -> Path | None:
+    folder = cache_dir()
+    if folder is None:
+        return None
+    return folder / f"{cache_key(model, seq_len=seq_len, precision=precision)}.json"
+
+
+def lookup(model: str, *, seq_len: int | None, precision: str) -> ModelProfile | None:
+    """The cached profile of this trace, or None (absent, off, or not a valid profile)."""
+    path = _entry(model, seq_len, precision)
+    if path is None:
+        return None
+    try:
+        return profile_from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent, unreadable or not a valid profile: trace again
+
+
+def store(model: str, profile: ModelProfile, *, seq_len: int | None, precision: str) -> None:
+    """Keep `profile` for the next identical trace (silently skipped if not writable)."""
+    path = _entry(model, seq_len, precision)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(profile_to_dict(profile)))
+    except (OSError, ValueError):
+        pass  # a read-only home still plans, uncached

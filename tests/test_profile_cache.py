@@ -1,0 +1,53 @@
+"""The traced-profile cache: a second trace of the same config comes from disk and equals
+the first; a corrupt entry is traced again and rewritten; another sequence length is another
+entry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import paraplan
+from paraplan import profile_cache
+
+CONFIG = Path(__file__).resolve().parents[1] / "examples" / "configs" / "gpt2-tiny.json"
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.delenv(profile_cache.DISABLE_ENV, raising=False)
+    monkeypatch.setenv(profile_cache.DIR_ENV, str(tmp_path))
+    return tmp_path
+
+
+def test_second_trace_comes_from_the_cache_and_equals_the_first(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = paraplan.model_profile(str(CONFIG), seq_len=64, precision="fp32")
+    (entry,) = cache.glob("*.json")
+
+    def no_trace(*args: object, **kwargs: object) -> None:
+        raise AssertionError("traced again despite a cache entry")
+
+    monkeypatch.setattr("paraplan.profiler.hf.profile_hf", no_trace)
+    again = paraplan.model_profile(str(CONFIG), seq_len=64, precision="fp32")
+    assert again == first
+    other = profile_cache.cache_key(str(CONFIG), seq_len=32, precision="fp32")
+    assert entry.stem != other  # another sequence length is another entry
+
+
+def test_corrupt_entry_is_traced_again_and_rewritten(cache: Path) -> None:
+    first = paraplan.model_profile(str(CONFIG), seq_len=64, precision="fp32")
+    (entry,) = cache.glob("*.json")
+    entry.write_text('{"schema_version": 3, "profile": {"name": "truncat')
+    again = paraplan.model_profile(str(CONFIG), seq_len=64, precision="fp32")
+    assert again == first
+    assert json.loads(entry.read_text())["profile"]["name"] == first.name
+
+
+def test_off_by_environment(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(profile_cache.DISABLE_ENV, "1")
+    paraplan.model_profile(str(CONFIG), seq_len=64, precision="fp32")
+    assert not list(cache.glob("*.json"))
