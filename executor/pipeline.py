@@ -2,12 +2,16 @@
 
 Chunk c of the plan (chain layers first_layer..last_layer) runs on pipeline rank c % pp
 (Narayanan et al. 2021 §2.2); a rank holds `virtual_stages` chunks under interleaved 1F1B.
+ZB-V and DualPipeV place their two chunks per rank in a V (chunk c on rank c for c < pp, else
+2 pp - 1 - c: torch's `generate_stage_to_rank_mapping(style="v")`, which their schedule
+classes set on the stages), so rank 0 runs both the embedding and the head.
 The schedule splits each local batch into the plan's micro-batches and averages their losses
 (`scale_grads=True`), so gradients equal those of the whole batch.
 
-A head that shares the embedding matrix (GPT-2) gets its own copy when the two sit on
-different ranks; after backward the copies' gradients are summed over the ranks that hold them
-(Megatron-LM's embedding group), so both copies see the tied gradient and stay equal.
+A head that shares the embedding matrix (GPT-2) gets its own copy under a pipeline; after
+backward the copies' gradients are summed over the ranks that hold them (Megatron-LM's
+embedding group), or on rank 0 itself in a V, so both copies see the tied gradient and stay
+equal.
 """
 
 from __future__ import annotations
@@ -25,13 +29,17 @@ from torch.distributed.pipelining.schedules import (
     PipelineScheduleMulti,
     PipelineScheduleSingle,
     Schedule1F1B,
+    ScheduleDualPipeV,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
 )
 from torch.distributed.tensor import DTensor
 
+from ..planner.cost.layout import chunk_stage
 from ..planner.plan import Plan
+from ..planner.solvers.pipeline_replay import V_SHAPED
 from ..planner.strategy import MeshAxis, Schedule
 from .chain import ChainModule
 
@@ -40,10 +48,10 @@ SCHEDULES = {
     Schedule.ONE_F_ONE_B: Schedule1F1B,
     Schedule.INTERLEAVED_1F1B: ScheduleInterleaved1F1B,
     Schedule.INTERLEAVED_ZB: ScheduleInterleavedZeroBubble,
+    Schedule.ZBV: ScheduleZBVZeroBubble,
+    Schedule.DUALPIPEV: ScheduleDualPipeV,
 }
-"""The plan's schedules this executor runs. ZB-V and DualPipeV need the chunks in a V (chunk
-c on rank c for c < pp, else 2 pp - 1 - c), which the planner's layout does not produce yet:
-planner/capabilities.py refuses them."""
+"""The plan's schedules this executor runs (ZB-V and DualPipeV with their chunks in a V)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,26 +62,41 @@ class TiedCopies:
     """(chunk, parameter name) of the copies this rank holds (none on a middle rank);
     looked up at each use because FSDP replaces parameters when it shards them."""
     group: dist.ProcessGroup | None
-    """The ranks holding a copy, with this rank in it (None on a middle rank)."""
+    """The ranks holding a copy, with this rank in it (None on a middle rank, and in a V,
+    where rank 0 holds both copies)."""
 
     def sync_grads(self) -> None:
-        """Sum the copies' gradients over the group, so each holds the tied gradient."""
+        """Sum the copies' gradients over the group (or on this rank when it holds both), so
+        each holds the tied gradient."""
         if self.group is None:
+            if len(self.holders) == 2:  # a V: both copies here
+                grads = [g for g in map(self._local_grad, self.holders) if g is not None]
+                if len(grads) == 2:
+                    total = grads[0] + grads[1]
+                    for g in grads:
+                        g.copy_(total)
             return
-        for part, name in self.holders:
-            p = part.get_parameter(name)
-            if p.grad is None:
-                continue
-            # a vocab-parallel embedding's gradient may come back with other placements than
-            # its Shard(0) table (the head's): the same layout on both copies first
-            if (
-                isinstance(p.grad, DTensor)
-                and isinstance(p, DTensor)
-                and p.grad.placements != p.placements
-            ):
-                p.grad = p.grad.redistribute(p.device_mesh, p.placements)
-            grad = p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
-            dist.all_reduce(grad, group=self.group)
+        for holder in self.holders:
+            grad = self._local_grad(holder)
+            if grad is not None:
+                dist.all_reduce(grad, group=self.group)
+
+    @staticmethod
+    def _local_grad(holder: tuple[nn.Module, str]) -> torch.Tensor | None:
+        """The copy's gradient as a local tensor, in the layout of its parameter."""
+        part, name = holder
+        p = part.get_parameter(name)
+        if p.grad is None:
+            return None
+        # a vocab-parallel embedding's gradient may come back with other placements than its
+        # Shard(0) table (the head's): the same layout on both copies first
+        if (
+            isinstance(p.grad, DTensor)
+            and isinstance(p, DTensor)
+            and p.grad.placements != p.placements
+        ):
+            p.grad = p.grad.redistribute(p.device_mesh, p.placements)
+        return p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad
 
 
 def local_chunks(plan: Plan, pp_rank: int) -> list[tuple[int, int, int]]:
@@ -88,18 +111,21 @@ def local_chunks(plan: Plan, pp_rank: int) -> list[tuple[int, int, int]]:
 
 
 def check_layout(plan: Plan, num_blocks: int) -> None:
-    """Chunks must cover chain layers 0..L+1 once, in order, and alternate over ranks."""
+    """Chunks must cover chain layers 0..L+1 once, in order, placed in a loop over the ranks
+    (in a V for ZB-V and DualPipeV)."""
     pp = plan.parallelism.pp
+    v_shaped = plan.schedule in V_SHAPED
     chunks = sorted(
         (c.chunk, c.first_layer, c.last_layer, s.stage) for s in plan.stages for c in s.chunks
     )
     expected = pp * plan.parallelism.virtual_stages
     nxt = 0
     for i, (index, first, last, stage) in enumerate(chunks):
-        if index != i or first != nxt or last < first or stage != i % pp:
+        if index != i or first != nxt or last < first or stage != chunk_stage(i, pp, v_shaped):
+            where = "in a V (c, or 2 pp - 1 - c past pp)" if v_shaped else f"chunk % {pp}"
             raise ValueError(
                 f"pipeline chunk {index} ({first}..{last} on rank {stage}) breaks the layout: "
-                f"chunks must be numbered 0..{expected - 1}, run on rank chunk % {pp}, and "
+                f"chunks must be numbered 0..{expected - 1}, run on rank {where}, and "
                 f"cover the chain 0..{num_blocks + 1} in order; re-plan for this model"
             )
         nxt = last + 1
@@ -121,11 +147,18 @@ def untie(chain: ChainModule) -> None:
     setattr(owner, leaf, nn.Parameter(shared.detach().clone(), shared.requires_grad))
 
 
-def tied_copies(chain: ChainModule, parts: list[ChainModule], mesh: DeviceMesh) -> TiedCopies:
+def tied_copies(
+    chain: ChainModule, parts: list[ChainModule], mesh: DeviceMesh, v_shaped: bool = False
+) -> TiedCopies:
     """The tied copies on this rank and the group of ranks (first and last pipeline rank at
-    the same dp/cp/tp coordinates) that sums their gradients."""
+    the same dp/cp/tp coordinates) that sums their gradients (none in a V: rank 0 holds both
+    copies)."""
     if chain.tied is None:
         return TiedCopies(holders=(), group=None)
+    holders = [(part, chain.tied[0]) for part in parts if part.embed is not None]
+    holders += [(part, chain.tied[1]) for part in parts if part.head is not None]
+    if v_shaped:
+        return TiedCopies(holders=tuple(holders), group=None)
     names = mesh.mesh_dim_names or ()
     pp_axis = names.index(str(MeshAxis.PP))
     pp = mesh.size(pp_axis)
@@ -139,8 +172,6 @@ def tied_copies(chain: ChainModule, parts: list[ChainModule], mesh: DeviceMesh) 
             g = dist.new_group(pair)
             if me in pair:
                 group = g
-    holders = [(part, chain.tied[0]) for part in parts if part.embed is not None]
-    holders += [(part, chain.tied[1]) for part in parts if part.head is not None]
     return TiedCopies(holders=tuple(holders), group=group)
 
 
@@ -166,7 +197,8 @@ def split(
     release(chain, [c for _, c in chunks])
     for _, part in chunks:
         part.to(device)
-    return chunks, tied_copies(chain, [c for _, c in chunks], mesh)
+    kept = [c for _, c in chunks]
+    return chunks, tied_copies(chain, kept, mesh, plan.schedule in V_SHAPED)
 
 
 def build_schedule(
@@ -189,6 +221,19 @@ def build_schedule(
             raise ValueError(
                 f"{plan.schedule} needs the micro-batch count ({n}) to be a multiple of "
                 f"pp={plan.parallelism.pp}; re-plan with another micro-batch size"
+            )
+        return kind(stages, n_microbatches=n, loss_fn=loss_fn, scale_grads=True)
+    if kind in (ScheduleZBVZeroBubble, ScheduleDualPipeV):
+        # the V's two stages of this rank; the schedule sets their V rank mapping itself
+        if len(stages) != 2:
+            raise ValueError(
+                f"{plan.schedule} runs two chunks per rank in a V, this rank has {len(stages)}; "
+                "re-plan with virtual_stages=2"
+            )
+        if kind is ScheduleDualPipeV and n < num_chunks:
+            raise ValueError(
+                f"dualpipev needs at least 2*pp={num_chunks} micro-batches, not {n}; re-plan "
+                "with a smaller micro-batch size or a larger batch"
             )
         return kind(stages, n_microbatches=n, loss_fn=loss_fn, scale_grads=True)
     if len(stages) != 1:

@@ -3,8 +3,11 @@
 An entry is the profile JSON (`planner/profile_io.py`) under a digest of everything the trace
 depends on: the model config (a preset's dict, or the config file's bytes), the sequence length
 and dtype, the torch and transformers versions (read from package metadata: no import), the
-profile schema version and the profiler's own source. An entry that does not load (corrupt,
-truncated, another schema) is ignored and rewritten, never trusted; writes are atomic.
+profile schema version and the profiler's own source. Each entry also records those parts
+(`cache_key`) and is used only when they, and its profile's sequence length, match the trace
+asked for. An entry that does not load or does not match (corrupt, truncated, another schema,
+another key) is ignored and rewritten, never trusted; writes are atomic (temporary file, then
+rename).
 
 Where: `$PARAPLAN_CACHE_DIR`, else `$XDG_CACHE_HOME/paraplan`, else `~/.cache/paraplan`;
 `PARAPLAN_NO_CACHE=1` turns it off. Nothing happens at import time.
@@ -57,8 +60,8 @@ def _version(package: str) -> str:
         return "absent"
 
 
-def cache_key(model: str, *, seq_len: int | None, precision: str) -> str:
-    """The digest an entry for this trace is stored under."""
+def _key_parts(model: str, seq_len: int | None, precision: str) -> dict[str, object]:
+    """Everything a trace of `model` depends on."""
     if model.lower() in HF_PRESETS:
         config = json.dumps(HF_PRESETS[model.lower()], sort_keys=True)
     else:
@@ -72,6 +75,12 @@ def cache_key(model: str, *, seq_len: int | None, precision: str) -> str:
         "schema": PROFILE_SCHEMA_VERSION,
         "profiler": _profiler_digest(),
     }
+    return parts
+
+
+def cache_key(model: str, *, seq_len: int | None, precision: str) -> str:
+    """The digest an entry for this trace is stored under."""
+    parts = _key_parts(model, seq_len, precision)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -88,9 +97,15 @@ def lookup(model: str, *, seq_len: int | None, precision: str) -> ModelProfile |
     if path is None:
         return None
     try:
-        return profile_from_dict(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.pop("cache_key", None) != _key_parts(model, seq_len, precision):
+            return None  # written for another trace (or by hand): trace again
+        profile = profile_from_dict(data)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # absent, unreadable or not a valid profile: trace again
+    if seq_len is not None and profile.seq_len != seq_len:
+        return None
+    return profile
 
 
 def store(model: str, profile: ModelProfile, *, seq_len: int | None, precision: str) -> None:
@@ -100,6 +115,7 @@ def store(model: str, profile: ModelProfile, *, seq_len: int | None, precision: 
         return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(profile_to_dict(profile)))
+        entry = {"cache_key": _key_parts(model, seq_len, precision), **profile_to_dict(profile)}
+        write_atomic(path, json.dumps(entry))
     except (OSError, ValueError):
         pass  # a read-only home still plans, uncached

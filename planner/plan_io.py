@@ -13,9 +13,11 @@ import typing
 
 from . import limits
 from .cost.hidden import HiddenCosts
+from .cost.layout import chunk_stage
 from .jsonio import dumps_finite, from_json, read_json, to_json, validate, write_atomic
 from .plan import SCHEMA_VERSION, ChunkRange, Plan
 from .schema import plan_schema
+from .solvers.pipeline_replay import V_SHAPED
 from .strategy import MeshAxis
 
 _REGENERATE = "regenerate the plan with paraplan plan -o"
@@ -196,9 +198,11 @@ def _check_mesh(plan: Plan) -> None:
 
 
 def _check_stages(plan: Plan) -> None:
-    """pp stages in order, virtual_stages chunks each, chunk c on stage c % pp, and the
-    chunks' layer ranges covering the layer list once, in chunk order."""
+    """pp stages in order, virtual_stages chunks each, chunk c on stage c % pp (in a V for
+    ZB-V and DualPipeV: `cost.layout.chunk_stage`), and the chunks' layer ranges covering the
+    layer list once, in chunk order."""
     p = plan.parallelism
+    v_shaped = plan.schedule in V_SHAPED
     if len(plan.stages) != p.pp:
         _fail("stages", f"{len(plan.stages)} stages for parallelism.pp={p.pp}: one per stage")
     by_chunk: dict[int, tuple[str, ChunkRange]] = {}
@@ -212,10 +216,11 @@ def _check_stages(plan: Plan) -> None:
             )
         for j, ch in enumerate(st.chunks):
             where = f"stages.{i}.chunks.{j}"
-            if ch.chunk % p.pp != i or ch.chunk in by_chunk:
+            if chunk_stage(ch.chunk, p.pp, v_shaped) != i or ch.chunk in by_chunk:
+                rule = "in a V (c, or 2 pp - 1 - c past pp)" if v_shaped else "c % pp"
                 _fail(
                     f"{where}.chunk",
-                    f"chunk {ch.chunk} on stage {i}: each chunk c is listed once, on stage c % pp",
+                    f"chunk {ch.chunk} on stage {i}: each chunk c is listed once, on stage {rule}",
                 )
             by_chunk[ch.chunk] = (where, ch)
     start = 0

@@ -8,7 +8,6 @@ the K-th best found, so `search` returns the same optimum as `brute_force`.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -17,14 +16,15 @@ from typing import TypeVar
 
 from . import options
 from .capabilities import Job, executor_gaps
-from .cost.comm import Collectives
+from .cost.comm import Collectives, Links
 from .cost.data_parallel import HOST_OPTIMIZER_BYTES_PER_S
 from .cost.evaluate import Estimate, Evaluator
 from .cost.memory import MemoryBreakdown
-from .cost.options import option_problem
+from .cost.options import has_options, option_problem
 from .cost.rules import Rule, Violation
 from .intmath import divisors
 from .pins import Pins
+from .search_blocks import Block, keep_best
 from .strategy import DEFAULT_MESH_ORDER, MeshAxis, Recompute, Schedule, Strategy
 
 MAX_VIRTUAL_STAGES = 8
@@ -104,6 +104,8 @@ class Search:
         unless told `any_engine`); False: the whole space the cost model prices."""
         self._unrunnable: str | None = None
         self._lb_coll = Collectives(ev.acc, lower_bound=True)
+        self._lb_s: dict[Strategy, float] = {}
+        """Step-time lower bounds already computed (`_time_lower_bound_s`)."""
         broken = ev.violation(self.pins)  # the rules the candidates obey, on the pins alone
         if broken is not None:
             named = self.pins.describe(broken.rule.fields) or self.pins.describe()
@@ -117,7 +119,7 @@ class Search:
         """Whether --fix pins every main dimension (see `Pins.all_pinned`)."""
         return self.pins.all_pinned
 
-    def blocks(self) -> Iterator[_Block]:
+    def blocks(self) -> Iterator[Block]:
         """The space in blocks that share degrees and micro-batch size, valid or not."""
         ev, f, t = self.ev, self.pins, self.ev.train
         n = ev.cluster.num_gpus
@@ -185,7 +187,7 @@ class Search:
                     )
                     sub = rest if shard is None else [r for r in rest if r[1] == 3]
                     if sub and scheds:
-                        yield _Block(base=base, schedules=tuple(scheds), rest=tuple(sub))
+                        yield Block(base=base, schedules=tuple(scheds), rest=tuple(sub))
 
     def _dp_shards(self, dp: int, tp: int, cp: int) -> list[int | None]:
         """HSDP shard groups searched for these degrees: None (shard over all of dp) and the
@@ -220,7 +222,7 @@ class Search:
         keep = top_k + 1
         heap: list[tuple] = []  # min-heap whose top is the worst kept (negated rank key)
         evaluated = 0
-        min_mem: tuple[float, _Block, tuple] | None = None
+        min_mem: tuple[float, Block, tuple] | None = None
         violations: Counter[Rule] = Counter()
         examples: dict[Rule, Violation] = {}
 
@@ -235,7 +237,7 @@ class Search:
         def worst_s() -> float:
             return -heap[0][0] if len(heap) == keep else float("inf")
 
-        blocks: list[tuple[float, int, _Block]] = []
+        blocks: list[tuple[float, int, Block]] = []
         for block in self.blocks():
             broken = ev.violation(block.probe())
             bound = (
@@ -266,29 +268,27 @@ class Search:
                 totals = ev.memory_totals(probe, block.rest)
                 fitted: list[tuple[bool, int, bool, int]] = []  # (sp, zero, offload, rc)
                 for (sp, zero, off, rc), total in zip(block.rest, totals, strict=True):
+                    s = block.strategy(sched, v, sp, zero, off, rc)
                     if pinned:
-                        broken = ev.violation(block.strategy(sched, v, sp, zero, off, rc))
+                        broken = ev.violation(s)
                         if broken is not None:
                             note(broken)
                             continue
                     evaluated += 1
                     if total is None:  # per_layer: solve it only if it could make the top k
-                        s = block.strategy(sched, v, sp, zero, off, rc)
                         if len(heap) == keep and not self.consent.any:  # never faster than rc=none
-                            plain = replace(s, recompute=Recompute.NONE)
-                            ideal = ev.links(plain).ideal()
-                            if ev.time(plain, ideal, self._lb_coll).step_time_s > worst_s():
+                            plain = block.strategy(sched, v, sp, zero, off, Recompute.NONE)
+                            if self._time_lower_bound_s(plain) > worst_s():
                                 continue
+                        if len(heap) == keep and self._states_overflow(s):
+                            continue  # no recompute policy fits it: no need to solve
                         total = ev.memory(s)[0].total_bytes
                     if min_mem is None or total < min_mem[0]:
                         min_mem = (total, block, (sched, v, sp, zero, off, rc))
                     if total > ev.capacity_bytes:  # offload may make it fit (options.py)
-                        s = block.strategy(sched, v, sp, zero, off, rc)
                         self._rescue(s, heap, keep)
                         continue
-                    if self.runnable_only and self._gap(
-                        block.strategy(sched, v, sp, zero, off, rc)
-                    ):
+                    if self.runnable_only and self._gap(s):
                         continue  # fits, but the executor cannot run it
                     rc_rank = _RECOMPUTE_RANK[rc]
                     if any(
@@ -303,14 +303,11 @@ class Search:
                     ):
                         continue  # only adds recompute/offload to a faster strategy that fits
                     fitted.append((sp, zero, off, rc_rank))
-                    s = block.strategy(sched, v, sp, zero, off, rc)
                     self._offer(options.fit_variants(s, self.pins, self.consent), heap, keep)
-                    if len(heap) == keep:
-                        ideal = ev.links(s).ideal()
-                        if ev.time(s, ideal, self._lb_coll).step_time_s > worst_s():
-                            continue
+                    if len(heap) == keep and self._time_lower_bound_s(s) > worst_s():
+                        continue
                     memory, peak_stage = ev.memory(s)
-                    _keep(heap, keep, self._best_order(s, memory, peak_stage))
+                    keep_best(heap, keep, self._best_order(s, memory, peak_stage))
         if progress is not None:
             progress(1.0)
         if evaluated == 0 and not heap:
@@ -345,15 +342,13 @@ class Search:
         ev = self.ev
         if s.recompute not in options.RESCUED_RECOMPUTE or not options.rescuable(ev, s, self.pins):
             return False
-        if len(heap) == keep:
-            worst = -heap[0][0]
-            if ev.time(s, ev.links(s).ideal(), self._lb_coll).step_time_s > worst:
-                return False
+        if len(heap) == keep and self._time_lower_bound_s(s) > -heap[0][0]:
+            return False
         return any(self._offer(tier, heap, keep) for tier in options.rescues(s, self.pins))
 
     def _offer(self, variants: list[Strategy], heap: list[tuple], keep: int) -> bool:
         """Evaluate option variants (`options.py`) and keep those that fit and rank; whether
-        any fitted."""
+        any fitted (whether or not it ranks)."""
         fits = False
         for s in variants:
             if self.ev.violation(s) is not None or option_problem(s) is not None:
@@ -366,8 +361,31 @@ class Search:
             if self.runnable_only and self._gap(s):
                 continue
             fits = True
-            _keep(heap, keep, self._best_order(s, memory, peak_stage))
+            if len(heap) == keep and self._time_lower_bound_s(s) > -heap[0][0]:
+                continue  # fits, but slower than the K-th best in any mesh order
+            keep_best(heap, keep, self._best_order(s, memory, peak_stage))
         return fits
+
+    def _states_overflow(self, s: Strategy) -> bool:
+        """Whether what some stage of `s` holds whatever its activations (model states and
+        pipeline buffers) already exceeds the memory: then no recompute policy fits. Not for
+        options (offloaded states) nor one micro-batch without a pipeline (the gradients then
+        grow as the activations are freed, `Evaluator.single_pass`)."""
+        ev = self.ev
+        if has_options(s) or ev.single_pass(s):
+            return False
+        sm = ev.stage_model
+        static = max(ev.static_memory(s, st).total_bytes for st in sm.stages(sm.layout_of(s)))
+        return static + ev.pipeline_buffer_bytes(s) > ev.capacity_bytes
+
+    def _time_lower_bound_s(self, s: Strategy) -> float:
+        """A step time no mesh order of `s` beats: every group on the fastest link, no
+        latency (memoized: the rescue and the per-layer bound ask for the same strategies)."""
+        bound = self._lb_s.get(s)
+        if bound is None:
+            bound = self.ev.time(s, self.ev.links(s).ideal(), self._lb_coll).step_time_s
+            self._lb_s[s] = bound
+        return bound
 
     def _gap(self, s: Strategy) -> bool:
         """Whether the executor cannot run `s` (remembers one reason for the error)."""
@@ -390,7 +408,16 @@ class Search:
     def _best_order(self, s: Strategy, memory: MemoryBreakdown, peak_stage: int) -> Estimate:
         """The strategy in its fastest mesh order (ties broken by `sort_key`)."""
         ev = self.ev
-        timed = [(ev.time(so), so) for so in (replace(s, mesh_order=o) for o in _mesh_orders(s))]
+        # Time depends on the mesh order only through the links each group gets: orders with
+        # equal links tie exactly, and the tie goes to the smallest `sort_key`.
+        by_links: dict[Links, Strategy] = {}
+        for order in _mesh_orders(s):
+            so = replace(s, mesh_order=order)
+            links = ev.links(so)
+            known = by_links.get(links)
+            if known is None or so.sort_key() < known.sort_key():
+                by_links[links] = so
+        timed = [(ev.time(so), so) for so in by_links.values()]
         tb, so = min(timed, key=lambda x: (x[0].step_time_s, x[1].sort_key()))
         return ev.finish(so, memory, peak_stage, tb)
 
@@ -415,70 +442,6 @@ class Search:
                 if best is None or memory.total_bytes < best.memory.total_bytes:
                     best = ev.finish(s, memory, stage, ev.time(s))
         return best
-
-
-@dataclass(frozen=True, slots=True)
-class _Block:
-    """Strategies sharing degrees and micro-batch size (one unit of the branch and bound)."""
-
-    base: Strategy
-    schedules: tuple[tuple[Schedule, int], ...]
-    rest: tuple[tuple[bool, int, bool, Recompute], ...]
-
-    def probe(self) -> Strategy:
-        """A representative for the block-level structural checks."""
-        sched, v = self.schedules[0]
-        return replace(self.base, schedule=sched, virtual_stages=v)
-
-    def strategy(
-        self, sched: Schedule, v: int, sp: bool, zero: int, off: bool, rc: Recompute
-    ) -> Strategy:
-        """One strategy of the block (default mesh order)."""
-        return replace(
-            self.base,
-            schedule=sched,
-            virtual_stages=v,
-            sequence_parallel=sp,
-            recompute=rc,
-            zero_stage=zero,
-            offload_optimizer=off,
-        )
-
-    def strategies(self) -> Iterator[Strategy]:
-        """Each strategy of the block (default mesh order)."""
-        for sched, v in self.schedules:
-            for sp, zero, off, rc in self.rest:
-                yield self.strategy(sched, v, sp, zero, off, rc)
-
-
-class _Neg:
-    """Orders a sort key in reverse, so a min-heap keeps the worst candidate on top."""
-
-    __slots__ = ("key",)
-
-    def __init__(self, key: tuple) -> None:
-        self.key = key
-
-    def __lt__(self, other: _Neg) -> bool:
-        return self.key > other.key
-
-    def __gt__(self, other: _Neg) -> bool:
-        return self.key < other.key
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Neg) and self.key == other.key
-
-    def __hash__(self) -> int:
-        return hash(self.key)
-
-
-def _keep(heap: list[tuple], keep: int, est: Estimate) -> None:
-    """Push `est` on the min-heap of the `keep` best (its top is the worst kept)."""
-    entry = (-est.step_time_s, -est.memory.total_bytes, _Neg(est.strategy.sort_key()), est)
-    if len(heap) < keep:
-        heapq.heappush(heap, entry)
-    elif entry[:3] > heap[0][:3]:
-        heapq.heapreplace(heap, entry)
 
 
 def rank_key(e: Estimate) -> tuple:

@@ -51,3 +51,15 @@ def test_off_by_environment(cache: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv(profile_cache.DISABLE_ENV, "1")
     paraplan.model_profile(str(CONFIG), seq_len=64, precision="fp32")
     assert not list(cache.glob("*.json"))
+
+
+def test_entry_of_another_trace_is_not_trusted(cache: Path) -> None:
+    """A valid profile filed under the wrong key (here the sequence-32 trace copied to the
+    sequence-64 entry) is traced again and replaced, never served."""
+    short = paraplan.model_profile(str(CONFIG), seq_len=32, precision="fp32")
+    (short_entry,) = cache.glob("*.json")
+    entry = cache / f"{profile_cache.cache_key(str(CONFIG), seq_len=64, precision='fp32')}.json"
+    entry.write_text(short_entry.read_text())
+    again = paraplan.model_profile(str(CONFIG), seq_len=64, precision="fp32")
+    assert (short.seq_len, again.seq_len) == (32, 64)
+    assert json.loads(entry.read_text())["cache_key"]["seq_len"] == 64

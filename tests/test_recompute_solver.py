@@ -20,7 +20,7 @@ from paraplan.planner.model_spec import parse_model
 from paraplan.planner.pins import Pins
 from paraplan.planner.plan_io import plan_from_dict
 from paraplan.planner.search import Search
-from paraplan.planner.strategy import Recompute
+from paraplan.planner.strategy import Recompute, Schedule
 
 POLICIES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 
@@ -162,11 +162,14 @@ def test_per_layer_is_never_slower_than_a_uniform_policy_that_fits() -> None:
 
 def test_plan_records_per_layer_decisions(tmp_path) -> None:
     """A memory-bound plan picks per-layer recompute; the JSON holds each layer's decision,
-    bytes kept and seconds added, and the table says what it costs and saves."""
+    bytes kept and seconds added, and the table says what it costs and saves.
+
+    The schedule is pinned to 1F1B: with ZB-V's smaller in-flight memory uniform selective
+    recompute fits and wins, which is not what this test is about."""
     profile = parse_model("gpt3-175b").to_profile(seq_len=2048)
     cluster = parse_cluster("64xa100-80gb")
     train = TrainConfig(global_batch=128, seq_len=2048)
-    plan = make_plan(profile, cluster, train).plan
+    plan = make_plan(profile, cluster, train, pins=Pins(schedule=Schedule.ONE_F_ONE_B)).plan
     assert plan.recompute_policy == "per_layer"
     blocks = [d for d in plan.layers if d.name.startswith("block")]
     kinds = {d.recompute for d in blocks}
@@ -185,6 +188,7 @@ def test_plan_records_per_layer_decisions(tmp_path) -> None:
             for k in ("dp", "tp", "pp", "cp", "zero_stage", "sequence_parallel", "virtual_stages")
         },
         "micro_batch_size": plan.micro_batch_size,
+        "schedule": Schedule.ONE_F_ONE_B,
     }
     for rc in POLICIES:  # every uniform policy with the same degrees is slower or does not fit
         result = Search(ev, Pins(**pinned, recompute=rc)).run(top_k=0)

@@ -11,11 +11,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
+from paraplan.planner.api import make_plan
+from paraplan.planner.capabilities import Job, executor_gaps, plan_gaps
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.evaluate import Evaluator
+from paraplan.planner.cost.layout import p2p_sends
 from paraplan.planner.cost.schedules import (
     PENDING_W_ACT_FACTOR,
     bubble_s,
@@ -23,6 +29,7 @@ from paraplan.planner.cost.schedules import (
 )
 from paraplan.planner.model_spec import parse_model
 from paraplan.planner.pins import Pins
+from paraplan.planner.plan_io import check_plan, load_plan, save_plan
 from paraplan.planner.search import Search
 from paraplan.planner.solvers.pipeline_orders import (
     Phase,
@@ -176,15 +183,81 @@ def test_search_picks_a_split_backward_schedule_with_few_microbatches() -> None:
     assert best.time.bubble_s < one[0].time.bubble_s / 2
 
 
-def test_executor_refuses_v_placement_with_a_reason() -> None:
+def _gpt_evaluator(pp: int = 4, batch: int = 16) -> Evaluator:
     spec = parse_model("gpt:layers=32,hidden=1024,heads=16,vocab=32000,seq=1024")
-    ev = Evaluator(
+    return Evaluator(
         spec.to_profile(seq_len=1024),
         parse_cluster("8xh100"),
-        TrainConfig(global_batch=16, seq_len=1024),
+        TrainConfig(global_batch=batch, seq_len=1024),
     )
+
+
+@pytest.mark.parametrize("schedule", [Schedule.ZBV, Schedule.DUALPIPEV])
+def test_v_schedules_place_chunks_in_a_v(schedule: Schedule) -> None:
+    """ZB-V and DualPipeV: chunk c on stage c, then back (torch's style="v": 0 1 2 3 3 2 1 0
+    for pp=4), so stage 0 runs the embedding and the head (no second copy of GPT's tied
+    matrix), and the V's ends and turn need no send: 2 sends per micro-batch on the first
+    and last stage, 4 on the others (a loop with v=2: 3 on the ends)."""
+    ev = _gpt_evaluator()
+    (est,) = Search(ev, Pins.parse(f"pp=4,dp=2,tp=1,mbs=1,schedule={schedule}")).run().ranked[:1]
+    s = est.strategy
+    sm = ev.stage_model
+    chunks = sm.chunks(sm.layout_of(s))
+    assert [c.stage for c in chunks] == [0, 1, 2, 3, 3, 2, 1, 0]
+    stages = {st.index: st for st in sm.stages(sm.layout_of(s))}
+    assert stages[0].has_embedding and stages[0].has_head
+    profile = ev.profile
+    first_and_last = [*range(chunks[0].first_layer, chunks[0].last_layer + 1)]
+    first_and_last += [*range(chunks[-1].first_layer, chunks[-1].last_layer + 1)]
+    assert stages[0].dense_params == sum(profile.layers[i].params for i in first_and_last)
+    assert [p2p_sends(st, 8) for st in sorted(stages.values(), key=lambda x: x.index)] == [
+        2 if st.index in (0, 3) else 4 for st in sorted(stages.values(), key=lambda x: x.index)
+    ]
+    loop = sm.chunks(sm.layout(4, 2, s.recompute, 1, False))
+    assert [c.stage for c in loop] == [0, 1, 2, 3, 0, 1, 2, 3]
+    loop_stages = sm.stages(sm.layout(4, 2, s.recompute, 1, False))
+    assert p2p_sends(loop_stages[0], 8) == 3
+    # the head's stage of the loop adds the tied embedding's copy, the V's does not
+    last_loop = next(st for st in loop_stages if st.has_head)
+    assert not last_loop.has_embedding
+    loop_layers = sum(profile.layers[i].params for i in last_loop.layers)
+    assert last_loop.dense_params == loop_layers + profile.vocab * profile.hidden
+
+
+def test_v_schedules_are_runnable_and_round_trip(tmp_path: Path) -> None:
+    """With the V placed, the executor's table no longer refuses ZB-V or DualPipeV, and the
+    plan (chunks in a V) saves and loads; a loop placement under a V schedule is refused."""
+    ev = _gpt_evaluator()
     pins = Pins.parse("pp=8,dp=1,tp=1,mbs=1,schedule=zbv")
-    with pytest.raises(ValueError, match="V"):
-        Search(ev, pins, runnable_only=True).run()
-    priced = Search(ev, pins).run().ranked[0]
-    assert priced.strategy.virtual_stages == 2
+    runnable = Search(ev, pins, runnable_only=True).run().ranked[0]
+    assert runnable.strategy.schedule == Schedule.ZBV
+    assert runnable.strategy.virtual_stages == 2
+    outcome = make_plan(
+        ev.profile, ev.cluster, ev.train, pins=Pins.parse("pp=4,dp=2,tp=1,schedule=dualpipev")
+    )
+    plan = outcome.plan
+    assert plan.schedule == Schedule.DUALPIPEV and not plan_gaps(plan)
+    assert [[c.chunk for c in st.chunks] for st in plan.stages] == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    save_plan(plan, tmp_path / "v.json")
+    assert load_plan(tmp_path / "v.json") == plan
+    looped = replace(plan, schedule=Schedule.INTERLEAVED_ZB)
+    with pytest.raises(ValueError, match="c % pp"):
+        check_plan(looped)
+
+
+def test_split_backward_schedules_refused_with_fsdp() -> None:
+    """FSDP2 with a split backward gave wrong gradients on gloo: the executor's table refuses
+    it (with the fix), and keeps replicated weights."""
+    ev = _gpt_evaluator()
+    for sched in ("zbv", "dualpipev", "interleaved_zb"):
+        est = Search(ev, Pins.parse(f"pp=4,dp=2,tp=1,zero=3,schedule={sched}")).run().ranked[0]
+        job = Job(
+            strategy=est.strategy,
+            experts=0,
+            precision=ev.train.precision,
+            optimizer=ev.train.optimizer,
+        )
+        (gap,) = executor_gaps(job)
+        assert "FSDP" in gap and "--fix zero=1" in gap, gap
+        plain = replace(est.strategy, zero_stage=1, offload_optimizer=False)
+        assert not executor_gaps(replace(job, strategy=plain)), sched

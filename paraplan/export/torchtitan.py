@@ -25,9 +25,14 @@ SCHEDULE_NAMES = {
     Schedule.GPIPE: "GPipe",
     Schedule.ONE_F_ONE_B: "1F1B",
     Schedule.INTERLEAVED_1F1B: "Interleaved1F1B",
+    Schedule.INTERLEAVED_ZB: "InterleavedZeroBubble",
+    Schedule.ZBV: "ZBVZeroBubble",
+    Schedule.DUALPIPEV: "DualPipeV",
 }
-"""Our schedules by torchtitan's `pipeline_parallel_schedule` names (torch.distributed
-.pipelining class names without `Schedule`)."""
+"""Our schedules by torchtitan's `pipeline_parallel_schedule` names (the keys of torch 2.13's
+`torch.distributed.pipelining.schedules.get_schedule_class`). torchtitan places the stages of
+ZBVZeroBubble and DualPipeV in a V (its `stage_ids_this_rank(..., style="v")`), as the plan's
+chunk layout does."""
 _LOOPED_DEFAULT_STAGES = 2
 """Stages per rank torchtitan builds for a looped schedule when no split is given."""
 RECOMPUTE_MODES = {
@@ -294,7 +299,7 @@ def from_values(
         parts = par.get("module_fqns_per_model_part")
         if parts:
             vstages = len(parts) // pp
-        elif schedule == Schedule.INTERLEAVED_1F1B:
+        elif schedule in (Schedule.INTERLEAVED_1F1B, Schedule.ZBV, Schedule.DUALPIPEV):
             vstages = _LOOPED_DEFAULT_STAGES
             notes.append(f"no module_fqns_per_model_part: {vstages} stages per rank assumed")
     local = int(tr.get("local_batch_size", 8))

@@ -27,7 +27,7 @@ from .data_parallel import (
 )
 from .eager import unfused_adamw_s
 from .estimate import Estimate, StageTime, TimeBreakdown
-from .layout import Layout, Stage, StageSplit
+from .layout import Layout, Stage, StageSplit, p2p_sends
 from .memory import MemoryBreakdown, in_flight_microbatches
 from .options import OptionModel, has_options, option_problem
 from .per_layer import PerLayerRecompute
@@ -195,7 +195,7 @@ class Evaluator:
         none_totals: dict[tuple[bool, int, bool], float] = {}
         out: list[float | None] = []
         for sp, zero, off, rc in choices:
-            lay = sm.layout(s.pp, v, rc, s.tp, sp)
+            lay = sm.layout(s.pp, v, rc, s.tp, sp, s.schedule)
             stages = sm.stages(lay)
             if (zero, off, lay) not in static:
                 static[(zero, off, lay)] = [
@@ -346,9 +346,7 @@ class Evaluator:
             # EP: dispatch and combine all-to-all, forward and backward (Lepikhin et al. 2020)
             comm += (stage.n_moe_blocks * 4 + n_full_moe * 2) * a2a
             if s.pp > 1:  # activations forward and gradients backward, per chunk
-                sends = 2 * len(stage.chunks) - int(stage.index == 0)
-                sends -= int(stage.index == s.pp - 1)
-                comm += sends * p2p
+                comm += p2p_sends(stage, s.pp * s.virtual_stages) * p2p
             zero_mb, tail = dp_comm(
                 s,
                 stage,

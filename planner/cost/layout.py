@@ -5,6 +5,12 @@ minimizing the slowest chunk's seconds (the linear-partition problem that PipeDr
 et al. 2019 §3.1, and Megatron-LM's uneven split solve), with the embedding joined to the first
 block and the head and loss to the last, so a heavy head or embedding pulls blocks off its
 stage. Among the splits that reach the optimum, the one closest to an even count is taken.
+
+Chunks are placed on stages in a loop (chunk c on stage c % pp, Narayanan et al. 2021 §2.2) or,
+for ZB-V and DualPipeV, in a V (chunk c on stage c for c < pp, else 2 pp - 1 - c: Qi et al.
+2023 §6; torch's `generate_stage_to_rank_mapping(style="v")`), so the first stage holds both
+the embedding and the head, and the last stage passes its first chunk's output to its second
+chunk without a send.
 """
 
 from __future__ import annotations
@@ -47,6 +53,12 @@ class Layout:
     """Tensor-parallel degree."""
     sequence_parallel: bool
     """Sequence parallelism (its collectives)."""
+    v_shaped: bool = False
+    """Chunks placed in a V (ZB-V, DualPipeV: stage s holds chunks s and 2 pp - 1 - s) rather
+    than in a loop (chunk c on stage c % pp)."""
+    per_stage: bool = False
+    """Keep every stage, even one that looks like another: a split backward (zero bubble,
+    DualPipeV) holds more micro-batches on later stages (cost/schedules.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,9 +163,19 @@ def balanced_cuts(unit_costs_s: Sequence[float], num_chunks: int) -> list[int]:
     return cuts
 
 
-def chunks_from_counts(counts: Sequence[int], pp: int) -> tuple[Chunk, ...]:
-    """Chunks in model order from blocks per chunk; chunk c runs on stage c % pp (Narayanan
-    et al. 2021 §2.2); the embedding joins the first chunk and the head the last."""
+def chunk_stage(chunk: int, pp: int, v_shaped: bool) -> int:
+    """Stage that runs model chunk `chunk`: c % pp in a loop; in a V of 2 pp chunks, c on the
+    way down and 2 pp - 1 - c on the way back (as `solvers.pipeline_orders.v_chunk_stage`)."""
+    if not v_shaped:
+        return chunk % pp
+    return chunk if chunk < pp else 2 * pp - 1 - chunk
+
+
+def chunks_from_counts(
+    counts: Sequence[int], pp: int, *, v_shaped: bool = False
+) -> tuple[Chunk, ...]:
+    """Chunks in model order from blocks per chunk, placed by `chunk_stage`; the embedding
+    joins the first chunk and the head the last."""
     chunks = []
     start = 1  # chain index 0 is the embedding, which joins the first chunk
     last_block = sum(counts)
@@ -161,7 +183,8 @@ def chunks_from_counts(counts: Sequence[int], pp: int) -> tuple[Chunk, ...]:
         first = 0 if c == 0 else start
         end = start + count - 1
         last = last_block + 1 if c == len(counts) - 1 else end
-        chunks.append(Chunk(stage=c % pp, index=c, first_layer=first, last_layer=last))
+        stage = chunk_stage(c, pp, v_shaped)
+        chunks.append(Chunk(stage=stage, index=c, first_layer=first, last_layer=last))
         start = end + 1
     return tuple(chunks)
 
@@ -192,3 +215,16 @@ class Stage:
     """Whether it runs the head and loss."""
     chunks: tuple[Chunk, ...]
     """Its model chunks."""
+
+
+def p2p_sends(stage: Stage, num_chunks: int) -> int:
+    """Point-to-point sends of `stage` per micro-batch: each of its chunks sends its output
+    forward and its input gradient backward, except at the ends of the model and where the
+    neighbouring chunk runs on the same stage (the V's turn: torch passes the tensor on
+    locally)."""
+    mine = {c.index for c in stage.chunks}
+    sends = 0
+    for c in mine:
+        sends += int(c + 1 < num_chunks and c + 1 not in mine)
+        sends += int(c > 0 and c - 1 not in mine)
+    return sends

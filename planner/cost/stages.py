@@ -12,7 +12,8 @@ from functools import cache
 from ..cluster import Cluster
 from ..config import AttentionKernel, SelectiveRecompute, TrainConfig
 from ..model import LayerCost, LayerKind, ModelProfile
-from ..strategy import Recompute, Strategy
+from ..solvers.pipeline_replay import SPLIT_BACKWARD, V_SHAPED
+from ..strategy import Recompute, Schedule, Strategy
 from .calibrated import CalibratedKernels
 from .comm import Collectives, link_of
 from .compute import (
@@ -128,7 +129,9 @@ class StageModel:
         return self.train.global_batch // (s.dp * s.micro_batch_size)
 
     # ---- layout ---------------------------------------------------------------------------
-    def layout(self, pp: int, v: int, policy: Policy, tp: int, sp: bool) -> Layout:
+    def layout(
+        self, pp: int, v: int, policy: Policy, tp: int, sp: bool, schedule: Schedule | None = None
+    ) -> Layout:
         """The layout a strategy's stages are cut for. A uniform selective or full policy
         changes how blocks weigh against the embedding and head (which never recompute); no
         recompute and per-layer policies (solved on that layout) use `none`. Without a
@@ -136,11 +139,13 @@ class StageModel:
         if pp == 1:
             return Layout(1, 1, Recompute.NONE, 1, False)
         rc = policy if policy in (Recompute.SELECTIVE, Recompute.FULL) else Recompute.NONE
-        return Layout(pp, v, rc, tp, sp)  # type: ignore[arg-type]
+        split = schedule in SPLIT_BACKWARD
+        return Layout(pp, v, rc, tp, sp, schedule in V_SHAPED, split)  # type: ignore[arg-type]
 
     def layout_of(self, s: Strategy) -> Layout:
-        """`layout` of a strategy."""
-        return self.layout(s.pp, s.virtual_stages, s.recompute, s.tp, s.sequence_parallel)
+        """`layout` of a strategy (chunks in a V for ZB-V and DualPipeV)."""
+        sp, schedule = s.sequence_parallel, s.schedule
+        return self.layout(s.pp, s.virtual_stages, s.recompute, s.tp, sp, schedule)
 
     def unit_costs_s(self, lay: Layout) -> list[float]:
         """Seconds per sequence on one GPU of each block (forward, backward, the recompute of
@@ -177,14 +182,15 @@ class StageModel:
         """Chunks in model order, cut by `balanced_cuts` on the blocks' seconds under the
         layout (or evenly)."""
         n = lay.pp * lay.virtual_stages
+        v = lay.v_shaped
         if self.split == StageSplit.EVEN or lay.pp == 1:
-            return chunks_from_counts(block_counts(self.num_blocks, n), lay.pp)
-        return chunks_from_counts(balanced_cuts(self.unit_costs_s(lay), n), lay.pp)
+            return chunks_from_counts(block_counts(self.num_blocks, n), lay.pp, v_shaped=v)
+        return chunks_from_counts(balanced_cuts(self.unit_costs_s(lay), n), lay.pp, v_shaped=v)
 
     def _stages(self, lay: Layout) -> tuple[Stage, ...]:
         """The distinct stages of a pp x v layout. Stages with identical layers and position
         (first/middle/last) cost the same, and in-flight micro-batches never grow with the
-        stage index, so the first of each kind bounds the others: only it is kept."""
+        stage index but under a split backward (`Layout.per_stage`), so only the first is kept."""
         p, pp = self.profile, lay.pp
         chunks = self.chunks(lay)
         stages: list[Stage] = []
@@ -192,7 +198,8 @@ class StageModel:
         for st in range(pp):
             mine = tuple(c for c in chunks if c.stage == st)
             idx = tuple(i for c in mine for i in range(c.first_layer, c.last_layer + 1))
-            signature = (tuple(self.layer_keys[i] for i in idx), st == 0, st == pp - 1)
+            tag = st if lay.per_stage else -1
+            signature = (tuple(self.layer_keys[i] for i in idx), st == 0, st == pp - 1, tag)
             if signature in seen:
                 continue
             seen.add(signature)
@@ -233,7 +240,8 @@ class StageModel:
             idx = tuple(
                 i for c in chunks if c.stage == st for i in range(c.first_layer, c.last_layer + 1)
             )
-            signature = (tuple(self.layer_keys[i] for i in idx), st == 0, st == pp - 1)
+            tag = st if lay.per_stage else -1
+            signature = (tuple(self.layer_keys[i] for i in idx), st == 0, st == pp - 1, tag)
             reps.setdefault(signature, len(reps))
             out.append((idx, reps[signature]))
         return tuple(out)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..strategy import Schedule
 from .pipeline_orders import (
@@ -87,10 +87,18 @@ class Timeline:
     """Every operation, ordered by stage then start time."""
     makespan_s: float
     """End of the last operation."""
+    _by_stage: dict[int, tuple[Interval, ...]] = field(init=False, repr=False, compare=False)
+    """`intervals` split by stage (the cost model asks each stage's peak in turn)."""
+
+    def __post_init__(self) -> None:
+        by_stage: dict[int, list[Interval]] = {}
+        for x in self.intervals:
+            by_stage.setdefault(x.stage, []).append(x)
+        object.__setattr__(self, "_by_stage", {k: tuple(v) for k, v in by_stage.items()})
 
     def stage_intervals(self, stage: int) -> tuple[Interval, ...]:
         """The operations of one stage, in the order they run."""
-        return tuple(x for x in self.intervals if x.stage == stage)
+        return self._by_stage.get(stage, ())
 
     def busy_s(self, stage: int) -> float:
         """Seconds the stage computes."""
@@ -127,6 +135,18 @@ class Timeline:
             held += delta
             peak = max(peak, held)
         return peak / self.virtual_stages
+
+
+_Step = tuple[
+    Phase,
+    int,
+    int,
+    tuple[dict[tuple[int, int], float], tuple[int, int]] | None,
+    float,
+    float,
+    dict[tuple[int, int], float] | None,
+]
+"""One operation of `simulate_pipeline`, resolved before the replay."""
 
 
 def _check(schedule: Schedule, pp: int, m: int, v: int) -> None:
@@ -260,8 +280,34 @@ def simulate_pipeline(
         }
         for s in range(pp)
     ]
-    # (phase, micro-batch, model chunk) -> end; a backward's input gradient is "grad"
-    done: dict[tuple[str, int, int], float] = {}
+    # (micro-batch, model chunk) -> end of its forward / of its input gradient ("grad": a
+    # whole backward, or a split backward's B)
+    forward_end: dict[tuple[int, int], float] = {}
+    grad_end: dict[tuple[int, int], float] = {}
+    # Each operation resolved once: (phase, micro-batch, chunk, the table and key it waits
+    # for, the p2p hop that adds, its seconds, the table its end goes to).
+    steps: list[list[_Step]] = []
+    for s in range(pp):
+        row: list[_Step] = []
+        for phase, mb, local in orders[s]:
+            chunk = model_chunk[(s, local)]
+            dep: tuple[dict[tuple[int, int], float], tuple[int, int]] | None
+            if phase == Phase.FORWARD:
+                dep = (forward_end, (mb, chunk - 1)) if chunk > 0 else None
+            elif phase == Phase.BACKWARD_WEIGHT:
+                dep = (grad_end, (mb, chunk))
+            else:
+                dep = (grad_end, (mb, chunk + 1)) if chunk < last else (forward_end, (mb, chunk))
+            hop = p2p_s if dep is not None and where[dep[1][1]][0] != s else 0.0
+            target = (
+                forward_end
+                if phase == Phase.FORWARD
+                else grad_end
+                if phase in (Phase.BACKWARD, Phase.BACKWARD_INPUT)
+                else None
+            )
+            row.append((phase, mb, chunk, dep, hop, seconds[s][phase], target))
+        steps.append(row)
     free = [0.0] * pp
     pos = [0] * pp
     out: list[list[Interval]] = [[] for _ in range(pp)]
@@ -269,34 +315,29 @@ def simulate_pipeline(
     while remaining:
         moved = False
         for s in range(pp):
-            while pos[s] < len(orders[s]):
-                phase, mb, local = orders[s][pos[s]]
-                chunk = model_chunk[(s, local)]
-                dep: tuple[str, int, int] | None
-                if phase == Phase.FORWARD:
-                    dep = ("forward", mb, chunk - 1) if chunk > 0 else None
-                elif phase == Phase.BACKWARD_WEIGHT:
-                    dep = ("grad", mb, chunk)
-                else:
-                    dep = ("grad", mb, chunk + 1) if chunk < last else ("forward", mb, chunk)
-                if dep is not None and dep not in done:
-                    break
+            row, i, busy_until, ran = steps[s], pos[s], free[s], out[s]
+            while i < len(row):
+                phase, mb, chunk, dep, hop, duration_s, target = row[i]
                 ready = 0.0
                 if dep is not None:
-                    ready = done[dep] + (p2p_s if where[dep[2]][0] != s else 0.0)
-                start = max(free[s], ready)
-                end = start + seconds[s][phase]
-                done[("forward" if phase == Phase.FORWARD else str(phase), mb, chunk)] = end
-                if phase in (Phase.BACKWARD, Phase.BACKWARD_INPUT):
-                    done[("grad", mb, chunk)] = end
-                free[s] = end
-                out[s].append(
+                    dep_end = dep[0].get(dep[1])
+                    if dep_end is None:
+                        break  # its input is not computed yet
+                    ready = dep_end + hop
+                start = max(busy_until, ready)
+                end = start + duration_s
+                if target is not None:
+                    target[(mb, chunk)] = end
+                busy_until = end
+                ran.append(
                     Interval(
                         stage=s, phase=phase, microbatch=mb, chunk=chunk, start_s=start, end_s=end
                     )
                 )
-                pos[s] += 1
-                remaining -= 1
+                i += 1
+            if i != pos[s]:
+                remaining -= i - pos[s]
+                pos[s], free[s] = i, busy_until
                 moved = True
         if not moved:  # pragma: no cover - the orders above never deadlock
             raise RuntimeError(f"{sched} with pp={pp}, m={m}, v={v} deadlocks; this is a bug")

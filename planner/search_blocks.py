@@ -1,0 +1,91 @@
+"""The pieces of the outer search (`search.py`): the block, its unit of branch and bound, and
+the heap of the best strategies found."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from .cost.evaluate import Estimate
+from .strategy import Recompute, Schedule, Strategy
+
+STRATEGY_FIELDS = tuple(f.name for f in fields(Strategy))
+"""`Strategy`'s field names, for building candidates from keywords."""
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """Strategies sharing degrees and micro-batch size (one unit of the branch and bound)."""
+
+    base: Strategy
+    """Degrees, micro-batch size, HSDP shard and pinned options; the rest is filled in."""
+    schedules: tuple[tuple[Schedule, int], ...]
+    """(schedule, virtual stages) pairs searched."""
+    rest: tuple[tuple[bool, int, bool, Recompute], ...]
+    """(sequence parallel, ZeRO stage, optimizer offload, recompute) choices searched."""
+    _fields: dict[str, Any] = field(init=False, compare=False, repr=False)
+    """The base's fields as keywords: building a candidate from them takes half the time of
+    `dataclasses.replace`, and the search builds hundreds of thousands."""
+
+    def __post_init__(self) -> None:
+        kwargs = {name: getattr(self.base, name) for name in STRATEGY_FIELDS}
+        object.__setattr__(self, "_fields", kwargs)
+
+    def probe(self) -> Strategy:
+        """A representative for the block-level structural checks."""
+        sched, v = self.schedules[0]
+        return replace(self.base, schedule=sched, virtual_stages=v)
+
+    def strategy(
+        self, sched: Schedule, v: int, sp: bool, zero: int, off: bool, rc: Recompute
+    ) -> Strategy:
+        """One strategy of the block (default mesh order)."""
+        return Strategy(
+            **{
+                **self._fields,
+                "schedule": sched,
+                "virtual_stages": v,
+                "sequence_parallel": sp,
+                "recompute": rc,
+                "zero_stage": zero,
+                "offload_optimizer": off,
+            }
+        )
+
+    def strategies(self) -> Iterator[Strategy]:
+        """Each strategy of the block (default mesh order)."""
+        for sched, v in self.schedules:
+            for sp, zero, off, rc in self.rest:
+                yield self.strategy(sched, v, sp, zero, off, rc)
+
+
+class Neg:
+    """Orders a sort key in reverse, so a min-heap keeps the worst candidate on top."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple) -> None:
+        self.key = key
+
+    def __lt__(self, other: Neg) -> bool:
+        return self.key > other.key
+
+    def __gt__(self, other: Neg) -> bool:
+        return self.key < other.key
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Neg) and self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+
+def keep_best(heap: list[tuple], keep: int, est: Estimate) -> None:
+    """Push `est` on the min-heap of the `keep` best (its top is the worst kept)."""
+    entry = (-est.step_time_s, -est.memory.total_bytes, Neg(est.strategy.sort_key()), est)
+    if len(heap) < keep:
+        heapq.heappush(heap, entry)
+    elif entry[:3] > heap[0][:3]:
+        heapq.heapreplace(heap, entry)
