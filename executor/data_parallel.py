@@ -175,7 +175,15 @@ def apply_ddp(
     if ignored:
         names = [n for n, p in module.named_parameters() if p in ignored]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, names)
-    return DistributedDataParallel(module, process_group=dp_mesh.get_group(), device_ids=device_ids)
+    # The gradients are views of DDP's buckets, not a second copy of them (torch's
+    # DistributedDataParallel docs: saves memory equal to the gradients' size); the planner
+    # prices it so (planner/cost/stages.py static memory, Evaluator.single_pass).
+    return DistributedDataParallel(
+        module,
+        process_group=dp_mesh.get_group(),
+        device_ids=device_ids,
+        gradient_as_bucket_view=True,
+    )
 
 
 def apply_powersgd(

@@ -114,9 +114,12 @@ class Evaluator:
 
     def single_pass(self, s: Strategy) -> bool:
         """One micro-batch, no pipeline, unsharded gradients: the gradients then grow while
-        the activations are freed, layer by layer, instead of coexisting whole."""
+        the activations are freed, layer by layer, instead of coexisting whole. Not under
+        torch DDP (data parallel without TP): its gradients are views of buckets it allocates
+        whole at construction (`gradient_as_bucket_view`, executor/data_parallel.py)."""
         single = s.pp == 1 and s.zero_stage < 2 and self.num_microbatches(s) == 1
-        return single and not s.offload_activations
+        ddp = s.dp * s.cp > 1 and s.tp == 1
+        return single and not ddp and not s.offload_activations
 
     def _backward_timeline(self, s: Strategy, mem: MemoryBreakdown) -> MemoryBreakdown:
         """Peak over the backward pass, which runs from the head to the embedding: at layer i

@@ -52,8 +52,7 @@ def _kernels_for(cluster: Cluster, train: TrainConfig) -> Kernels | None:
     table for the accelerator, else None (the roofline with the catalog's efficiency)."""
     calibration = cluster.calibration
     if calibration is not None:
-        kernels: Kernels = calibration.kernels(train.compute_dtype)
-        return kernels
+        return calibration.kernels(train.compute_dtype)
     table = KERNELS.get(cluster.accelerator.name)
     if table is None:
         return None
@@ -413,7 +412,8 @@ class StageModel:
             # unsharded gradients before reduce-scatter (Zhao et al. 2023, PyTorch FSDP §3.2).
             block = stage.max_block_params / tp + stage.max_block_expert_params / (tp * ep)
             other += block * (2 * t.param_bytes + t.grad_bytes)
-        elif dpcp > 1:
+        elif dpcp > 1 and (tp > 1 or offload or len(stage.chunks) > 1 or not stage.has_head):
+            # not torch DDP (tp = pp = 1): its buckets are the gradients (bucket views)
             other += BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES
         return StaticMemory(
             params_bytes=states[0],
