@@ -4,6 +4,7 @@ option saves, what it costs that the totals hide, and how it changes training.""
 from __future__ import annotations
 
 from .cost.compression import MIN_COMPRESSION_RATE, POWERSGD_START_ITER
+from .cost.schedules import is_split_backward, pending_w_share
 from .plan import Plan
 
 _GB = 2**30
@@ -64,6 +65,7 @@ def option_lines(plan: Plan) -> list[str]:
                 else "."
             )
         )
+    out += _split_backward_lines(plan)
     if p.async_pipeline:
         out.append(
             f"Asynchronous pipeline (PipeDream-2BW): no flush, so no bubble; hidden costs: "
@@ -72,3 +74,38 @@ def option_lines(plan: Plan) -> list[str]:
             f"before; chosen with --allow-async). paraplan's executor does not run it."
         )
     return out
+
+
+_SCHEDULE_SOURCES = {
+    "interleaved_zb": "ZB-H1, Qi et al. 2023",
+    "zbv": "ZB-V, Qi et al. 2023",
+    "dualpipev": "DualPipeV, DeepSeek-V3 2024",
+}
+"""Where each split-backward schedule comes from (docs/cost-model.md §10)."""
+
+
+def _split_backward_lines(plan: Plan) -> list[str]:
+    """What a zero-bubble or DualPipeV schedule buys (its bubble against 1F1B's closed form)
+    and what it costs (the pending weight gradients' memory); none for other schedules."""
+    p, pred = plan.parallelism, plan.predicted
+    if not is_split_backward(plan.schedule):
+        return []
+    m = plan.num_microbatches
+    share = pending_w_share(
+        plan.schedule,
+        pp=p.pp,
+        stage=pred.peak_stage,
+        num_microbatches=m,
+        virtual_stages=p.virtual_stages,
+    )
+    pending_bytes = share * pred.memory_breakdown.activations_bytes
+    one_f_one_b = (p.pp - 1) / (m + p.pp - 1)
+    return [
+        f"Schedule {plan.schedule} ({_SCHEDULE_SOURCES[str(plan.schedule)]}) splits each "
+        f"backward into B (input gradient, which the previous stage waits for) and W (weight "
+        f"gradient, run later to fill the bubble): bubble {pred.bubble_fraction:.1%} of the "
+        f"step, against {one_f_one_b:.1%} for 1F1B's (p-1)/(m+p-1) at p={p.pp}, m={m}.",
+        f"  Hidden cost: micro-batches waiting for their W keep their GEMM output gradients "
+        f"(18/34 of their activations): {pending_bytes / _GB:.2f} GiB of the activations on "
+        f"stage {pred.peak_stage}; torch 2.13 runs it without FSDP only (ZeRO-0/1).",
+    ]

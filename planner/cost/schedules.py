@@ -151,3 +151,23 @@ def in_flight_microbatches(
     share = round(weight_share, _RATIO_DIGITS)
     _, _, pending = _replayed(schedule, pp, virtual_stages, m, 1.0 / 3.0, 2.0 / 3.0, share)
     return pending[stage]
+
+
+def pending_w_share(
+    schedule: Schedule,
+    *,
+    pp: int,
+    stage: int,
+    num_microbatches: int,
+    virtual_stages: int,
+    weight_share: float = DEFAULT_WEIGHT_SHARE,
+) -> float:
+    """Share of `stage`'s in-flight activation memory at its peak that the split backward
+    adds: the GEMM output gradients of micro-batches whose W has not run yet
+    (`PENDING_W_ACT_FACTOR`), as `in_flight_microbatches` prices them; 0 for other schedules."""
+    if not is_split_backward(schedule):
+        return 0.0
+    m = _reference_m(schedule, pp, num_microbatches)
+    share = round(weight_share, _RATIO_DIGITS)
+    _, held, pending = _replayed(schedule, pp, virtual_stages, m, 1.0 / 3.0, 2.0 / 3.0, share)
+    return max(0.0, pending[stage] - held[stage]) / pending[stage] if pending[stage] else 0.0
