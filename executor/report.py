@@ -17,7 +17,11 @@ from ..planner.jsonio import write_atomic
 from ..planner.plan import Plan
 
 RSS_SOURCE = "peak RSS of the process (getrusage ru_maxrss: tensors plus Python/torch runtime)"
-CUDA_SOURCE = "torch.cuda.max_memory_allocated (tensors only, not the CUDA context)"
+CUDA_SOURCE = (
+    "torch.cuda.max_memory_allocated plus what lies outside torch's allocator at the end "
+    "(CUDA context, NCCL and library buffers: total - free - reserved), as the plan's "
+    "runtime_overhead_bytes prices it"
+)
 _KIB = 1024
 """Linux reports ru_maxrss in KiB (macOS in bytes)."""
 
@@ -25,7 +29,12 @@ _KIB = 1024
 def peak_memory_bytes(device: torch.device) -> tuple[float, str]:
     """(peak bytes of this rank, what was measured)."""
     if device.type == "cuda":
-        return float(torch.cuda.max_memory_allocated(device)), CUDA_SOURCE
+        # The prediction counts the runtime's own footprint (`runtime_overhead_bytes`), which
+        # max_memory_allocated leaves out: add the device memory torch's allocator does not
+        # hold, so both sides count the same things (one rank per GPU: nobody else's).
+        free, total = torch.cuda.mem_get_info(device)
+        outside = max(0, total - free - torch.cuda.memory_reserved(device))
+        return float(torch.cuda.max_memory_allocated(device) + outside), CUDA_SOURCE
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return float(rss if sys.platform == "darwin" else rss * _KIB), RSS_SOURCE
 

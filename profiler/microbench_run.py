@@ -163,8 +163,12 @@ def _measure(
 
     timer(lambda: torch.ones(64, device=device) * 2)  # first collective, allocator warm-up
     _import_training_stack()
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    runtime = rss if sys.platform == "darwin" else rss * _KIB
+    if device.type == "cuda":  # device memory outside torch's allocator: context, NCCL
+        free, total = torch.cuda.mem_get_info(device)
+        runtime = max(0, total - free - torch.cuda.memory_reserved(device))
+    else:  # the process's resident memory before any training tensor
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        runtime = rss if sys.platform == "darwin" else rss * _KIB
     fits = []
     for key in dtypes:
         fit, _ = mb.kernel_fit(timer, key, budget, partial(_tick_part, tick, key))
