@@ -27,9 +27,10 @@ Overrides = dict[str, dict[str, typing.Any]]
 
 
 def to_json(value: typing.Any) -> typing.Any:
-    """Dataclasses to dicts, tuples to lists, enums to their values."""
+    """Dataclasses to dicts (their constructor's fields: derived `init=False` ones, such as
+    an index built in `__post_init__`, are left out), tuples to lists, enums to values."""
     if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_json(getattr(value, f.name)) for f in fields(value)}
+        return {f.name: to_json(getattr(value, f.name)) for f in fields(value) if f.init}
     if isinstance(value, tuple | list):
         return [to_json(v) for v in value]
     if isinstance(value, Enum):
@@ -42,7 +43,9 @@ def from_json(cls: typing.Any, data: typing.Any) -> typing.Any:
     if is_dataclass(cls):
         build = typing.cast(typing.Any, cls)
         hints = _type_hints(build)
-        return build(**{f.name: from_json(hints[f.name], data[f.name]) for f in fields(cls)})
+        return build(
+            **{f.name: from_json(hints[f.name], data[f.name]) for f in fields(cls) if f.init}
+        )
     origin = typing.get_origin(cls)
     if origin is tuple:
         item = typing.get_args(cls)[0]
