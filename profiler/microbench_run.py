@@ -45,9 +45,17 @@ from .microbench_tp import FSDP_UNIT_BYTES, fsdp_unit_s, tensor_parallel_dispatc
 
 Progress = Callable[[int, int, str], None]
 """(steps done, steps in all, what was just measured)."""
-RUNTIME_MODULES = ("transformers",)
-"""Libraries a paraplan training script imports beside torch (examples/train_gpt2.py): imported
-by each rank before its resident memory is read, when installed."""
+RUNTIME_MODULES = (
+    "torch.distributed.fsdp",
+    "torch.distributed.pipelining",
+    "torch.distributed.tensor.parallel",
+    "torch.nn.parallel",
+    "transformers",
+    "transformers.modeling_utils",
+)
+"""What a paraplan training rank imports beside torch (the executor's parallel wrappers and
+the Hugging Face modeling library, examples/train_gpt2.py): imported by each rank before its
+resident memory is read, when installed (~100 MiB on CPU, `transformers` alone loads lazily)."""
 _KIB = 1024
 _JOIN_TIMEOUT_S = 600.0
 
@@ -113,7 +121,7 @@ def _worker(
         torch.set_num_threads(1)  # what torchrun gives each rank
     for name in RUNTIME_MODULES:
         with contextlib.suppress(ImportError):
-            __import__(name)
+            importlib.import_module(name)
     device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
@@ -125,26 +133,6 @@ def _worker(
         dist.barrier()
     finally:
         dist.destroy_process_group()
-
-
-TRAINING_STACK = (
-    "torch.distributed.fsdp",
-    "torch.distributed.pipelining",
-    "torch.distributed.tensor.parallel",
-    "torch.nn.parallel",
-    "transformers.modeling_utils",
-)
-"""Modules a training rank of the executor imports besides torch itself."""
-
-
-def _import_training_stack() -> None:
-    """Load the code a training rank of the executor holds resident besides torch (its
-    parallel wrappers and the Hugging Face modeling library, ~100 MiB on CPU as measured
-    with ru_maxrss), so the runtime footprint measured next is that of a training process,
-    not of this benchmark's."""
-    for name in TRAINING_STACK:
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
 
 
 def _measure(
@@ -162,7 +150,6 @@ def _measure(
             out.put(("tick", label))
 
     timer(lambda: torch.ones(64, device=device) * 2)  # first collective, allocator warm-up
-    _import_training_stack()
     if device.type == "cuda":  # device memory outside torch's allocator: context, NCCL
         free, total = torch.cuda.mem_get_info(device)
         runtime = max(0, total - free - torch.cuda.memory_reserved(device))
