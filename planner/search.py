@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from . import options
 from .capabilities import Job, executor_gaps
-from .cost.comm import Collectives, Links
+from .cost.comm import Links
 from .cost.data_parallel import HOST_OPTIMIZER_BYTES_PER_S
 from .cost.evaluate import Estimate, Evaluator
 from .cost.memory import MemoryBreakdown
@@ -25,6 +25,7 @@ from .cost.rules import Rule, Violation
 from .intmath import divisors
 from .pins import Pins
 from .search_blocks import Block, keep_best
+from .search_bounds import FamilyBounds
 from .strategy import DEFAULT_MESH_ORDER, MeshAxis, Recompute, Schedule, Strategy
 
 MAX_VIRTUAL_STAGES = 8
@@ -103,9 +104,11 @@ class Search:
         """Rank only strategies the executor runs (`capabilities.py`; the API and CLI ask for it
         unless told `any_engine`); False: the whole space the cost model prices."""
         self._unrunnable: str | None = None
-        self._lb_coll = Collectives(ev.acc, lower_bound=True)
+        self._lb_coll = ev.lower_bound_coll  # every group on the fastest link, no latency
         self._lb_s: dict[Strategy, float] = {}
         """Step-time lower bounds already computed (`_time_lower_bound_s`)."""
+        self._families = FamilyBounds(ev, consent.any)
+        """Bounds shared by a strategy's ZeRO and offload variants (`search_bounds.py`)."""
         broken = ev.violation(self.pins)  # the rules the candidates obey, on the pins alone
         if broken is not None:
             named = self.pins.describe(broken.rule.fields) or self.pins.describe()
@@ -260,6 +263,8 @@ class Search:
                 optimist = options.optimistic(self.pins, self.consent, probe)
                 if probe_rule is None and ev.schedule_lower_bound_s(optimist) > worst_s():
                     continue
+                if probe_rule is None and self._families.all_slower(block, sched, v, worst_s()):
+                    continue  # every member is slower than the K-th best: nothing to do
                 # With nothing pinned, only the probe's rules can fail (the options exclude sp
                 # without TP and offload without ZeRO); with pins, each strategy is checked.
                 if probe_rule is not None and not pinned:
@@ -278,7 +283,7 @@ class Search:
                     if total is None:  # per_layer: solve it only if it could make the top k
                         if len(heap) == keep and not self.consent.any:  # never faster than rc=none
                             plain = block.strategy(sched, v, sp, zero, off, Recompute.NONE)
-                            if self._time_lower_bound_s(plain) > worst_s():
+                            if self._slower(plain, worst_s()):
                                 continue
                         if len(heap) == keep and self._states_overflow(s):
                             continue  # no recompute policy fits it: no need to solve
@@ -304,7 +309,7 @@ class Search:
                         continue  # only adds recompute/offload to a faster strategy that fits
                     fitted.append((sp, zero, off, rc_rank))
                     self._offer(options.fit_variants(s, self.pins, self.consent), heap, keep)
-                    if len(heap) == keep and self._time_lower_bound_s(s) > worst_s():
+                    if len(heap) == keep and self._slower(s, worst_s()):
                         continue
                     memory, peak_stage = ev.memory(s)
                     keep_best(heap, keep, self._best_order(s, memory, peak_stage))
@@ -342,17 +347,26 @@ class Search:
         ev = self.ev
         if s.recompute not in options.RESCUED_RECOMPUTE or not options.rescuable(ev, s, self.pins):
             return False
-        if len(heap) == keep and self._time_lower_bound_s(s) > -heap[0][0]:
+        if len(heap) == keep and self._slower(s, -heap[0][0]):
             return False
-        return any(self._offer(tier, heap, keep) for tier in options.rescues(s, self.pins))
+        tiers = options.rescues(s, self.pins)
+        for i, tier in enumerate(tiers):
+            if self._offer(tier, heap, keep, need_fit=i < len(tiers) - 1):
+                return True
+        return False
 
-    def _offer(self, variants: list[Strategy], heap: list[tuple], keep: int) -> bool:
+    def _offer(
+        self, variants: list[Strategy], heap: list[tuple], keep: int, *, need_fit: bool = False
+    ) -> bool:
         """Evaluate option variants (`options.py`) and keep those that fit and rank; whether
-        any fitted (whether or not it ranks)."""
+        any fitted (whether or not it ranks) when `need_fit`; otherwise a variant slower than
+        the K-th best is dropped before its memory is priced (the answer is then unused)."""
         fits = False
         for s in variants:
             if self.ev.violation(s) is not None or option_problem(s) is not None:
                 continue
+            if not need_fit and len(heap) == keep and self._slower(s, -heap[0][0]):
+                continue  # slower than the K-th best in any mesh order, fitting or not
             memory, peak_stage = self.ev.memory(s)
             if memory.total_bytes > self.ev.capacity_bytes:
                 continue
@@ -361,7 +375,7 @@ class Search:
             if self.runnable_only and self._gap(s):
                 continue
             fits = True
-            if len(heap) == keep and self._time_lower_bound_s(s) > -heap[0][0]:
+            if len(heap) == keep and self._slower(s, -heap[0][0]):
                 continue  # fits, but slower than the K-th best in any mesh order
             keep_best(heap, keep, self._best_order(s, memory, peak_stage))
         return fits
@@ -378,12 +392,19 @@ class Search:
         static = max(ev.static_memory(s, st).total_bytes for st in sm.stages(sm.layout_of(s)))
         return static + ev.pipeline_buffer_bytes(s) > ev.capacity_bytes
 
+    def _slower(self, s: Strategy, worst_s: float) -> bool:
+        """Whether `s` is slower than `worst_s` in every mesh order: its family's bound first
+        (shared, cheap), then its own (`_time_lower_bound_s`)."""
+        if self._families.bound_s(s) > worst_s:
+            return True
+        return self._time_lower_bound_s(s) > worst_s
+
     def _time_lower_bound_s(self, s: Strategy) -> float:
         """A step time no mesh order of `s` beats: every group on the fastest link, no
         latency (memoized: the rescue and the per-layer bound ask for the same strategies)."""
         bound = self._lb_s.get(s)
         if bound is None:
-            bound = self.ev.time(s, self.ev.links(s).ideal(), self._lb_coll).step_time_s
+            bound = self.ev.time(s, self.ev.ideal_links(s), self._lb_coll).step_time_s
             self._lb_s[s] = bound
         return bound
 

@@ -17,21 +17,20 @@ from ..strategy import MeshAxis, Recompute, Strategy
 from . import schedules as split_schedules
 from .calibrated import CalibratedKernels
 from .comm import Collectives, Links, links_for
-from .compute import ATTENTION_BACKWARD_FACTOR
 from .data_parallel import (
     OVERLAP_CONTENTION,
     dp_comm,
-    hidden_behind,
     optimizer_s,
     optimizer_shard_params,
 )
 from .eager import unfused_adamw_s
 from .estimate import Estimate, StageTime, TimeBreakdown
-from .layout import Layout, Stage, StageSplit, p2p_sends
+from .layout import Layout, Stage, StageSplit
 from .memory import MemoryBreakdown, in_flight_microbatches
 from .options import OptionModel, has_options, option_problem
 from .per_layer import PerLayerRecompute
 from .rules import Assignment, ProblemShape, Violation, violation
+from .stage_core import StageCore, stage_core
 from .stages import Policy, StageActivations, StageModel, StaticMemory
 
 
@@ -72,6 +71,10 @@ class Evaluator:
         self.weight_share = split_schedules.weight_grad_share(profile)
         """Share of a backward that is weight gradients (split-backward schedules)."""
         self._links = cache(self._links_uncached)
+        self._stage_core: dict[tuple, tuple[StageCore, ...]] = {}
+        self._ideal: dict[Links, Links] = {}
+        """`ideal_links` results."""
+        """`stage_core` results (see there for the key)."""
 
     @property
     def capacity_bytes(self) -> float:
@@ -197,9 +200,13 @@ class Evaluator:
         acts: dict[tuple[bool, Recompute], list[float]] = {}
         none_totals: dict[tuple[bool, int, bool], float] = {}
         out: list[float | None] = []
+        shapes: dict[tuple[bool, Recompute], tuple[Layout, tuple[Stage, ...]]] = {}
         for sp, zero, off, rc in choices:
-            lay = sm.layout(s.pp, v, rc, s.tp, sp, s.schedule)
-            stages = sm.stages(lay)
+            shape = shapes.get((sp, rc))
+            if shape is None:
+                lay = sm.layout(s.pp, v, rc, s.tp, sp, s.schedule)
+                shape = shapes[(sp, rc)] = (lay, sm.stages(lay))
+            lay, stages = shape
             if (zero, off, lay) not in static:
                 static[(zero, off, lay)] = [
                     sm.static_memory(st, s.tp, s.ep, dpcp, zero, off, s.dp_replicate).total_bytes
@@ -281,6 +288,14 @@ class Evaluator:
         """The link each communication group uses under the strategy's mesh order."""
         return self._links(s.pp, s.dp, s.cp, s.tp, s.ep, s.mesh_order, s.dp_shard)
 
+    def ideal_links(self, s: Strategy) -> Links:
+        """`links(s).ideal()`: every group inside one node (memoized; for bounds)."""
+        links = self.links(s)
+        ideal = self._ideal.get(links)
+        if ideal is None:
+            ideal = self._ideal[links] = links.ideal()
+        return ideal
+
     def _links_uncached(
         self,
         pp: int,
@@ -304,52 +319,9 @@ class Evaluator:
         (links default to its mesh order's; `coll` to this accelerator's collectives)."""
         links = self.links(s) if links is None else links
         coll = self.coll if coll is None else coll
-        p, sm = self.profile, self.stage_model
-        mbs = s.micro_batch_size
-        lay = sm.layout_of(s)
-        compute = sm.stage_compute(lay, s.tp, s.cp, s.ep, mbs)
-        tokens = mbs * p.seq_len / s.cp
-        act = mbs * sm.block_output_seq_bytes / s.cp  # one micro-batch's (b, s/cp, h) tensor
-        if s.sequence_parallel:
-            tp_unit = coll.all_gather(act, links.tp) + coll.reduce_scatter(act, links.tp)
-        else:
-            tp_unit = coll.all_reduce(act, links.tp)
-        # Ring attention (Liu et al. 2023; torch's context_parallel): K and V of the local
-        # chunk (GQA: kv_heads, each TP rank its share) travel cp-1 hops per block forward;
-        # backward sends them again with their gradients.
-        kv_shard = max(1, min(s.tp, p.kv_heads))
-        kv_bytes = 2 * tokens * (p.kv_heads * p.hidden // p.heads) / kv_shard * self.train.act_bytes
-        hop_s = coll.p2p(kv_bytes, links.cp.nodes > 1) if s.cp > 1 else 0.0
-        a2a_bytes = act * p.top_k / (s.tp if s.sequence_parallel else 1)
-        a2a = coll.all_to_all(a2a_bytes, links.ep) if s.ep > 1 else 0.0
-        p2p = coll.p2p(sm.boundary_bytes(s), links.pp.nodes > 1) if s.pp > 1 else 0.0
         out = []
-        for c, stage in zip(compute, sm.stages(lay), strict=True):
-            rc, n_full, n_full_moe = self.per_layer.stage_recompute(s, stage, c)
-            # TP: 2 collectives per block forward and 2 backward (Narayanan et al. 2021 §3.2,
-            # Korthikanti §4.2.2 with SP: all-gather + reduce-scatter), redone when recomputed.
-            units = stage.n_blocks * 4 + n_full * 2
-            units += int(stage.has_embedding) + int(stage.has_head)
-            comm = units * tp_unit if s.tp > 1 else 0.0
-            if self.train.runtime.tp_comm_overlap:
-                # Megatron's --tp-comm-overlap (Transformer Engine userbuffers; Wang et al. 2023
-                # decomposition): each collective is split and pipelined with the GEMM it feeds,
-                # so it hides under the stage's compute, which it slows (contention).
-                comm = hidden_behind(comm, c.fwd_s + c.bwd_s, self.contention)
-            if s.cp > 1 and stage.n_blocks:
-                # Each of the cp ring steps computes one (s/cp)^2 block of attention, balanced
-                # by the causal load-balanced split (zig-zag chunks), while the next K/V hop is
-                # in flight: a hop hides only under one step's attention, with contention.
-                attn_f = c.attention_fwd_s / stage.n_blocks  # one block's attention fwd
-                step_f = attn_f / s.cp
-                step_b = ATTENTION_BACKWARD_FACTOR * step_f
-                per_block = (s.cp - 1) * hidden_behind(hop_s, step_f, self.contention)
-                per_block += (s.cp - 1) * hidden_behind(2 * hop_s, step_b, self.contention)
-                comm += stage.n_blocks * per_block
-            # EP: dispatch and combine all-to-all, forward and backward (Lepikhin et al. 2020)
-            comm += (stage.n_moe_blocks * 4 + n_full_moe * 2) * a2a
-            if s.pp > 1:  # activations forward and gradients backward, per chunk
-                comm += p2p_sends(stage, s.pp * s.virtual_stages) * p2p
+        for core in self.stage_core(s, links, coll):
+            c, stage = core.compute, core.stage
             zero_mb, tail = dp_comm(
                 s,
                 stage,
@@ -369,13 +341,49 @@ class Evaluator:
                     stage=stage.index,
                     fwd_s=c.fwd_s,
                     bwd_s=c.bwd_s,
-                    recompute_s=rc,
-                    comm_s=comm + zero_mb,
+                    recompute_s=core.recompute_s,
+                    comm_s=core.comm_s + zero_mb,
                     tail_comm_s=tail,
                     optimizer_s=self._optimizer_s(s, stage),
                 )
             )
         return tuple(out)
+
+    def stage_core(self, s: Strategy, links: Links, coll: Collectives) -> tuple[StageCore, ...]:
+        """Each distinct stage's compute, recompute and TP/CP/EP/PP communication per
+        micro-batch under `links` and `coll` (`stage_core.py`): `stage_times` less the
+        data-parallel, offload and optimizer terms. Memoized for this evaluator's two
+        `Collectives`: with a uniform recompute policy it depends on neither the ZeRO stage,
+        the offloads, PowerSGD nor the mesh order (given the links), which the search varies
+        most."""
+        which = 0 if coll is self.coll else 1 if coll is self.lower_bound_coll else -1
+        if which < 0:
+            return stage_core(
+                s, links, coll, self.stage_model, self.per_layer, self.train, self.contention
+            )
+        per_layer = s.recompute == Recompute.PER_LAYER  # its solution depends on all of them
+        key = (
+            s.dp,
+            s.tp,
+            s.pp,
+            s.cp,
+            s.ep,
+            s.sequence_parallel,
+            s.schedule,
+            s.virtual_stages,
+            s.micro_batch_size,
+            s.recompute,
+            s if per_layer else None,
+            links,
+            which,
+        )
+        found = self._stage_core.get(key)
+        if found is None:
+            found = stage_core(
+                s, links, coll, self.stage_model, self.per_layer, self.train, self.contention
+            )
+            self._stage_core[key] = found
+        return found
 
     def _optimizer_s(self, s: Strategy, stage: Stage) -> float:
         """`data_parallel.optimizer_s`; on a calibrated device with a traced model, torch's

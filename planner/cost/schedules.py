@@ -34,7 +34,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..model import ModelProfile
-from ..solvers.pipeline_replay import SPLIT_BACKWARD, simulate_pipeline
+from ..solvers.pipeline_replay import SPLIT_BACKWARD, makespan_s, simulate_pipeline
 from ..strategy import Schedule
 
 PENDING_W_ACT_FACTOR = 18.0 / 34.0
@@ -96,6 +96,23 @@ def _replayed(
     return bubble, held, pending
 
 
+@lru_cache(maxsize=16384)
+def _unit_bubble(
+    schedule: Schedule, pp: int, v: int, m: int, f: float, b: float, share: float
+) -> float:
+    """`_replayed`'s bubble alone, from the makespan without the timeline (bit for bit)."""
+    span = makespan_s(
+        schedule,
+        num_stages=pp,
+        num_microbatches=m,
+        forward_s=f,
+        backward_s=b,
+        virtual_stages=v,
+        weight_share=share,
+    )
+    return span - m * (f + b)
+
+
 def bubble_s(
     schedule: Schedule,
     *,
@@ -115,7 +132,7 @@ def bubble_s(
     f = round(forward_s / total, _RATIO_DIGITS)
     share = round(weight_share, _RATIO_DIGITS)
     m = _reference_m(schedule, pp, num_microbatches)
-    unit_bubble, _, _ = _replayed(schedule, pp, virtual_stages, m, f, 1.0 - f, share)
+    unit_bubble = _unit_bubble(schedule, pp, virtual_stages, m, f, 1.0 - f, share)
     return max(0.0, unit_bubble) * total
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..strategy import Schedule
 from .pipeline_orders import (
@@ -350,3 +351,92 @@ def simulate_pipeline(
         intervals=intervals,
         makespan_s=max(x.end_s for x in intervals),
     )
+
+
+_PHASE_INDEX = {
+    Phase.FORWARD: 0,
+    Phase.BACKWARD: 1,
+    Phase.BACKWARD_INPUT: 2,
+    Phase.BACKWARD_WEIGHT: 3,
+}
+"""Where each phase's seconds sit in `makespan_s`'s table."""
+
+
+@lru_cache(maxsize=512)
+def _op_graph(sched: Schedule, pp: int, m: int, v: int) -> tuple[tuple[int, int, int], ...]:
+    """Every operation of the schedule once, in an order where each follows the operation
+    its stage ran before it and the one whose output it waits for (the order
+    `simulate_pipeline` resolves them in): (that previous operation's position or -1, the
+    awaited one's or -1, `_PHASE_INDEX` of its phase)."""
+    last = pp * v - 1
+    model_chunk = {chunk_placement(sched, c, pp): c for c in range(pp * v)}
+    orders = [
+        stage_order(sched, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=s)
+        for s in range(pp)
+    ]
+    produced: dict[tuple[bool, int, int], int] = {}  # (gradient?, mb, chunk) -> position
+    graph: list[tuple[int, int, int]] = []
+    pos, prev = [0] * pp, [-1] * pp
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        moved = False
+        for s in range(pp):
+            while pos[s] < len(orders[s]):
+                phase, mb, local = orders[s][pos[s]]
+                chunk = model_chunk[(s, local)]
+                need: tuple[bool, int, int] | None
+                if phase == Phase.FORWARD:
+                    need = (False, mb, chunk - 1) if chunk > 0 else None
+                elif phase == Phase.BACKWARD_WEIGHT:
+                    need = (True, mb, chunk)
+                else:
+                    need = (True, mb, chunk + 1) if chunk < last else (False, mb, chunk)
+                dep = -1
+                if need is not None:
+                    if need not in produced:
+                        break  # its input is not computed yet
+                    dep = produced[need]
+                here = len(graph)
+                graph.append((prev[s], dep, _PHASE_INDEX[phase]))
+                if phase == Phase.FORWARD:
+                    produced[(False, mb, chunk)] = here
+                elif phase != Phase.BACKWARD_WEIGHT:
+                    produced[(True, mb, chunk)] = here
+                prev[s] = here
+                pos[s] += 1
+                remaining -= 1
+                moved = True
+        if not moved:  # pragma: no cover - the orders never deadlock
+            raise RuntimeError(f"{sched} with pp={pp}, m={m}, v={v} deadlocks; this is a bug")
+    return tuple(graph)
+
+
+def makespan_s(
+    schedule: Schedule | str,
+    *,
+    num_stages: int,
+    num_microbatches: int,
+    forward_s: float,
+    backward_s: float,
+    virtual_stages: int = 1,
+    weight_share: float = 0.5,
+) -> float:
+    """`simulate_pipeline(...).makespan_s` for equal stages and no p2p time, bit for bit,
+    without building the timeline: the cost model asks it for many F:B ratios
+    (`cost/schedules.py`), and the operation graph of a (schedule, pp, m, v) is kept."""
+    sched = Schedule(schedule)
+    pp, m, v = num_stages, num_microbatches, virtual_stages
+    _check(sched, pp, m, v)
+    (fwd,) = _per_stage("forward_s", forward_s, 1)
+    (bwd,) = _per_stage("backward_s", backward_s, 1)
+    (share,) = _per_stage("weight_share", weight_share, 1)
+    if share > 1:
+        raise ValueError(f"weight_share {share} must lie in [0, 1]: it is a part of the backward")
+    seconds = (fwd / v, bwd / v, bwd * (1 - share) / v, bwd * share / v)
+    ends: list[float] = []
+    for prev, dep, phase in _op_graph(sched, pp, m, v):
+        start = ends[prev] if prev >= 0 else 0.0
+        if dep >= 0:
+            start = max(start, ends[dep])
+        ends.append(start + seconds[phase])
+    return max(ends)

@@ -1,0 +1,100 @@
+"""The part of a pipeline stage's seconds that no ZeRO stage, offload or compression choice
+changes: compute, recompute and the TP, CP, EP and pipeline communication per micro-batch.
+
+`Evaluator.stage_times` adds the data-parallel traffic, the offload copies and the optimizer
+step to it; the search bounds a whole family of strategies by it alone
+(`planner/search_bounds.py`), since those added terms are never negative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import TrainConfig
+from ..strategy import Strategy
+from .comm import Collectives, Links
+from .compute import ATTENTION_BACKWARD_FACTOR
+from .data_parallel import hidden_behind
+from .layout import Stage, p2p_sends
+from .per_layer import PerLayerRecompute
+from .stage_parts import StageCompute
+from .stages import StageModel
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageCore:
+    """One distinct stage's seconds per micro-batch before the data-parallel terms."""
+
+    stage: Stage
+    """The stage (the first of those that look exactly like it)."""
+    compute: StageCompute
+    """Its compute per micro-batch."""
+    recompute_s: float
+    """Recomputation per micro-batch under the strategy's policy."""
+    comm_s: float
+    """Exposed TP, CP, EP and pipeline communication per micro-batch."""
+
+    @property
+    def per_microbatch_s(self) -> float:
+        """Forward, backward, recompute and this communication: a slot without ZeRO's share."""
+        return self.compute.fwd_s + self.compute.bwd_s + self.recompute_s + self.comm_s
+
+
+def stage_core(
+    s: Strategy,
+    links: Links,
+    coll: Collectives,
+    sm: StageModel,
+    per_layer: PerLayerRecompute,
+    train: TrainConfig,
+    contention: float,
+) -> tuple[StageCore, ...]:
+    """`StageCore` of each distinct pipeline stage (`StageModel.stages`) of `s`."""
+    p = sm.profile
+    mbs = s.micro_batch_size
+    lay = sm.layout_of(s)
+    compute = sm.stage_compute(lay, s.tp, s.cp, s.ep, mbs)
+    tokens = mbs * p.seq_len / s.cp
+    act = mbs * sm.block_output_seq_bytes / s.cp  # one micro-batch's (b, s/cp, h) tensor
+    if s.sequence_parallel:
+        tp_unit = coll.all_gather(act, links.tp) + coll.reduce_scatter(act, links.tp)
+    else:
+        tp_unit = coll.all_reduce(act, links.tp)
+    # Ring attention (Liu et al. 2023; torch's context_parallel): K and V of the local
+    # chunk (GQA: kv_heads, each TP rank its share) travel cp-1 hops per block forward;
+    # backward sends them again with their gradients.
+    kv_shard = max(1, min(s.tp, p.kv_heads))
+    kv_bytes = 2 * tokens * (p.kv_heads * p.hidden // p.heads) / kv_shard * train.act_bytes
+    hop_s = coll.p2p(kv_bytes, links.cp.nodes > 1) if s.cp > 1 else 0.0
+    a2a_bytes = act * p.top_k / (s.tp if s.sequence_parallel else 1)
+    a2a = coll.all_to_all(a2a_bytes, links.ep) if s.ep > 1 else 0.0
+    p2p = coll.p2p(sm.boundary_bytes(s), links.pp.nodes > 1) if s.pp > 1 else 0.0
+    out = []
+    for c, stage in zip(compute, sm.stages(lay), strict=True):
+        rc, n_full, n_full_moe = per_layer.stage_recompute(s, stage, c)
+        # TP: 2 collectives per block forward and 2 backward (Narayanan et al. 2021 §3.2,
+        # Korthikanti §4.2.2 with SP: all-gather + reduce-scatter), redone when recomputed.
+        units = stage.n_blocks * 4 + n_full * 2
+        units += int(stage.has_embedding) + int(stage.has_head)
+        comm = units * tp_unit if s.tp > 1 else 0.0
+        if train.runtime.tp_comm_overlap:
+            # Megatron's --tp-comm-overlap (Transformer Engine userbuffers; Wang et al. 2023
+            # decomposition): each collective is split and pipelined with the GEMM it feeds,
+            # so it hides under the stage's compute, which it slows (contention).
+            comm = hidden_behind(comm, c.fwd_s + c.bwd_s, contention)
+        if s.cp > 1 and stage.n_blocks:
+            # Each of the cp ring steps computes one (s/cp)^2 block of attention, balanced
+            # by the causal load-balanced split (zig-zag chunks), while the next K/V hop is
+            # in flight: a hop hides only under one step's attention, with contention.
+            attn_f = c.attention_fwd_s / stage.n_blocks  # one block's attention fwd
+            step_f = attn_f / s.cp
+            step_b = ATTENTION_BACKWARD_FACTOR * step_f
+            per_block = (s.cp - 1) * hidden_behind(hop_s, step_f, contention)
+            per_block += (s.cp - 1) * hidden_behind(2 * hop_s, step_b, contention)
+            comm += stage.n_blocks * per_block
+        # EP: dispatch and combine all-to-all, forward and backward (Lepikhin et al. 2020)
+        comm += (stage.n_moe_blocks * 4 + n_full_moe * 2) * a2a
+        if s.pp > 1:  # activations forward and gradients backward, per chunk
+            comm += p2p_sends(stage, s.pp * s.virtual_stages) * p2p
+        out.append(StageCore(stage=stage, compute=c, recompute_s=rc, comm_s=comm))
+    return tuple(out)

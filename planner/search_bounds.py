@@ -1,0 +1,135 @@
+"""A step-time lower bound shared by every ZeRO stage and offload choice of a strategy: the
+search (`search.py`) prices it once for the (degrees, micro-batch, schedule, sequence
+parallel, recompute) family and skips the whole family when it is already slower than the
+K-th best, before any memory or time of its members is computed.
+
+Validity: the search's own bound of a strategy `s` is its step time with every group on the
+fastest link and no latency (`Evaluator.time(s, links.ideal(), lower_bound_coll)`), which is
+
+    m * slow.per_microbatch_s + bubble(slow) + tail + optimizer
+
+with `slow` the stage of largest `per_microbatch_s` (compute + recompute + TP/CP/EP/PP
+communication + ZeRO's per-micro-batch traffic and offload copies). Every term this bound
+leaves out is a non-negative number of seconds (`hidden_behind` never returns less than 0):
+ZeRO's per-micro-batch share, the once-per-step tail, the optimizer step. So
+
+- `m * max over stages of StageCore.per_microbatch_s` <= `m * slow.per_microbatch_s`;
+- the fill and drain of a schedule without split backward are `fill_slots` slots of the slow
+  stage, at least `fill_slots` times that maximum;
+- a split-backward schedule's bubble is its replayed unit bubble at the slow stage's
+  forward share times the slow stage's slot (`cost/schedules.py`): at least the least unit
+  bubble over the stages' forward shares times that maximum.
+
+`recompute=per_layer` is bounded with no recompute (same layout, recompute seconds and
+redone collectives never negative). A relative margin of `SAFETY` absorbs the different
+order of floating-point sums.
+tests/test_search_bounds.py checks bound <= the search's bound and <= the true step time of
+every member over sampled families of several models and clusters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .cost.comm import Collectives
+from .cost.evaluate import Evaluator
+from .cost.schedules import bubble_s, is_split_backward
+from .search_blocks import Block
+from .strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
+
+SAFETY = 1e-9
+"""Relative margin taken off the bound: its sums run in another order than the step time's."""
+_SHARE_NUDGE = 1e-9
+"""A forward share this close to a rounding boundary of the replay cache is tried on both
+sides, so the bound never reads a neighbouring bin the step time did not."""
+
+
+def family_key(s: Strategy) -> Strategy:
+    """The member of `s`'s family the bound is computed for: what it leaves out (ZeRO stage,
+    offloads, PowerSGD, HSDP shard, mesh order) set to a default, per_layer read as none."""
+    rc = Recompute.NONE if s.recompute == Recompute.PER_LAYER else s.recompute
+    return replace(
+        s,
+        zero_stage=0,
+        offload_optimizer=False,
+        offload_params=False,
+        offload_activations=False,
+        powersgd_rank=None,
+        dp_shard=None,
+        mesh_order=DEFAULT_MESH_ORDER,
+        recompute=rc,
+    )
+
+
+def family_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float:
+    """A step time no member of `s`'s family (any ZeRO stage, offload, PowerSGD, HSDP shard,
+    mesh order; per_layer for none) beats, with `coll` the lower-bound collectives (see the
+    module docstring for why). `s` should be a `family_key`."""
+    cores = ev.stage_core(s, ev.ideal_links(s), coll)
+    slot = max(c.per_microbatch_s for c in cores)
+    m = ev.num_microbatches(s)
+    if not is_split_backward(s.schedule):
+        bubble = ev.fill_slots(s) * slot
+    else:
+        shares: set[float] = set()
+        for c in cores:
+            total = c.compute.fwd_s + c.compute.bwd_s
+            share = c.compute.fwd_s / total if total > 0 else 0.5
+            shares.update((share - _SHARE_NUDGE, share, share + _SHARE_NUDGE))
+        unit = min(
+            bubble_s(
+                s.schedule,
+                pp=s.pp,
+                virtual_stages=s.virtual_stages,
+                num_microbatches=m,
+                forward_s=min(1.0, max(0.0, x)),
+                backward_s=1.0 - min(1.0, max(0.0, x)),
+                weight_share=ev.weight_share,
+            )
+            for x in shares
+        )
+        bubble = unit * slot
+    return (m * slot + bubble) * (1.0 - SAFETY)
+
+
+class FamilyBounds:
+    """`family_lower_bound_s` memoized for one search (by what a `family_key` keeps)."""
+
+    def __init__(self, ev: Evaluator, options_offered: bool) -> None:
+        self.ev = ev
+        self.options_offered = options_offered
+        """PowerSGD or the asynchronous pipeline offered: they may be faster than the
+        strategy they vary, so `all_slower` never prunes."""
+        self._bound_s: dict[tuple, float] = {}
+
+    def bound_s(self, s: Strategy) -> float:
+        """`family_lower_bound_s` of `s`'s family."""
+        rc = Recompute.NONE if s.recompute == Recompute.PER_LAYER else s.recompute
+        key = (
+            s.dp,
+            s.tp,
+            s.pp,
+            s.cp,
+            s.ep,
+            s.sequence_parallel,
+            s.schedule,
+            s.virtual_stages,
+            s.micro_batch_size,
+            rc,
+            s.async_pipeline,
+        )
+        bound = self._bound_s.get(key)
+        if bound is None:
+            bound = family_lower_bound_s(self.ev, family_key(s), self.ev.lower_bound_coll)
+            self._bound_s[key] = bound
+        return bound
+
+    def all_slower(self, block: Block, sched: Schedule, v: int, worst_s: float) -> bool:
+        """Whether every strategy of `block` under this schedule is slower than `worst_s`,
+        whatever its ZeRO stage and offloads."""
+        if worst_s == float("inf") or self.options_offered:
+            return False
+        for sp, rc in {(sp, rc) for sp, _, _, rc in block.rest}:
+            if self.bound_s(block.strategy(sched, v, sp, 0, False, rc)) <= worst_s:
+                return False
+        return True

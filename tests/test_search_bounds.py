@@ -1,0 +1,162 @@
+"""The search's family bound (planner/search_bounds.py) is a valid lower bound, and the lean
+makespan replay equals the full replay bit for bit (fast, CPU only)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import replace
+
+import pytest
+
+from paraplan.planner.cluster import parse_cluster
+from paraplan.planner.config import TrainConfig
+from paraplan.planner.cost.evaluate import Evaluator
+from paraplan.planner.cost.options import option_problem
+from paraplan.planner.model_spec import parse_model
+from paraplan.planner.options import rescues
+from paraplan.planner.pins import Pins
+from paraplan.planner.search import Search
+from paraplan.planner.search_bounds import family_key, family_lower_bound_s
+from paraplan.planner.solvers.pipeline_replay import makespan_s, simulate_pipeline
+from paraplan.planner.strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
+
+# Small and large spaces, dense and MoE, one node and many, long sequences (CP).
+SPACES = {
+    "gpt2-8xh100": ("gpt2", "8xh100", 16, 1024, None),
+    "small-gpt-nodes-of-2": (
+        "gpt:layers=8,hidden=512,heads=8,vocab=1000,seq=512",
+        "16xa100-80gb",
+        8,
+        512,
+        2,
+    ),
+    "tiny-moe-8xh100": (
+        "moe:layers=4,hidden=256,heads=4,vocab=500,seq=256,experts=4,top_k=2",
+        "8xh100",
+        8,
+        256,
+        None,
+    ),
+    "llama-4xl4": (
+        "llama:layers=16,hidden=4096,heads=32,kv_heads=8,ffn=11008,vocab=32000,seq=4096",
+        "4xl4",
+        8,
+        4096,
+        None,
+    ),
+    "gpt3-175b-1024xa100": ("gpt3-175b", "1024xa100-80gb", 1536, 2048, None),
+    "llama3-8b-64xh100-long": ("llama3-8b", "64xh100", 64, 16384, None),
+}
+SAMPLES = 150
+ORDERS = list(itertools.permutations(DEFAULT_MESH_ORDER))
+
+
+@pytest.mark.parametrize("name", list(SPACES))
+def test_family_bound_is_below_every_member(name):
+    model, cluster, batch, seq, gpn = SPACES[name]
+    ev = Evaluator(
+        parse_model(model).to_profile(seq_len=seq),
+        parse_cluster(cluster, gpus_per_node=gpn),
+        TrainConfig(global_batch=batch, seq_len=seq),
+    )
+    blocks = list(Search(ev).blocks())
+    rng = random.Random(16)
+    checked = 0
+    for _ in range(20 * SAMPLES):
+        if checked == SAMPLES:
+            break
+        block = rng.choice(blocks)
+        s = block.strategy(*rng.choice(block.schedules), *rng.choice(block.rest))
+        if ev.violation(s) is not None:
+            continue
+        bound = family_lower_bound_s(ev, family_key(s), ev.lower_bound_coll)
+        # the search's own bound of the member (what it is compared with) ...
+        ideal = ev.time(s, ev.links(s).ideal(), ev.lower_bound_coll).step_time_s
+        assert bound <= ideal, s.short()
+        # ... and the member's true step time in some mesh orders, offloaded variants too
+        variants = [v for tier in rescues(s, Pins()) for v in tier if option_problem(v) is None]
+        for member in [s, *variants]:
+            for order in rng.sample(ORDERS, 2):
+                so = replace(member, mesh_order=order)
+                assert bound <= ev.time(so).step_time_s, so.short()
+        checked += 1
+    assert checked >= 30
+
+
+def test_family_bound_is_not_vacuous():
+    """It prices compute, recompute, TP and the bubble: within a few percent of the step time
+    of a large-model member whose data-parallel terms are small."""
+    ev = Evaluator(
+        parse_model("gpt3-175b").to_profile(seq_len=2048),
+        parse_cluster("1024xa100-80gb"),
+        TrainConfig(global_batch=1536, seq_len=2048),
+    )
+    s = Strategy(
+        dp=32,
+        tp=4,
+        pp=8,
+        zero_stage=1,
+        sequence_parallel=True,
+        schedule=Schedule.DUALPIPEV,
+        virtual_stages=2,
+        micro_batch_size=2,
+        recompute=Recompute.SELECTIVE,
+    )
+    assert ev.violation(s) is None
+    bound = family_lower_bound_s(ev, family_key(s), ev.lower_bound_coll)
+    assert 0.9 * ev.time(s).step_time_s < bound <= ev.time(s).step_time_s
+
+
+SHAPES = [
+    (Schedule.NONE, 1, [1, 3, 8], [1]),
+    (Schedule.GPIPE, 4, [1, 4, 9], [1]),
+    (Schedule.ONE_F_ONE_B, 3, [1, 2, 7, 12], [1]),
+    (Schedule.INTERLEAVED_1F1B, 4, [4, 8, 16], [2, 3]),
+    (Schedule.INTERLEAVED_ZB, 4, [4, 8, 16], [1, 2]),
+    (Schedule.ZBV, 4, [1, 5, 8, 16], [2]),
+    (Schedule.DUALPIPEV, 4, [8, 9, 16], [2]),
+    (Schedule.DUALPIPEV, 8, [16, 32], [2]),
+]
+
+
+@pytest.mark.parametrize(("schedule", "pp", "ms", "vs"), SHAPES, ids=[str(x[0]) for x in SHAPES])
+def test_makespan_equals_the_full_replay_bit_for_bit(schedule, pp, ms, vs):
+    rng = random.Random(1)
+    for m in ms:
+        for v in vs:
+            for _ in range(6):
+                f = round(rng.random(), 3)
+                share = round(rng.random(), 3)
+                kwargs = dict(
+                    num_stages=pp,
+                    num_microbatches=m,
+                    forward_s=f,
+                    backward_s=1.0 - f,
+                    virtual_stages=v,
+                    weight_share=share,
+                )
+                full = simulate_pipeline(schedule, **kwargs).makespan_s
+                assert makespan_s(schedule, **kwargs) == full
+
+
+def test_makespan_rejects_what_the_replay_rejects():
+    with pytest.raises(ValueError, match="multiple of pp"):
+        makespan_s(
+            Schedule.INTERLEAVED_1F1B,
+            num_stages=4,
+            num_microbatches=6,
+            forward_s=1.0,
+            backward_s=2.0,
+            virtual_stages=2,
+        )
+    with pytest.raises(ValueError, match="weight_share"):
+        makespan_s(
+            Schedule.ZBV,
+            num_stages=2,
+            num_microbatches=4,
+            forward_s=1.0,
+            backward_s=2.0,
+            virtual_stages=2,
+            weight_share=1.5,
+        )
