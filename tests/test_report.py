@@ -4,6 +4,7 @@ JSONs. Fast CPU tests on small analytic models (no torch)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from html.parser import HTMLParser
 from pathlib import Path
@@ -15,6 +16,7 @@ from paraplan.cli import build_parser, main
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.plan_io import load_plan
+from paraplan.planner.solvers.pipeline_orders import Phase
 from paraplan.report import (
     ReportOptions,
     Status,
@@ -28,6 +30,7 @@ from paraplan.report import (
 from paraplan.report.colors import (
     RUNNER_UP_COLORS,
     STRATEGY_COLORS,
+    WEIGHT_GRAD_COLOR,
     schedule_color,
     strategy_color,
 )
@@ -80,7 +83,21 @@ def test_plan_stage_times_reproduce_its_pipeline_time(mid_report) -> None:
     assert bubble == pytest.approx(plan.predicted.time_breakdown.bubble_s, rel=1e-9)
     assert t.bubble_fraction == pytest.approx(plan.predicted.bubble_fraction, rel=1e-9)
     panels = compare_schedules(plan)
-    assert [str(x.schedule) for x in panels] == ["gpipe", "1f1b", "interleaved_1f1b"]
+    m, pp = panels[0].num_microbatches, plan.parallelism.pp
+    expected = ["gpipe", "1f1b", "interleaved_1f1b", "interleaved_zb", "zbv"]
+    expected += ["dualpipev"] if m >= 2 * pp else []  # torch's ScheduleDualPipeV rule
+    assert [str(x.schedule) for x in panels] == expected
+    for t in panels:  # each micro-batch and chunk gets its weight gradient once: a whole
+        # backward, or a split one's W after its B (only the split schedules split any)
+        count = {ph: sum(x.phase == ph for x in t.intervals) for ph in Phase}
+        split = str(t.schedule) in ("interleaved_zb", "zbv", "dualpipev")
+        assert (count[Phase.BACKWARD_WEIGHT] > 0) == split
+        assert count[Phase.BACKWARD_INPUT] == count[Phase.BACKWARD_WEIGHT]
+        whole = count[Phase.BACKWARD] + count[Phase.BACKWARD_WEIGHT]
+        assert whole == count[Phase.FORWARD] == pp * t.num_microbatches * t.virtual_stages
+        for stage in range(pp):  # no two operations of a stage overlap
+            ops = sorted(t.stage_intervals(stage), key=lambda x: x.start_s)
+            assert all(a.end_s <= b.start_s + 1e-12 for a, b in itertools.pairwise(ops))
 
 
 # ---- strategies ----------------------------------------------------------------------------
@@ -210,10 +227,21 @@ def test_figures_label_axes_with_units_and_keep_colours(mid_report) -> None:
     assert megatron.plan is not None
     timelines = compare_schedules(megatron.plan)
     fig = gantt_figure(timelines, what="schedules", context=context, source="plans/megatron.json")
-    assert len(fig.axes) == 3
+    assert len(fig.axes) == len(timelines) >= 5
     for ax, t in zip(fig.axes, timelines, strict=True):
         assert ax.get_xlabel() == "time (ms)" and ax.get_ylabel() == "pipeline stage"
-        assert {_hex(p.get_facecolor()) for p in ax.patches} == {schedule_color(str(t.schedule))}
+        colours = {schedule_color(str(t.schedule))}
+        if any(x.phase == Phase.BACKWARD_WEIGHT for x in t.intervals):
+            colours.add(WEIGHT_GRAD_COLOR)  # W boxes apart from F and B
+            labels = [x.get_text() for x in ax.get_legend().get_texts()]
+            assert labels == ["forward (F)", "input gradient (B)", "weight gradient (W)"]
+            # a W box per split backward; ZB1P and ZB-V split every one: p x m x chunks boxes
+            # (DualPipeV runs its steady-state backwards whole, overlapped with a forward)
+            w_boxes = [p for p in ax.patches if _hex(p.get_facecolor()) == WEIGHT_GRAD_COLOR]
+            assert len(w_boxes) == sum(x.phase == Phase.BACKWARD_WEIGHT for x in t.intervals)
+            if str(t.schedule) in ("interleaved_zb", "zbv"):
+                assert len(w_boxes) == t.num_stages * t.num_microbatches * t.virtual_stages
+        assert {_hex(p.get_facecolor()) for p in ax.patches} == colours
     assert context in fig.get_suptitle()
     # Hand-made curves (the shape of planner/solvers/tradeoff.py), one infeasible point.
     curves = [

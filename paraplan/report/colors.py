@@ -39,8 +39,13 @@ SCHEDULE_COLORS: dict[str, str] = {
     "gpipe": "#882255",  # Tol muted wine
     "1f1b": "#117733",  # Tol muted green
     "interleaved_1f1b": "#332288",  # Tol muted indigo
+    "interleaved_zb": "#44AA99",  # Tol muted teal
+    "zbv": "#88CCEE",  # Tol muted cyan
+    "dualpipev": "#CC6677",  # Tol muted rose
 }
 """Fixed colour of each pipeline schedule (planner/strategy.py `Schedule` values)."""
+WEIGHT_GRAD_COLOR = "#DDAA33"  # Tol bright yellow-ochre: no schedule's colour
+"""The weight-gradient (W) boxes of the split-backward schedules, whatever the schedule."""
 
 COMPONENT_COLORS: dict[str, str] = {
     # memory per GPU (plan JSON predicted.memory_breakdown)

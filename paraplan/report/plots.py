@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..planner.cost.schedules import PENDING_W_ACT_FACTOR
 from ..planner.solvers.pipeline_replay import Phase, Timeline
-from .colors import component_color, schedule_color, strategy_color
+from .colors import WEIGHT_GRAD_COLOR, component_color, schedule_color, strategy_color
 from .strategies import Compared
 
 if TYPE_CHECKING:
@@ -235,6 +236,9 @@ def _schedule_name(t: Timeline) -> str:
         "gpipe": "GPipe",
         "1f1b": "1F1B",
         "interleaved_1f1b": "interleaved 1F1B",
+        "interleaved_zb": "zero bubble ZB1P",
+        "zbv": "ZB-V",
+        "dualpipev": "DualPipeV",
         "none": "no pipeline",
     }
     name = names[str(t.schedule)]
@@ -243,7 +247,8 @@ def _schedule_name(t: Timeline) -> str:
 
 def gantt_figure(timelines: Sequence[Timeline], *, what: str, context: str, source: str) -> Figure:
     """One panel per replayed schedule: pipeline stage on y (stage 0 on top), time in ms on x
-    (shared), forwards light and backwards dark in the schedule's colour, micro-batch numbers
+    (shared), forwards light and backwards dark in the schedule's colour (a split backward's
+    input gradient B dark, its weight gradient W in `WEIGHT_GRAD_COLOR`), micro-batch numbers
     on the bars that are wide enough; interleaved chunks after the first are hatched."""
     if not timelines:
         raise ValueError("no schedules to draw; give at least one Timeline")
@@ -259,13 +264,14 @@ def gantt_figure(timelines: Sequence[Timeline], *, what: str, context: str, sour
         for x in t.intervals:
             left, width = x.start_s * MS_PER_S, x.duration_s * MS_PER_S
             forward = x.phase == Phase.FORWARD
+            weight = x.phase == Phase.BACKWARD_WEIGHT
             local = x.chunk // t.num_stages
             ax.barh(
                 x.stage,
                 width,
                 left=left,
                 height=0.8,
-                color=color,
+                color=WEIGHT_GRAD_COLOR if weight else color,
                 alpha=FORWARD_ALPHA if forward else 1.0,
                 edgecolor="white",
                 linewidth=0.5,
@@ -279,7 +285,7 @@ def gantt_figure(timelines: Sequence[Timeline], *, what: str, context: str, sour
                     ha="center",
                     va="center",
                     fontsize=7,
-                    color="black" if forward else "white",
+                    color="black" if forward or weight else "white",
                 )
         ax.set_yticks(range(t.num_stages), [str(s) for s in range(t.num_stages)])
         ax.set_ylim(t.num_stages - 0.5, -0.5)  # stage 0 on top
@@ -288,16 +294,24 @@ def gantt_figure(timelines: Sequence[Timeline], *, what: str, context: str, sour
         ax.xaxis.set_tick_params(labelbottom=True)
         ax.set_title(
             f"{_schedule_name(t)}: {t.num_stages} stages, {t.num_microbatches} micro-batches, "
-            f"makespan {t.makespan_s * MS_PER_S:,.1f} ms, bubble {t.bubble_fraction:.1%}",
+            f"makespan {t.makespan_s * MS_PER_S:,.1f} ms, bubble {t.bubble_fraction:.1%}, "
+            f"stage 0 holds {t.in_flight(0, PENDING_W_ACT_FACTOR):.2g} micro-batches of "
+            "activations at its peak",
             fontsize=9,
             color=color,
             loc="left",
         )
+        split = any(x.phase == Phase.BACKWARD_WEIGHT for x in t.intervals)
+        handles = [Patch(color=color, alpha=FORWARD_ALPHA, label="forward (F)")]
+        if split:
+            handles += [
+                Patch(color=color, label="input gradient (B)"),
+                Patch(color=WEIGHT_GRAD_COLOR, label="weight gradient (W)"),
+            ]
+        else:
+            handles.append(Patch(color=color, label="backward"))
         ax.legend(
-            handles=[
-                Patch(color=color, alpha=FORWARD_ALPHA, label="forward"),
-                Patch(color=color, label="backward"),
-            ],
+            handles=handles,
             loc="upper left",
             bbox_to_anchor=(1.005, 1.0),
             fontsize=7,

@@ -1,5 +1,5 @@
-"""Pipeline schedule pictures: the stage times of a plan, and the three schedules replayed with
-them for the Gantt charts. The replay itself is the planner's
+"""Pipeline schedule pictures: the stage times of a plan, and the schedules replayed with them
+for the Gantt charts. The replay itself is the planner's
 (`paraplan.planner.solvers.pipeline_replay`), which also replays every plan the search returns.
 """
 
@@ -72,10 +72,11 @@ def gantt_microbatches(num_microbatches: int, num_stages: int) -> int:
 
 
 def compare_schedules(plan: Plan) -> tuple[Timeline, ...]:
-    """GPipe, 1F1B and interleaved 1F1B replayed with a pipelined plan's stages, stage times
-    and (up to `gantt_microbatches`) micro-batches. The interleaved panel uses the plan's v, or
-    `DEFAULT_INTERLEAVE` chunks per stage, and is left out when the blocks or micro-batches do
-    not allow it."""
+    """GPipe, 1F1B, interleaved 1F1B, zero bubble (ZB1P, ZB-V) and DualPipeV replayed with a
+    pipelined plan's stages, stage times and (up to `gantt_microbatches`) micro-batches, a
+    split backward's W half of it (`simulate_pipeline`'s default). The interleaved panel uses
+    the plan's v, or `DEFAULT_INTERLEAVE` chunks per stage; a schedule whose blocks or
+    micro-batches torch would refuse is left out."""
     p = plan.parallelism
     times = stage_times(plan)
     m = gantt_microbatches(plan.num_microbatches, p.pp)
@@ -94,4 +95,12 @@ def compare_schedules(plan: Plan) -> tuple[Timeline, ...]:
     v = p.virtual_stages if p.virtual_stages > 1 else DEFAULT_INTERLEAVE
     if p.pp * v <= plan.model.num_blocks and m % p.pp == 0:
         out.append(run(Schedule.INTERLEAVED_1F1B, v))
+    # the split-backward schedules, where torch runs them (planner/cost/rules.py): ZB1P with
+    # m a multiple of pp, the V schedules with two chunks per stage, DualPipeV with m >= 2 pp
+    if m % p.pp == 0:
+        out.append(run(Schedule.INTERLEAVED_ZB))
+    if 2 * p.pp <= plan.model.num_blocks:
+        out.append(run(Schedule.ZBV, 2))
+        if m >= 2 * p.pp:
+            out.append(run(Schedule.DUALPIPEV, 2))
     return tuple(out)
