@@ -75,9 +75,12 @@ def format_plan(plan: Plan) -> str:
         lines += ["", "Runners-up"]
         if ties:
             lines.append(f"  (equivalent to the plan under the cost model: {', '.join(ties)})")
-        lines.append(
-            f"  {'#':<3}{'strategy':<58}{'step s':>9}{'MFU':>7}{'GiB/GPU':>8}  lost because"
-        )
+        if rows:
+            lines.append(
+                f"  {'#':<3}{'strategy':<58}{'step s':>9}{'MFU':>7}{'GiB/GPU':>8}  lost because"
+            )
+        else:  # every runner-up ties the plan: say so instead of an empty table
+            lines.append("  (no distinct runner-up among those ranked: ask for more with --top K)")
         for i, (r, same) in enumerate(rows, 1):
             lines.append(
                 f"  {i:<3}{r.strategy().short():<58}"

@@ -46,6 +46,20 @@ CASES: dict[str, tuple[str, int, str]] = {
         32,
         "dp=8,tp=1,pp=1,zero=3,mbs=2,recompute=per_layer,schedule=none",
     ),
+    # issue 17: a zero-bubble V schedule, parameter offload, and the options that change the
+    # training math (PowerSGD, the async pipeline) with activation offload
+    "zbv": ("16xh100", 64, "dp=2,tp=2,pp=4,vpp=2,schedule=zbv,zero=1,mbs=1,recompute=selective"),
+    "offload_params": (
+        "8xa100-40gb",
+        32,
+        "dp=8,tp=1,pp=1,zero=3,offload=true,offload_params=true,mbs=1,recompute=none,schedule=none",
+    ),
+    "options": (
+        "16xh100",
+        64,
+        "dp=4,tp=1,pp=4,zero=1,powersgd=4,async=true,offload_acts=true,schedule=1f1b,mbs=1,"
+        "recompute=none",
+    ),
 }
 """name -> (cluster, global batch, --fix pins)."""
 LOADERS = Path(__file__).with_name("export_loaders.py")

@@ -42,6 +42,7 @@ def torchtitan_view(item: dict[str, Any]) -> dict[str, Any]:
         "seq_len": tr.seq_len,
         "param_dtype": tr.mixed_precision_param,
         "ac": "none" if ac is None else type(ac).__qualname__.split(".")[0],
+        "cpu_offload": tr.enable_cpu_offload,
     }
 
 
@@ -160,6 +161,7 @@ def deepspeed_view(item: dict[str, Any]) -> dict[str, Any]:
 
     config = DeepSpeedConfig(item["path"], mpu=DataParallelGroup(item["dp"]))
     offload = config.zero_config.offload_optimizer
+    param = config.zero_config.offload_param
     return {
         "world_size": config.world_size,
         "train_batch": config.train_batch_size,
@@ -169,6 +171,9 @@ def deepspeed_view(item: dict[str, Any]) -> dict[str, Any]:
         "offload": None
         if offload is None
         else str(getattr(offload.device, "value", offload.device)),
+        "offload_param": None
+        if param is None
+        else str(getattr(param.device, "value", param.device)),
         "bf16": config.bfloat16_config.enabled,
         "autotp": config.tensor_parallel_config.autotp_size,
         "pipeline": [config.pipeline["stages"], config.pipeline["activation_checkpoint_interval"]],

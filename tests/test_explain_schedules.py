@@ -8,7 +8,7 @@ from paraplan.planner.api import make_plan
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.schedules import PENDING_W_ACT_FACTOR, pending_w_share
-from paraplan.planner.explain import explain
+from paraplan.planner.explain import explain, format_plan
 from paraplan.planner.model_spec import parse_model
 from paraplan.planner.pins import Pins
 from paraplan.planner.strategy import Schedule
@@ -50,3 +50,20 @@ def test_explain_names_the_split_backward_and_its_cost() -> None:
     assert "ZB-V, Qi et al. 2023" in text
     assert "against 10.5% for 1F1B" in text
     assert "Hidden cost: micro-batches waiting for their W" in text
+
+
+def test_runners_up_that_all_tie_print_no_empty_table() -> None:
+    """With dp = 1 the ZeRO stages 1-3 shard nothing: the three runners-up tie the plan, are
+    named once as equivalent, and no empty table header follows."""
+    profile = parse_model("gpt3-175b").to_profile(seq_len=2048)
+    plan = make_plan(
+        profile,
+        parse_cluster("64xa100-80gb"),
+        TrainConfig(global_batch=128, seq_len=2048),
+        pins=Pins(schedule=Schedule.ZBV, pp=16, tp=4, dp=1, micro_batch_size=1),
+        top_k=3,
+    ).plan
+    tail = format_plan(plan).split("Runners-up", 1)[1]
+    assert "equivalent to the plan under the cost model" in tail
+    assert "lost because" not in tail
+    assert "no distinct runner-up" in tail

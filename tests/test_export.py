@@ -13,6 +13,7 @@ from paraplan.api import plan as make
 from paraplan.export.exporter import Costing, Exported, export_plan
 from paraplan.export.judge import read_config
 from paraplan.export.setup import Target, plan_strategy
+from paraplan.export.torchtitan import SCHEDULE_NAMES
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.pins import Pins
 from tests.export_cases import CASES, case_plan, profile, run_loaders
@@ -90,7 +91,9 @@ def _check_view(target: Target, view: dict, s, batch: int, nmb: int) -> None:
         assert (view["tp"], view["pp"], view["cp"]) == (s.tp, s.pp, s.cp)
         assert view["sp"] == s.sequence_parallel or s.tp == 1
         assert view["global_batch"] == batch and view["seq_len"] == 4096
+        assert view["cpu_offload"] == s.offload_params  # FSDP2 CPUOffloadPolicy
         if s.pp > 1:
+            assert view["schedule"] == SCHEDULE_NAMES[s.schedule]  # ZBVZeroBubble, ...
             assert view["chunks"] == s.pp * s.virtual_stages
             assert view["chunk_modules"] == 32 + 3  # every block, the embedding, norm, output
             assert view["local_batch"] == s.micro_batch_size * nmb
@@ -113,6 +116,8 @@ def _check_view(target: Target, view: dict, s, batch: int, nmb: int) -> None:
         assert view["accumulation"] == nmb
         assert view["zero"] == s.zero_stage
         assert view["offload"] == ("cpu" if s.offload_optimizer else view["offload"])
+        assert view["offload_param"] == ("cpu" if s.offload_params else view["offload_param"])
+        assert s.offload_params or view["offload_param"] in (None, "none")
         assert view["autotp"] == (s.tp if s.tp > 1 else 0)
 
 
@@ -130,6 +135,11 @@ def test_refused_names_the_feature(target: Target, name: str) -> None:
         (Target.MEGATRON, "hsdp", "HSDP"),
         (Target.DEEPSPEED, "per_layer", "per_layer recompute"),
         (Target.DEEPSPEED, "pp_interleaved", "interleaved_1f1b"),
+        (Target.MEGATRON, "zbv", "zbv schedule"),
+        (Target.DEEPSPEED, "zbv", "zbv schedule"),
+        (Target.MEGATRON, "offload_params", "parameter offload"),
+        *((t, "options", f) for t in Target for f in ("PowerSGD", "activation offload")),
+        *((t, "options", "asynchronous pipeline") for t in Target),
     ],
 )
 def test_nearest_is_priced(target: Target, name: str, feature: str) -> None:
@@ -158,3 +168,22 @@ def test_megatron_block_recompute_is_exact() -> None:
     exported = export_plan(plan, Target.MEGATRON, None)
     assert exported.approximation is None
     assert f"--recompute-method block\n--recompute-num-layers {k}\n" in exported.text
+
+
+@pytest.mark.parametrize(
+    ("target", "name", "written"),
+    [
+        (Target.TORCHTITAN, "zbv", 'pipeline_parallel_schedule = "ZBVZeroBubble"'),
+        (Target.TORCHTITAN, "offload_params", "enable_cpu_offload = true"),
+        (Target.DEEPSPEED, "offload_params", '"offload_param": {'),
+    ],
+)
+def test_trainer_options_are_mapped(target: Target, name: str, written: str) -> None:
+    """Zero-bubble schedules and parameter offload where the trainer has them: exported as
+    planned (no gap), in the trainer's own key; the round trip runs its loader on them."""
+    plan = case_plan(name)
+    exported = export_plan(plan, target, costing(name))
+    assert exported.approximation is None or not any(
+        w in g.feature for g in exported.approximation.gaps for w in ("zbv", "offload")
+    )
+    assert written in exported.text

@@ -31,6 +31,7 @@ NOTEBOOKS = (
     "02_scaling_llama3.ipynb",
     "03_checkpointing_gpt2_xl.ipynb",
     "04_predicted_vs_measured.ipynb",
+    "06_schedules.ipynb",
 )
 """Every notebook, in reading order (notebooks/README.md lists the same)."""
 NEEDS_TORCH = {"03_checkpointing_gpt2_xl.ipynb", "04_predicted_vs_measured.ipynb"}

@@ -286,11 +286,15 @@ def test_report_folder_and_figures_on_disk(mid_report) -> None:
         "README.md",
         "report.html",
         "data/schedules.json",
+        "data/schedule_compare.json",
         "data/tradeoff.json",
         *(f"plans/{n}.json" for n in names),
+        # the pipelined strategy under each schedule (tests/test_schedule_compare.py)
+        *(f"schedules/{s}.json" for s in ("1f1b", "interleaved_1f1b", "interleaved_zb")),
+        *(f"schedules/{s}.json" for s in ("zbv", "dualpipev")),
         *(
             f"figures/{k}.{ext}"
-            for k in ("memory", "time", "gantt", "tradeoff")
+            for k in ("memory", "time", "gantt", "schedule-compare", "tradeoff")
             for ext in ("png", "svg")
         ),
     }

@@ -22,7 +22,7 @@ pytest.importorskip("matplotlib")
 CHROMIUM = "/usr/bin/chromium"
 WINDOW_WIDTH_PX = 1280
 MAX_PAGE_HEIGHT_PX = 16_000
-FIGURES = ("memory", "time", "gantt", "tradeoff")
+FIGURES = ("memory", "time", "gantt", "tradeoff", "schedule-compare")
 MIN_PIXEL_STD = 0.05
 """A plot's screenshot region has pixel values (0..1) spread at least this much: not blank."""
 MIN_INK_SHARE = 0.02

@@ -1,9 +1,9 @@
 """DeepSpeed: a plan as a `ds_config.json`, and DeepSpeed configurations read back.
 
 Keys are DeepSpeed's (`deepspeed/runtime/config.py`, `zero/config.py`,
-`tensor_parallel/config.py`): batch sizes, `zero_optimization` with `offload_optimizer`,
-`bf16`/`fp16`, AutoTP's `tensor_parallel.autotp_size`, and the pipeline engine's `pipeline`
-section (`stages`, `activation_checkpoint_interval`; the stage count itself is
+`tensor_parallel/config.py`): batch sizes, `zero_optimization` with `offload_optimizer` and
+`offload_param`, `bf16`/`fp16`, AutoTP's `tensor_parallel.autotp_size`, and the pipeline
+engine's `pipeline` section (`stages`, `activation_checkpoint_interval`; the stage count itself is
 `PipelineModule(num_stages=...)` in the training script, the `stages` key records it).
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 from ..planner.config import Precision
 from ..planner.plan import Plan
 from ..planner.strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
-from .setup import Gap, Target, TrainerSetup, check_batch, uniform_recompute
+from .setup import Gap, Target, TrainerSetup, check_batch, option_gaps, uniform_recompute
 
 
 def nearest(plan: Plan, s: Strategy) -> tuple[Strategy, list[Gap]]:
@@ -55,6 +55,21 @@ def nearest(plan: Plan, s: Strategy) -> tuple[Strategy, list[Gap]]:
             )
         )
         s = replace(s, zero_stage=1, dp_shard=None)
+    # parameter offload is zero_optimization.offload_param (ZeRO-3 only); PowerSGD, saved-tensor
+    # activation offload and the async pipeline DeepSpeed has not
+    s, gaps_opt = option_gaps(
+        s,
+        Target.DEEPSPEED,
+        has=frozenset({"offload_params"} if s.zero_stage == 3 else ()),
+        why={
+            "offload_params": "parameters on the GPU (DeepSpeed offloads parameters with "
+            "ZeRO-3 only)",
+            "offload_activations": "activations kept on the GPU (DeepSpeed's "
+            "activation_checkpointing.cpu_checkpointing moves only the checkpoints of full "
+            "recomputation)",
+        },
+    )
+    gaps += gaps_opt
     if s.dp_shard is not None and s.dp_shard < s.dp:
         gaps.append(
             Gap(
@@ -91,6 +106,8 @@ def config_dict(plan: Plan, s: Strategy) -> dict[str, Any]:
     zero: dict[str, Any] = {"stage": s.zero_stage}
     if s.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if s.offload_params:  # ZeRO-Infinity's parameter offload (ZeRO-3)
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     config: dict[str, Any] = {
         "train_batch_size": plan.train.global_batch,
         "train_micro_batch_size_per_gpu": s.micro_batch_size,
@@ -153,8 +170,12 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
     zero = doc.get("zero_optimization", {})
     stage = int(zero.get("stage", 0))
     offload = zero.get("offload_optimizer", {}).get("device", "none") in ("cpu", "nvme")
-    if zero.get("offload_param", {}).get("device", "none") != "none":
-        notes.append("parameter offload (offload_param) is not priced by paraplan; left out")
+    offload_param = zero.get("offload_param", {}).get("device", "none") in ("cpu", "nvme")
+    if offload_param and not (stage == 3 and offload):
+        notes.append(
+            "parameter offload (offload_param) without ZeRO-3 and optimizer offload is not "
+            "priced by paraplan; left out"
+        )
     interval = doc.get("pipeline", {}).get("activation_checkpoint_interval", 0)
     checkpointing = "activation_checkpointing" in doc or (pp > 1 and interval > 0)
     if "sequence_parallel_size" in doc:
@@ -172,6 +193,7 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
         pp=pp,
         zero_stage=stage,
         offload_optimizer=offload and stage > 0,
+        offload_params=offload_param and offload and stage == 3,
         schedule=Schedule.ONE_F_ONE_B if pp > 1 else Schedule.NONE,
         micro_batch_size=mbs,
         recompute=Recompute.FULL if checkpointing else Recompute.NONE,

@@ -14,7 +14,7 @@ from dataclasses import replace
 from ..planner.config import Precision
 from ..planner.plan import Plan
 from ..planner.strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
-from .setup import Gap, Target, TrainerSetup, check_batch, uniform_recompute
+from .setup import Gap, Target, TrainerSetup, check_batch, option_gaps, uniform_recompute
 
 _FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
 """Megatron-FSDP `--data-parallel-sharding-strategy` per ZeRO stage."""
@@ -71,6 +71,28 @@ def nearest(plan: Plan, s: Strategy) -> tuple[Strategy, list[Gap]]:
     if s.schedule == Schedule.GPIPE:
         gaps.append(Gap(feature="GPipe schedule", nearest="1F1B (Megatron has no GPipe)"))
         s = replace(s, schedule=Schedule.ONE_F_ONE_B)
+    if s.schedule in (Schedule.INTERLEAVED_ZB, Schedule.ZBV, Schedule.DUALPIPEV):
+        # no split backward in Megatron-LM: its interleaved 1F1B with the same chunks per rank
+        # (looped, not a V), or plain 1F1B for one chunk
+        looped = Schedule.INTERLEAVED_1F1B if s.virtual_stages > 1 else Schedule.ONE_F_ONE_B
+        gaps.append(
+            Gap(
+                feature=f"{s.schedule} schedule (zero-bubble: backward split into B and W)",
+                nearest=f"{looped}"
+                + (f" with {s.virtual_stages} chunks per rank" if s.virtual_stages > 1 else "")
+                + " (Megatron-LM has no zero-bubble schedule)",
+            )
+        )
+        s = replace(s, schedule=looped)
+    s, gaps_opt = option_gaps(
+        s,
+        Target.MEGATRON,
+        why={
+            "offload_activations": "activations kept on the GPU (Megatron's --cpu-offloading "
+            "refuses pipeline parallelism and recomputation, and keeps the last layer's)",
+        },
+    )
+    gaps += gaps_opt
     if s.dp_shard is not None and s.dp_shard < s.dp:
         gaps.append(
             Gap(

@@ -93,3 +93,68 @@ def check_batch(setup: TrainerSetup) -> TrainerSetup:
     if s.pp > 1 and s.schedule == Schedule.NONE:
         raise ValueError(f"{setup.target} config: pp={s.pp} needs a pipeline schedule")
     return setup
+
+
+TARGET_NAMES = {
+    Target.TORCHTITAN: "torchtitan",
+    Target.MEGATRON: "Megatron-LM",
+    Target.DEEPSPEED: "DeepSpeed",
+}
+"""Each trainer's name in messages."""
+_WITHOUT = {
+    "powersgd": "uncompressed gradient reduction ({target} has no PowerSGD hook)",
+    "offload_params": "parameters and gradients kept on the GPU ({target} has no parameter "
+    "offload)",
+    "offload_activations": "activations kept on the GPU ({target} has no saved-tensor offload)",
+    "async_pipeline": "a synchronous pipeline, flushed every step ({target} has no PipeDream-2BW)",
+}
+"""What a trainer runs instead of an option it does not have, by option."""
+
+
+def option_gaps(
+    s: Strategy,
+    target: Target,
+    *,
+    has: frozenset[str] = frozenset(),
+    why: dict[str, str] | None = None,
+) -> tuple[Strategy, list[Gap]]:
+    """PowerSGD, parameter and activation offload and the asynchronous pipeline (schema v5),
+    each that `target` has no option for (those not in `has`) turned off with a `Gap` naming
+    it and what the trainer runs instead (`why` overrides the wording per option), so that an
+    export never drops one silently."""
+    name = TARGET_NAMES[target]
+    words = {k: v.format(target=name) for k, v in _WITHOUT.items()} | (why or {})
+    gaps: list[Gap] = []
+    if s.powersgd_rank is not None and "powersgd" not in has:
+        gaps.append(
+            Gap(
+                feature=f"PowerSGD gradient compression (powersgd_rank={s.powersgd_rank})",
+                nearest=words["powersgd"],
+            )
+        )
+        s = replace(s, powersgd_rank=None)
+    if s.offload_params and "offload_params" not in has:
+        gaps.append(
+            Gap(
+                feature="parameter offload (offload_params=true)",
+                nearest=words["offload_params"],
+            )
+        )
+        s = replace(s, offload_params=False)
+    if s.offload_activations and "offload_activations" not in has:
+        gaps.append(
+            Gap(
+                feature="activation offload (offload_activations=true)",
+                nearest=words["offload_activations"],
+            )
+        )
+        s = replace(s, offload_activations=False)
+    if s.async_pipeline and "async_pipeline" not in has:
+        gaps.append(
+            Gap(
+                feature="asynchronous pipeline (async_pipeline=true)",
+                nearest=words["async_pipeline"],
+            )
+        )
+        s = replace(s, async_pipeline=False)
+    return s, gaps

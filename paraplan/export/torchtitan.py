@@ -19,7 +19,7 @@ from typing import Any
 from ..planner.config import Precision
 from ..planner.plan import Plan
 from ..planner.strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
-from .setup import Gap, Target, TrainerSetup, check_batch, uniform_recompute
+from .setup import Gap, Target, TrainerSetup, check_batch, option_gaps, uniform_recompute
 
 SCHEDULE_NAMES = {
     Schedule.GPIPE: "GPipe",
@@ -65,7 +65,12 @@ def nearest(plan: Plan, s: Strategy) -> tuple[Strategy, list[Gap]]:
             )
         )
         s = replace(s, zero_stage=2)
-    if s.offload_optimizer:
+    # PowerSGD, activation offload and the async pipeline torchtitan has not; parameter offload
+    # it has: training.enable_cpu_offload is FSDP2's CPUOffloadPolicy (parameters, gradients
+    # and optimizer states on the host), exactly ZeRO-3 with offload_params
+    s, gaps_opt = option_gaps(s, Target.TORCHTITAN, has=frozenset({"offload_params"}))
+    gaps += gaps_opt
+    if s.offload_optimizer and not s.offload_params:
         gaps.append(
             Gap(
                 feature="optimizer offload (offload_optimizer=true)",
@@ -123,6 +128,8 @@ def render(plan: Plan, s: Strategy) -> str:
         "dtype": "float32",
         "mixed_precision_param": _PRECISION_PARAM[plan.train.precision],
     }
+    if s.offload_params:  # FSDP2 CPUOffloadPolicy: parameters, gradients, optimizer states
+        training["enable_cpu_offload"] = True
     if pipelined:
         training["disable_cuda_graphs"] = True  # torchtitan refuses CUDA graphs with PP
     args = " ".join(cli_args_of({"parallelism": parallelism, "training": training}, s))
@@ -321,7 +328,8 @@ def from_values(
     if dtype == "bfloat16":
         notes.append("pure bf16 training (no fp32 master weights) evaluated as bf16 mixed")
     precision = Precision.BF16 if "bfloat16" in (dtype, param) else Precision.FP32
-    if tr.get("enable_cpu_offload"):
+    offload = bool(tr.get("enable_cpu_offload", False)) and zero > 0
+    if offload and zero < 3:  # FSDP2 keeps unsharded parameters on the GPU
         notes.append("training.enable_cpu_offload evaluated as optimizer offload only")
     strategy = Strategy(
         dp=dp,
@@ -331,7 +339,8 @@ def from_values(
         ep=ep,
         zero_stage=zero,
         dp_shard=shard if zero == 3 and replicate > 1 else None,
-        offload_optimizer=bool(tr.get("enable_cpu_offload", False)) and zero > 0,
+        offload_optimizer=offload,
+        offload_params=offload and zero == 3,
         sequence_parallel=tp > 1 and bool(par.get("enable_sequence_parallel", True)),
         schedule=schedule,
         virtual_stages=vstages,

@@ -1,10 +1,12 @@
 """`paraplan compare` end to end: plan the strategies, draw the figures, write the report.
 
 The report folder holds README.md, report.html (self-contained), plans/<name>.json (one plan
-per compared strategy), figures/<key>.png and .svg, and data/*.json (the trade-off curves and
-the replayed schedules the figures draw). It is built in a temporary folder next to the target
-and moved into place at the end, so a reader never sees a half-written report; an existing
-report in the target is replaced, any other non-empty folder is left alone (ValueError).
+per compared strategy), schedules/<schedule>.json (the first pipelined strategy re-planned
+under each pipeline schedule, report/schedules.py), figures/<key>.png and .svg, and
+data/*.json (the trade-off curves and the replayed schedules the figures draw). It is built in
+a temporary folder next to the target and moved into place at the end, so a reader never sees
+a half-written report; an existing report in the target is replaced, any other non-empty folder
+is left alone (ValueError).
 """
 
 from __future__ import annotations
@@ -27,7 +29,15 @@ from ..planner.plan import Plan
 from ..planner.plan_io import save_plan
 from ..planner.solvers.chain import LayerChain
 from . import plots
-from .render import FigureEntry, ReportContent, plan_path, render_html, render_markdown
+from .render import (
+    FigureEntry,
+    ReportContent,
+    plan_path,
+    render_html,
+    render_markdown,
+    schedule_plan_path,
+)
+from .schedules import compare_pinned_schedules, schedules_figure
 from .strategies import STRATEGY_NAMES, Compared, compare_strategies, step_count
 from .timeline import compare_schedules, gantt_microbatches
 
@@ -187,7 +197,7 @@ def build_report(
         umask = os.umask(0)
         os.umask(umask)
         built.chmod(0o777 & ~umask)  # mkdtemp makes 0700; give the folder normal permissions
-        for sub in ("plans", "figures", "data"):
+        for sub in ("plans", "schedules", "figures", "data"):
             (built / sub).mkdir()
         for e in entries:
             if e.plan is not None:
@@ -195,6 +205,11 @@ def build_report(
         curves = _tradeoff(profile, cluster, train, opts, built, all_notes)
         step("trade-off curves")
         figures = _figures(entries, curves, profile, cluster, train, context, built, all_notes)
+        piped = _pipelined(entries)
+        schedules: tuple[Compared, ...] = ()
+        if piped is not None and piped.plan is not None:
+            schedules = compare_pinned_schedules(piped.plan, profile, cluster, train)
+            figures.append(_schedules_section(piped, schedules, context, built))
         step("figures")
         content = ReportContent(
             title=f"paraplan compare: {profile.name} on {cluster.name}",
@@ -203,6 +218,8 @@ def build_report(
             figures=tuple(figures),
             notes=tuple(all_notes),
             generator=GENERATOR,
+            schedules=schedules,
+            schedules_of=piped.label if piped is not None else "",
         )
         write_atomic(built / "README.md", render_markdown(content))
         write_atomic(built / REPORT_MARKER, render_html(content))
@@ -301,27 +318,62 @@ def _figures(
         drawn.append(gantt)
     if curves is not None:
         drawn.append(_tradeoff_figure(curves, profile, cluster, train, context))
-    out = []
-    for d in drawn:
-        png, svg = plots.save_figure(d.figure, built / "figures", d.key)
-        out.append(
-            FigureEntry(
-                key=d.key,
-                heading=d.heading,
-                caption=d.caption,
-                png_path=f"figures/{png.name}",
-                svg_path=f"figures/{svg.name}",
-                png_bytes=png.read_bytes(),
-            )
-        )
-    return out
+    return [_save(d, built) for d in drawn]
+
+
+def _save(d: _Drawn, built: Path) -> FigureEntry:
+    """Save a drawn figure into figures/."""
+    png, svg = plots.save_figure(d.figure, built / "figures", d.key)
+    return FigureEntry(
+        key=d.key,
+        heading=d.heading,
+        caption=d.caption,
+        png_path=f"figures/{png.name}",
+        svg_path=f"figures/{svg.name}",
+        png_bytes=png.read_bytes(),
+    )
+
+
+def _schedules_section(
+    piped: Compared, rows: Sequence[Compared], context: str, built: Path
+) -> FigureEntry:
+    """The pinned schedules of the pipelined strategy: their plans in plans/, their numbers in
+    data/schedule_compare.json, and the figure."""
+    for e in rows:
+        if e.plan is not None:
+            save_plan(e.plan, built / schedule_plan_path(e.name))
+    data = {
+        "pinned_from": plan_path(piped.name),
+        "schedules": [
+            {
+                "name": e.name,
+                "status": str(e.status),
+                "reason": e.reason,
+                "plan": schedule_plan_path(e.name),
+            }
+            for e in rows
+        ],
+    }
+    write_atomic(built / "data" / "schedule_compare.json", json.dumps(data, indent=2) + "\n")
+    planned = ", ".join(schedule_plan_path(e.name) for e in rows if e.plan is not None)
+    drawn = _Drawn(
+        key="schedule-compare",
+        heading="Pipeline schedules: bubble, time, memory",
+        caption=f"The pipeline of {piped.label} planned under each schedule with its other "
+        "dimensions pinned: predicted bubble fraction, step time and peak memory per GPU "
+        "(each schedule's Gantt chart is in the pipeline schedules figure).",
+        figure=schedules_figure(
+            rows, context=context, source=f"{planned or 'no plan'} (predicted)"
+        ),
+    )
+    return _save(drawn, built)
 
 
 def _gantt(
     entries: Sequence[Compared], context: str, built: Path, notes: list[str]
 ) -> _Drawn | None:
-    """GPipe vs 1F1B vs interleaved with the first pipelined strategy's stages (replays written
-    to data/schedules.json), or None with a note."""
+    """GPipe, 1F1B, interleaved and the zero-bubble schedules with the first pipelined
+    strategy's stages (replays written to data/schedules.json), or None with a note."""
     piped = _pipelined(entries)
     if piped is None or piped.plan is None:
         notes.append(
@@ -345,9 +397,12 @@ def _gantt(
     return _Drawn(
         key="gantt",
         heading="Pipeline schedules",
-        caption="GPipe, 1F1B and interleaved 1F1B replayed per stage over time with the stage "
-        f"times of {piped.label}; light bars are forwards, dark bars backwards, numbers are "
-        "micro-batches, hatched bars a stage's odd-numbered model chunks.",
+        caption="GPipe, 1F1B, interleaved 1F1B and the zero-bubble schedules (ZB1P, ZB-V, "
+        f"DualPipeV) replayed per stage over time with the stage times of {piped.label}; light "
+        "bars are forwards, dark bars backwards (a split backward's input gradient B; its "
+        "weight gradient W in ochre), numbers are micro-batches, hatched bars a stage's "
+        "odd-numbered model chunks (the V schedules fold the chunks back: stage s holds "
+        "chunks s and 2pp-1-s).",
         figure=plots.gantt_figure(timelines, what=what, context=context, source=source),
     )
 

@@ -92,11 +92,35 @@ class ReportContent:
     """Remarks (figures left out and why, model source notes)."""
     generator: str
     """Tool and version."""
+    schedules: tuple[Compared, ...] = ()
+    """The pipelined plan under each schedule, other dimensions pinned (report/schedules.py);
+    empty when no compared strategy has a pipeline."""
+    schedules_of: str = ""
+    """The label of the strategy whose other dimensions the schedules pin."""
+
+
+SCHEDULE_COLUMNS = (
+    Column(header="step time (s)", field="predicted.step_time_s", scale=1.0, fmt="{:,.3f}"),
+    Column(header="bubble (%)", field="predicted.bubble_fraction", scale=100.0, fmt="{:.1f}"),
+    Column(
+        header="memory per GPU (GiB)",
+        field="predicted.memory_per_gpu_bytes",
+        scale=1 / GB,
+        fmt="{:.2f}",
+    ),
+)
+"""The numbers the schedules table shows for each schedule, read from its plan JSON."""
 
 
 def plan_path(name: str) -> str:
     """Where a strategy's plan JSON lies in the report folder."""
     return f"plans/{name}.json"
+
+
+def schedule_plan_path(name: str) -> str:
+    """Where a schedule row's plan JSON lies in the report folder (``schedule-zbv`` ->
+    ``schedules/zbv.json``), apart from the strategies' plans/."""
+    return f"schedules/{name.removeprefix('schedule-')}.json"
 
 
 def field_value(data: dict[str, Any], field: str) -> Any:
@@ -156,12 +180,43 @@ def render_markdown(content: ReportContent) -> str:
             f"- **{e.label}** (`{e.name}`): "
             + (f"`--fix {e.pins}`" if e.pins else "nothing pinned")
         )
+    lines += _markdown_schedules(content)
     for fig in content.figures:
         lines += ["", f"## {fig.heading}", "", f"![{fig.heading}]({fig.png_path})", ""]
         lines.append(f"{fig.caption} (vector: [{fig.svg_path}]({fig.svg_path}))")
     if content.notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in content.notes]
     return "\n".join(lines) + "\n"
+
+
+def _markdown_schedules(content: ReportContent) -> list[str]:
+    """The schedules table (none when no strategy has a pipeline)."""
+    if not content.schedules:
+        return []
+    lines = [
+        "",
+        "## Pipeline schedules compared",
+        "",
+        f"The pipeline of {content.schedules_of} under each schedule, its other dimensions "
+        "pinned (the per-layer recomputation is re-chosen for each).",
+        "",
+        "| schedule | layout | " + " | ".join(c.header for c in SCHEDULE_COLUMNS) + " | plan |",
+        "|---|---|" + "---:|" * len(SCHEDULE_COLUMNS) + "---|",
+    ]
+    for e in content.schedules:
+        link = (
+            f"[{schedule_plan_path(e.name)}]({schedule_plan_path(e.name)})"
+            if e.plan is not None
+            else "-"
+        )
+        if e.fits and e.plan is not None:
+            data = e.plan.to_dict()
+            cells = [c.fmt.format(field_value(data, c.field) * c.scale) for c in SCHEDULE_COLUMNS]
+            row = [e.label, layout_summary(e.plan), *cells, link]
+        else:
+            row = [e.label, _md_cell(status_text(e)), *["-"] * len(SCHEDULE_COLUMNS), link]
+        lines.append("| " + " | ".join(_md_cell(x) for x in row) + " |")
+    return lines
 
 
 # ---- HTML ----------------------------------------------------------------------------------
@@ -236,6 +291,46 @@ def _html_figure(fig: FigureEntry) -> str:
     )
 
 
+def _html_schedules(content: ReportContent) -> str:
+    """The schedules table ('' when no strategy has a pipeline)."""
+    if not content.schedules:
+        return ""
+    rows = []
+    for e in content.schedules:
+        link = (
+            f'<a href="{_h(schedule_plan_path(e.name))}">{_h(schedule_plan_path(e.name))}</a>'
+            if e.plan is not None
+            else "-"
+        )
+        if e.fits and e.plan is not None:
+            data = e.plan.to_dict()
+            cells = [f"<td>{_h(layout_summary(e.plan))}</td>"]
+            for c in SCHEDULE_COLUMNS:
+                value = field_value(data, c.field)
+                cells.append(
+                    f'<td class="num" data-schedule="{_h(e.name)}" data-field="{_h(c.field)}" '
+                    f'data-schedule-value="{_h(repr(float(value)))}">'
+                    f"{_h(c.fmt.format(value * c.scale))}</td>"
+                )
+        else:
+            cells = [
+                f'<td class="nofit" colspan="{len(SCHEDULE_COLUMNS) + 1}" '
+                f'data-status="{_h(e.status)}">{_h(status_text(e))}</td>'
+            ]
+        rows.append(
+            f'<tr data-schedule="{_h(e.name)}"><th scope="row">{_h(e.label)}</th>'
+            f"{''.join(cells)}<td>{link}</td></tr>"
+        )
+    head = "".join(f"<th>{_h(c.header)}</th>" for c in SCHEDULE_COLUMNS)
+    return (
+        '<section id="schedules"><h2>Pipeline schedules compared</h2>'
+        f"<p>The pipeline of {_h(content.schedules_of)} under each schedule, its other "
+        "dimensions pinned (the per-layer recomputation is re-chosen for each).</p>"
+        f'<table id="schedule-table"><thead><tr><th>schedule</th><th>layout</th>{head}'
+        f"<th>plan</th></tr></thead><tbody>\n" + "\n".join(rows) + "\n</tbody></table></section>"
+    )
+
+
 def render_html(content: ReportContent) -> str:
     """report.html: the whole report in one file."""
     head_cells = "".join(f"<th>{_h(c.header)}</th>" for c in COLUMNS)
@@ -253,6 +348,7 @@ def render_html(content: ReportContent) -> str:
         '<h2>Strategies</h2><table id="strategies"><thead><tr><th>strategy</th>'
         f"<th>layout</th>{head_cells}<th>plan</th><th>pinned</th></tr></thead>",
         f"<tbody>\n{rows}\n</tbody></table>",
+        _html_schedules(content),
         *(_html_figure(f) for f in content.figures),
         f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "",
         "</body></html>",
