@@ -170,6 +170,9 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
             step_time_s=chosen.step_time_s,
             tokens_per_s=chosen.tokens_per_s,
             mfu=chosen.mfu,
+            model_flops_per_s_per_gpu=(
+                ev.model_flops_per_seq * t.global_batch / (chosen.step_time_s * c.num_gpus)
+            ),
             memory_per_gpu_bytes=mem.total_bytes,
             memory_capacity_bytes=chosen.capacity_bytes,
             peak_stage=chosen.peak_stage,

@@ -12,8 +12,28 @@ MEMORY_BOUND_SHARE = 0.9
 """A plan using more than this share of usable memory is called memory-bound."""
 
 
+TERA = 1e12
+"""FLOPs per TFLOP."""
+
+
 def _gb(x: float) -> str:
     return gib(x)
+
+
+def model_flops_per_s_per_gpu(plan: Plan, step_time_s: float | None = None) -> float | None:
+    """Model FLOPs per second per GPU of the plan, or of another strategy for the same model,
+    cluster and batch that takes `step_time_s` (a runner-up: the model FLOPs per step are the
+    same, so the rate scales with 1 / step time); None for a plan written before schema 6."""
+    pr = plan.predicted
+    rate = pr.model_flops_per_s_per_gpu
+    if rate is None or step_time_s is None:
+        return rate
+    return rate * pr.step_time_s / step_time_s
+
+
+def tflops_text(flops_per_s: float | None) -> str:
+    """``412.3`` TFLOP/s, or ``-`` when not recorded (a plan written before schema 6)."""
+    return "-" if flops_per_s is None else f"{flops_per_s / TERA:,.1f}"
 
 
 def format_plan(plan: Plan) -> str:
@@ -44,7 +64,8 @@ def format_plan(plan: Plan) -> str:
         "",
         "Predicted",
         f"  step time     {pr.step_time_s:,.3f} s   tokens/s {pr.tokens_per_s:,.0f} "
-        f"({pr.tokens_per_s / c.num_gpus:,.0f} per GPU)   MFU {pr.mfu:.1%}",
+        f"({pr.tokens_per_s / c.num_gpus:,.0f} per GPU)   MFU {pr.mfu:.1%} "
+        f"({tflops_text(pr.model_flops_per_s_per_gpu)} TFLOP/s per GPU)",
         f"  bubble        {pr.bubble_fraction:.1%}   exposed communication {pr.exposed_comm_s:,.3f} s",
         "",
         f"Memory per GPU (stage {pr.peak_stage}): {_gb(pr.memory_per_gpu_bytes)} of "
@@ -77,14 +98,17 @@ def format_plan(plan: Plan) -> str:
             lines.append(f"  (equivalent to the plan under the cost model: {', '.join(ties)})")
         if rows:
             lines.append(
-                f"  {'#':<3}{'strategy':<58}{'step s':>9}{'MFU':>7}{'GiB/GPU':>8}  lost because"
+                f"  {'#':<3}{'strategy':<58}{'step s':>9}{'MFU':>7}{'TFLOP/s/GPU':>12}"
+                f"{'GiB/GPU':>8}  lost because"
             )
         else:  # every runner-up ties the plan: say so instead of an empty table
             lines.append("  (no distinct runner-up among those ranked: ask for more with --top K)")
         for i, (r, same) in enumerate(rows, 1):
             lines.append(
                 f"  {i:<3}{r.strategy().short():<58}"
-                f"{r.step_time_s:>9.3f}{r.mfu:>7.1%}{r.memory_per_gpu_bytes / GIB:>8.1f}  "
+                f"{r.step_time_s:>9.3f}{r.mfu:>7.1%}"
+                f"{tflops_text(model_flops_per_s_per_gpu(plan, r.step_time_s)):>12}"
+                f"{r.memory_per_gpu_bytes / GIB:>8.1f}  "
                 f"{r.lost_because}"
             )
             if same:
@@ -168,8 +192,15 @@ def explain(plan: Plan) -> str:
         "recomputation": tb.recompute_s,
         "the optimizer step": tb.optimizer_s,
     }
+    rate = pr.model_flops_per_s_per_gpu
+    achieved = (  # MFU = achieved model FLOP/s over the dense peak (PaLM Appendix B)
+        f"{tflops_text(rate)} of the {tflops_text(rate / pr.mfu)} TFLOP/s peak per GPU"
+        if rate is not None and pr.mfu > 0
+        else f"{tflops_text(rate)} TFLOP/s per GPU"
+    )
     out.append(
-        f"Time: {step:.3f} s per step, {tb.compute_s / step:.0%} useful compute, MFU {pr.mfu:.1%}."
+        f"Time: {step:.3f} s per step, {tb.compute_s / step:.0%} useful compute, MFU {pr.mfu:.1%} "
+        f"({achieved}), {pr.tokens_per_s / plan.cluster.num_gpus:,.0f} tokens/s per GPU."
     )
     overhead = max(shares, key=lambda k: shares[k])
     if shares[overhead] / step < 0.02:

@@ -17,8 +17,9 @@ from .cost.memory import MemoryBreakdown
 from .jsonio import to_json
 from .strategy import MeshAxis, Recompute, Schedule, Strategy
 
-SCHEMA_VERSION = 5
-"""Bumped on any incompatible change of the plan JSON."""
+SCHEMA_VERSION = 6
+"""Bumped on any incompatible change of the plan JSON (6: `Predicted.model_flops_per_s_per_gpu`;
+5: PowerSGD, offload and asynchronous pipeline options)."""
 
 LAYER_RECOMPUTE: tuple[Recompute, ...] = tuple(r for r in Recompute if r != Recompute.PER_LAYER)
 """Policies a single layer can have (`per_layer` describes how a plan chose them)."""
@@ -190,6 +191,10 @@ class Predicted:
     """Tokens per second over the cluster."""
     mfu: float = _schema(minimum=0)
     """Model FLOPs utilization (PaLM Appendix B)."""
+    model_flops_per_s_per_gpu: float | None = field(default=None, metadata={"minimum": 0})
+    """Model FLOPs per second per GPU: the FLOPs MFU counts per step (forward and backward of
+    every layer, no recomputation), over the step time and the GPUs; MFU is this over the
+    accelerator's dense peak. Null in plans written before schema version 6."""
     memory_per_gpu_bytes: float
     """Peak bytes on the fullest GPU."""
     memory_capacity_bytes: float = _schema(exclusiveMinimum=0)

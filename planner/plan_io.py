@@ -50,12 +50,29 @@ _V4_HIDDEN_COSTS = to_json(HiddenCosts())
 """`predicted.hidden_costs` of a version-4 plan: nothing hidden."""
 
 
+def upgrade(data: typing.Any) -> typing.Any:
+    """A version-4 or -5 plan document as the current version (`upgrade_v4`, `upgrade_v5`);
+    anything else unchanged (the schema then says what is wrong)."""
+    return upgrade_v5(upgrade_v4(data))
+
+
+def upgrade_v5(data: typing.Any) -> typing.Any:
+    """A version-5 plan document as version 6: its model FLOP/s per GPU was not recorded
+    (null); anything else unchanged."""
+    if not isinstance(data, dict) or data.get("schema_version") != 5:
+        return data
+    out = dict(data, schema_version=6)
+    if isinstance(out.get("predicted"), dict):
+        out["predicted"] = {"model_flops_per_s_per_gpu": None, **out["predicted"]}
+    return out
+
+
 def upgrade_v4(data: typing.Any) -> typing.Any:
     """A version-4 plan document as version 5 (the options it could not take, off); anything
     else unchanged (the schema then says what is wrong)."""
     if not isinstance(data, dict) or data.get("schema_version") != 4:
         return data
-    out = dict(data, schema_version=SCHEMA_VERSION)
+    out = dict(data, schema_version=5)
     if isinstance(out.get("parallelism"), dict):
         out["parallelism"] = {**out["parallelism"], **_V4_PARALLELISM}
     if isinstance(out.get("predicted"), dict):
@@ -76,12 +93,12 @@ def upgrade_v4(data: typing.Any) -> typing.Any:
 
 def plan_from_dict(data: typing.Any) -> Plan:
     """Validate a parsed plan document and build the `Plan` (ValueError on any problem);
-    version-4 documents are read as version 5 (`upgrade_v4`)."""
-    data = upgrade_v4(data)
+    version-4 and -5 documents are read as the current version (`upgrade`)."""
+    data = upgrade(data)
     if isinstance(data, dict) and data.get("schema_version") not in (None, SCHEMA_VERSION):
         raise ValueError(
             f"schema_version {data.get('schema_version')!r} is not supported (this paraplan "
-            f"reads versions 4 and {SCHEMA_VERSION}); {_REGENERATE} of this version"
+            f"reads versions 4 to {SCHEMA_VERSION}); {_REGENERATE} of this version"
         )
     validate(data, plan_schema(), "plan", _REGENERATE)
     huge = limits.too_large(data)

@@ -38,7 +38,7 @@ def test_round_trip_is_exact(plan: Plan, tmp_path: Path) -> None:
 
 def test_required_fields_present(plan: Plan) -> None:
     d = plan.to_dict()
-    assert d["schema_version"] == 5  # v5: PowerSGD, offload and async pipeline options
+    assert d["schema_version"] == 6  # v6: model FLOP/s per GPU; v5: PowerSGD, offload, async
     assert set(d["parallelism"]) >= {
         "dp",
         "tp",

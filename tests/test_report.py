@@ -341,14 +341,16 @@ def table_cells(html_text: str) -> list[dict[str, str]]:
 
 def check_table_against_plans(cells: list[dict[str, str]], folder: Path) -> set[str]:
     """Every numeric cell equals its plan JSON's value exactly, and shows it formatted."""
-    formats = {c.field: c for c in COLUMNS}
+    formats = {c.header: c for c in COLUMNS}
     seen = set()
     for cell in cells:
         data = json.loads((folder / "plans" / f"{cell['data-strategy']}.json").read_text())
         value = field_value(data, cell["data-field"])
         assert float(cell["data-value"]) == value, cell
-        col = formats[cell["data-field"]]
-        assert cell["text"].strip() == col.fmt.format(value * col.scale)
+        col = formats[cell["data-column"]]
+        assert col.field == cell["data-field"]
+        shown = value * col.scale / (data["cluster"]["num_gpus"] if col.per_gpu else 1)
+        assert cell["text"].strip() == col.fmt.format(shown)
         seen.add(cell["data-strategy"])
     return seen
 

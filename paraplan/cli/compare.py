@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 from ..planner import limits
@@ -19,6 +20,7 @@ from .common import (
     add_input_args,
     add_no_progress_arg,
     count_arg,
+    format_bytes,
     parse_non_negative_int,
     parse_output_path,
     parse_positive_int,
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
 
 DEFAULT_STRATEGIES = "plan,fsdp,megatron,dp-recompute,runners-up"
 """What `--strategies` compares unless told otherwise (every named strategy)."""
+REASON_WIDTH = 100
+"""Columns of the wrapped "why" lines under a strategy that does not fit or is not valid."""
 DEFAULT_TRADEOFF = "store-all,sqrt-L,full-recompute,paraplan-dp"
 """Checkpointing strategies of the trade-off figure unless told otherwise (see
 paraplan/report/compose.py DEFAULT_TRADEOFF for why the ILP is opt-in)."""
@@ -159,16 +163,35 @@ def execute(args: argparse.Namespace) -> int:
 
 def summary(result: ReportResult) -> str:
     """The compared strategies in a short table, and where the report went."""
-    lines = [f"{'strategy':<22}{'step s':>9}{'tokens/s':>12}{'MFU':>7}{'GiB/GPU':>8}  status"]
+    from ..planner.explain import tflops_text
+
+    lines = [
+        f"{'strategy':<22}{'step s':>9}{'tokens/s':>12}{'tok/s/GPU':>10}{'MFU':>7}"
+        f"{'TFLOP/s/GPU':>12}{'GiB/GPU':>8}  status"
+    ]
     for e in result.entries:
         if e.fits and e.plan is not None:
             pr = e.plan.predicted
             lines.append(
                 f"{e.label:<22}{pr.step_time_s:>9.3f}{pr.tokens_per_s:>12,.0f}"
-                f"{pr.mfu:>7.1%}{pr.memory_per_gpu_bytes / 2**30:>8.1f}  fits"
+                f"{pr.tokens_per_s / e.plan.cluster.num_gpus:>10,.0f}{pr.mfu:>7.1%}"
+                f"{tflops_text(pr.model_flops_per_s_per_gpu):>12}"
+                f"{pr.memory_per_gpu_bytes / 2**30:>8.1f}  fits"
             )
-        else:
-            lines.append(f"{e.label:<22}{'-':>9}{'-':>12}{'-':>7}{'-':>8}  {e.status}")
+        else:  # the status, and why on the lines below (as the report's table says)
+            dashes = f"{'-':>9}{'-':>12}{'-':>10}{'-':>7}{'-':>12}{'-':>8}"
+            need = (
+                f" (needs at least {format_bytes(e.least_memory_bytes)} per GPU)"
+                if e.least_memory_bytes is not None
+                else ""
+            )
+            lines.append(f"{e.label:<22}{dashes}  {e.status}{need}")
+            lines += textwrap.wrap(
+                e.reason or "no reason recorded",
+                width=REASON_WIDTH,
+                initial_indent="    why: ",
+                subsequent_indent=" " * len("    why: "),
+            )
     figures = sum(1 for f in result.files if f.startswith("figures/") and f.endswith(".png"))
     plans = sum(1 for f in result.files if f.startswith("plans/"))
     lines += [

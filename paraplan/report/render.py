@@ -2,8 +2,9 @@
 page: figures embedded as base64 data URIs, no script, no network).
 
 Every number cell of the HTML table carries ``data-strategy`` (the plan file's name),
-``data-field`` (its path in the plan JSON, e.g. ``predicted.step_time_s``) and ``data-value``
-(the exact float, ``repr``), so that a reader or a test can check the table against
+``data-field`` (its path in the plan JSON, e.g. ``predicted.step_time_s``), ``data-column`` (its
+heading: a per-GPU column shows the value over ``cluster.num_gpus``) and ``data-value`` (the
+exact float, ``repr``), so that a reader or a test can check the table against
 ``plans/<strategy>.json``.
 """
 
@@ -34,12 +35,37 @@ class Column:
     """Display value = JSON value * scale."""
     fmt: str
     """Format of the displayed value."""
+    per_gpu: bool = False
+    """Display the value over the plan's GPU count (``cluster.num_gpus``), e.g. tokens/s."""
+
+    def shown(self, data: dict[str, Any]) -> str:
+        """The cell's text for a plan JSON dict (``-`` for a figure the plan does not record:
+        a plan written before it existed)."""
+        value = field_value(data, self.field)
+        if value is None:
+            return "-"
+        if self.per_gpu:
+            value = value / data["cluster"]["num_gpus"]
+        return self.fmt.format(value * self.scale)
 
 
 COLUMNS = (
     Column(header="step time (s)", field="predicted.step_time_s", scale=1.0, fmt="{:,.3f}"),
     Column(header="tokens/s", field="predicted.tokens_per_s", scale=1.0, fmt="{:,.0f}"),
+    Column(
+        header="tokens/s per GPU",
+        field="predicted.tokens_per_s",
+        scale=1.0,
+        fmt="{:,.0f}",
+        per_gpu=True,
+    ),
     Column(header="MFU (%)", field="predicted.mfu", scale=100.0, fmt="{:.1f}"),
+    Column(
+        header="TFLOP/s per GPU",
+        field="predicted.model_flops_per_s_per_gpu",
+        scale=1e-12,
+        fmt="{:,.1f}",
+    ),
     Column(
         header="memory per GPU (GiB)",
         field="predicted.memory_per_gpu_bytes",
@@ -169,7 +195,7 @@ def render_markdown(content: ReportContent) -> str:
         link = f"[{plan_path(e.name)}]({plan_path(e.name)})" if e.plan is not None else "-"
         if e.fits and e.plan is not None:
             data = e.plan.to_dict()
-            cells = [c.fmt.format(field_value(data, c.field) * c.scale) for c in COLUMNS]
+            cells = [c.shown(data) for c in COLUMNS]
             row = [e.label, layout_summary(e.plan), *cells, link]
         else:
             row = [e.label, _md_cell(status_text(e)), *["-"] * len(COLUMNS), link]
@@ -211,7 +237,7 @@ def _markdown_schedules(content: ReportContent) -> list[str]:
         )
         if e.fits and e.plan is not None:
             data = e.plan.to_dict()
-            cells = [c.fmt.format(field_value(data, c.field) * c.scale) for c in SCHEDULE_COLUMNS]
+            cells = [c.shown(data) for c in SCHEDULE_COLUMNS]
             row = [e.label, layout_summary(e.plan), *cells, link]
         else:
             row = [e.label, _md_cell(status_text(e)), *["-"] * len(SCHEDULE_COLUMNS), link]
@@ -256,10 +282,10 @@ def _html_row(e: Compared) -> str:
         cells = [f"<td>{_h(layout_summary(e.plan))}</td>"]
         for c in COLUMNS:
             value = field_value(data, c.field)
-            shown = c.fmt.format(value * c.scale)
+            exact = "" if value is None else f' data-value="{_h(repr(float(value)))}"'
             cells.append(
                 f'<td class="num" data-strategy="{_h(e.name)}" data-field="{_h(c.field)}" '
-                f'data-value="{_h(repr(float(value)))}">{_h(shown)}</td>'
+                f'data-column="{_h(c.header)}"{exact}>{_h(c.shown(data))}</td>'
             )
     else:
         need = (
@@ -310,7 +336,7 @@ def _html_schedules(content: ReportContent) -> str:
                 cells.append(
                     f'<td class="num" data-schedule="{_h(e.name)}" data-field="{_h(c.field)}" '
                     f'data-schedule-value="{_h(repr(float(value)))}">'
-                    f"{_h(c.fmt.format(value * c.scale))}</td>"
+                    f"{_h(c.shown(data))}</td>"
                 )
         else:
             cells = [

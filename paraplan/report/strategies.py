@@ -168,10 +168,31 @@ class _Planner:
             )
         return Compared(name=name, label=label, pins=text, status=Status.FITS, reason="", plan=plan)
 
+    def uneven_batch(self, name: str, pins: Pins) -> Compared | None:
+        """A data-parallel-only baseline (dp = every GPU) whose global batch does not split
+        into dp equal shares: not valid, saying why and which batches would do. The
+        comparison keeps the asked batch rather than silently changing it for one row."""
+        dp, batch = self.cluster.num_gpus, self.train.global_batch
+        if batch % dp == 0:
+            return None
+        lower = batch // dp * dp
+        nearest = " or ".join(str(x) for x in (lower, lower + dp) if x > 0)
+        return Compared(
+            name=name,
+            label=LABELS[name],
+            pins=pins.describe(),
+            status=Status.NOT_VALID,
+            plan=None,
+            reason=f"it makes each of the {dp} GPUs a data-parallel rank (dp={dp}), and the "
+            f"global batch of {batch} sequences does not split into {dp} equal shares; give "
+            f"a global batch that is a multiple of {dp} to compare it (e.g. --global-batch "
+            f"{nearest})",
+        )
+
     def fsdp(self) -> Compared:
         n = self.cluster.num_gpus
         pins = Pins(dp=n, tp=1, pp=1, cp=1, zero_stage=3, offload_optimizer=False)
-        return self.run("fsdp", LABELS["fsdp"], pins)
+        return self.uneven_batch("fsdp", pins) or self.run("fsdp", LABELS["fsdp"], pins)
 
     def dp_recompute(self) -> Compared:
         n = self.cluster.num_gpus
@@ -184,7 +205,9 @@ class _Planner:
             recompute=Recompute.FULL,
             offload_optimizer=False,
         )
-        return self.run("dp-recompute", LABELS["dp-recompute"], pins)
+        return self.uneven_batch("dp-recompute", pins) or self.run(
+            "dp-recompute", LABELS["dp-recompute"], pins
+        )
 
     def megatron(self) -> Compared:
         p, n, gpn = self.profile, self.cluster.num_gpus, self.cluster.gpus_per_node
