@@ -8,7 +8,6 @@ the K-th best found, so `search` returns the same optimum as `brute_force`.
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -22,21 +21,12 @@ from .cost.evaluate import Estimate, Evaluator
 from .cost.memory import MemoryBreakdown
 from .cost.options import has_options, option_problem
 from .cost.rules import Rule, Violation
-from .intmath import divisors
 from .pins import Pins
 from .search_blocks import Block, keep_best
 from .search_bounds import FamilyBounds
-from .strategy import DEFAULT_MESH_ORDER, MeshAxis, Recompute, Schedule, Strategy
+from .search_space import mesh_orders, space_blocks
+from .strategy import Recompute, Schedule, Strategy
 
-MAX_VIRTUAL_STAGES = 8
-"""Largest interleaving factor searched unless pinned: each chunk adds p2p sends, and
-Narayanan et al. 2021 (Fig. 12) report gains flattening out by a handful of chunks."""
-MAX_MICRO_BATCH = 64
-"""Largest micro-batch size searched unless pinned."""
-MIN_TOKENS_PER_CP_RANK = 1024
-"""Context parallelism is searched only while every rank keeps at least this many tokens of a
-sequence (unless pinned): below that, each ring step's latency outweighs its attention block
-(ring attention works on blocks of thousands of tokens, Liu et al. 2023 §3)."""
 _T = TypeVar("_T")
 _RECOMPUTE_RANK = {
     Recompute.NONE: 0,
@@ -65,24 +55,6 @@ class SearchResult:
     def best(self) -> Estimate | None:
         """The winner, if anything fits."""
         return self.ranked[0] if self.ranked else None
-
-
-def _options(pinned: _T | None, default: list[_T]) -> list[_T]:
-    """The pinned value alone, or every default candidate."""
-    return default if pinned is None else [pinned]
-
-
-def _mesh_orders(s: Strategy) -> list[tuple[MeshAxis, ...]]:
-    """Distinct rank layouts: permutations of the axes larger than 1 (size-1 axes stay put)."""
-    slots = [i for i, a in enumerate(DEFAULT_MESH_ORDER) if s.axis_size(a) > 1]
-    movers = [DEFAULT_MESH_ORDER[i] for i in slots]
-    orders = []
-    for perm in itertools.permutations(movers):
-        order = list(DEFAULT_MESH_ORDER)
-        for i, axis in zip(slots, perm, strict=True):
-            order[i] = axis
-        orders.append(tuple(order))
-    return orders
 
 
 class Search:
@@ -123,86 +95,9 @@ class Search:
         return self.pins.all_pinned
 
     def blocks(self) -> Iterator[Block]:
-        """The space in blocks that share degrees and micro-batch size, valid or not."""
-        ev, f, t = self.ev, self.pins, self.ev.train
-        n = ev.cluster.num_gpus
-        divs = divisors(n)
-        # Candidate degrees: those the structural rules admit as a pin of their own.
-        tps = _options(f.tp, [d for d in divs if ev.violation(Pins(tp=d)) is None])
-        max_cp = max(1, t.seq_len // MIN_TOKENS_PER_CP_RANK)  # the largest cp searched unpinned
-        cps = _options(f.cp, [d for d in divs if d <= max_cp and ev.violation(Pins(cp=d)) is None])
-        pps = _options(f.pp, [d for d in divs if ev.violation(Pins(pp=d)) is None])
-        experts = ev.profile.experts
-        eps = _options(f.ep, [d for d in divisors(experts) if d <= n] if experts else [1])
-        pinned_degrees = any(x is not None for x in (f.tp, f.cp, f.pp, f.dp))
-        for tp, cp, pp, ep in itertools.product(tps, cps, pps, eps):
-            if n % (tp * cp * pp) and not pinned_degrees:
-                continue
-            dp = f.dp if f.dp is not None else max(1, n // (tp * cp * pp))
-            if dp * tp * cp * pp != n and not pinned_degrees:
-                continue
-            per_replica = t.global_batch // dp if t.global_batch % dp == 0 else 0
-            mbss = _options(
-                f.micro_batch_size,
-                [d for d in divisors(per_replica) if d <= MAX_MICRO_BATCH] if per_replica else [1],
-            )
-            scheds: list[tuple[Schedule, int]] = []
-            if pp == 1:
-                scheds.append((Schedule.NONE, 1))
-            else:
-                scheds += [(Schedule.GPIPE, 1), (Schedule.ONE_F_ONE_B, 1)]
-                top_v = min(MAX_VIRTUAL_STAGES, ev.num_blocks // pp)
-                scheds += [(Schedule.INTERLEAVED_1F1B, v) for v in range(2, top_v + 1)]
-                scheds.append((Schedule.INTERLEAVED_ZB, 1))  # zero bubble (cost/schedules.py)
-                if top_v >= 2:
-                    scheds += [(Schedule.ZBV, 2), (Schedule.DUALPIPEV, 2)]
-            if f.schedule is not None:
-                v_shaped = f.schedule in (Schedule.ZBV, Schedule.DUALPIPEV)
-                fv = f.virtual_stages if f.virtual_stages is not None else 1 + v_shaped
-                scheds = [x for x in scheds if x[0] == f.schedule] or [(f.schedule, fv)]
-            if f.virtual_stages is not None:
-                fv = f.virtual_stages
-                scheds = [x for x in scheds if x[1] == fv] or [(x[0], fv) for x in scheds[:1]]
-            scheds = [x for x in scheds if options.admits_schedule(f, x[0])]
-            rest = list(
-                itertools.product(
-                    _options(f.sequence_parallel, [False, True] if tp > 1 else [False]),
-                    _options(f.zero_stage, [0, 1, 2, 3]),
-                    _options(f.offload_optimizer, [False, True]),
-                    _options(f.recompute, list(Recompute)),
-                )
-            )
-            if f.offload_optimizer is None:
-                rest = [r for r in rest if not (r[2] and r[1] == 0)]  # offload needs ZeRO >= 1
-            rest = [r for r in rest if options.admits(f, r[1], r[2])]  # with the pinned options
-            shards = self._dp_shards(dp, tp, cp)
-            for mbs in mbss:
-                for shard in shards:
-                    base = Strategy(
-                        dp=dp,
-                        tp=tp,
-                        pp=pp,
-                        cp=cp,
-                        ep=ep,
-                        micro_batch_size=mbs,
-                        dp_shard=shard,
-                        **options.pinned_options(f),
-                    )
-                    sub = rest if shard is None else [r for r in rest if r[1] == 3]
-                    if sub and scheds:
-                        yield Block(base=base, schedules=tuple(scheds), rest=tuple(sub))
-
-    def _dp_shards(self, dp: int, tp: int, cp: int) -> list[int | None]:
-        """HSDP shard groups searched for these degrees: None (shard over all of dp) and the
-        group that fills one node (tp x cp x dp_shard = GPUs per node), the layout torchtitan
-        recommends; a `dp_shard` pin is taken as given (dp_shard = dp is plain)."""
-        pinned = self.pins.dp_shard
-        if pinned is not None:
-            return [None if pinned == dp else pinned]
-        gpn = self.ev.cluster.gpus_per_node
-        shard = gpn // (tp * cp) if gpn % (tp * cp) == 0 else 0
-        hsdp = 1 < shard < dp and dp % shard == 0 and self.pins.zero_stage in (None, 3)
-        return [None, shard] if hsdp else [None]
+        """The space in blocks that share degrees and micro-batch size, valid or not
+        (`search_space.space_blocks`)."""
+        return space_blocks(self.ev, self.pins)
 
     def configs(self) -> Iterator[Strategy]:
         """Every combination of the searched dimensions (default mesh order), valid or not."""
@@ -213,7 +108,7 @@ class Search:
         """Structurally valid strategies in every distinct mesh order."""
         for s in self.configs():
             if self.ev.violation(s) is None:
-                for order in _mesh_orders(s):
+                for order in mesh_orders(s):
                     yield replace(s, mesh_order=order)
 
     def run(self, top_k: int = 3, progress: Callable[[float], None] | None = None) -> SearchResult:
@@ -270,9 +165,13 @@ class Search:
                 if probe_rule is not None and not pinned:
                     note(probe_rule, len(block.rest))
                     continue
-                totals = ev.memory_totals(probe, block.rest)
+                rest = block.rest
+                if len(heap) == keep and self.runnable_only and not pinned:
+                    rest = self._runnable(block, sched, v)
+                    evaluated += len(block.rest) - len(rest)
+                totals = ev.memory_totals(probe, rest)
                 fitted: list[tuple[bool, int, bool, int]] = []  # (sp, zero, offload, rc)
-                for (sp, zero, off, rc), total in zip(block.rest, totals, strict=True):
+                for (sp, zero, off, rc), total in zip(rest, totals, strict=True):
                     s = block.strategy(sched, v, sp, zero, off, rc)
                     if pinned:
                         broken = ev.violation(s)
@@ -280,6 +179,12 @@ class Search:
                             note(broken)
                             continue
                     evaluated += 1
+                    if len(heap) == keep and self.runnable_only and self._gap(s):
+                        # Neither it nor its offload rescues run (`_rescue_runs_only_if`): it
+                        # cannot rank, so neither its per-layer solve nor its rescue is needed.
+                        # With the heap full the search cannot end empty, so the error message
+                        # that names an unrunnable strategy is not needed either.
+                        continue
                     if total is None:  # per_layer: solve it only if it could make the top k
                         if len(heap) == keep and not self.consent.any:  # never faster than rc=none
                             plain = block.strategy(sched, v, sp, zero, off, Recompute.NONE)
@@ -380,6 +285,26 @@ class Search:
             keep_best(heap, keep, self._best_order(s, memory, peak_stage))
         return fits
 
+    def _runnable(
+        self, block: Block, sched: Schedule, v: int
+    ) -> tuple[tuple[bool, int, bool, Recompute], ...]:
+        """The choices of `block.rest` under this schedule that the executor runs. What it
+        runs depends on neither sequence parallelism nor the recompute policy (the search's
+        `Job` carries no per-block decisions), so each (ZeRO stage, optimizer offload) pair is
+        asked once. A choice it does not run cannot rank, nor can its offload rescues (they
+        only add offload, which no capability admits more readily), so once the heap is full
+        it needs neither memory nor time."""
+        runs: dict[tuple[int, bool], bool] = {}
+        out = []
+        for choice in block.rest:
+            sp, zero, off, rc = choice
+            ok = runs.get((zero, off))
+            if ok is None:
+                ok = runs[(zero, off)] = not self._gap(block.strategy(sched, v, sp, zero, off, rc))
+            if ok:
+                out.append(choice)
+        return tuple(out)
+
     def _states_overflow(self, s: Strategy) -> bool:
         """Whether what some stage of `s` holds whatever its activations (model states and
         pipeline buffers) already exceeds the memory: then no recompute policy fits. Not for
@@ -432,7 +357,7 @@ class Search:
         # Time depends on the mesh order only through the links each group gets: orders with
         # equal links tie exactly, and the tie goes to the smallest `sort_key`.
         by_links: dict[Links, Strategy] = {}
-        for order in _mesh_orders(s):
+        for order in mesh_orders(s):
             so = replace(s, mesh_order=order)
             links = ev.links(so)
             known = by_links.get(links)

@@ -1,0 +1,128 @@
+"""The search space (`search.py`): candidate degrees, micro-batch sizes, schedules and the
+choices searched, in blocks (`search_blocks.Block`), and the mesh orders of a strategy."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import TypeVar
+
+from . import options
+from .cost.evaluate import Evaluator
+from .intmath import divisors
+from .pins import Pins
+from .search_blocks import Block
+from .strategy import DEFAULT_MESH_ORDER, MeshAxis, Recompute, Schedule, Strategy
+
+MAX_VIRTUAL_STAGES = 8
+"""Largest interleaving factor searched unless pinned: each chunk adds p2p sends, and
+Narayanan et al. 2021 (Fig. 12) report gains flattening out by a handful of chunks."""
+MAX_MICRO_BATCH = 64
+"""Largest micro-batch size searched unless pinned."""
+MIN_TOKENS_PER_CP_RANK = 1024
+"""Context parallelism is searched only while every rank keeps at least this many tokens of a
+sequence (unless pinned): below that, each ring step's latency outweighs its attention block
+(ring attention works on blocks of thousands of tokens, Liu et al. 2023 §3)."""
+_T = TypeVar("_T")
+
+
+def _options(pinned: _T | None, default: list[_T]) -> list[_T]:
+    """The pinned value alone, or every default candidate."""
+    return default if pinned is None else [pinned]
+
+
+def mesh_orders(s: Strategy) -> list[tuple[MeshAxis, ...]]:
+    """Distinct rank layouts: permutations of the axes larger than 1 (size-1 axes stay put)."""
+    slots = [i for i, a in enumerate(DEFAULT_MESH_ORDER) if s.axis_size(a) > 1]
+    movers = [DEFAULT_MESH_ORDER[i] for i in slots]
+    orders = []
+    for perm in itertools.permutations(movers):
+        order = list(DEFAULT_MESH_ORDER)
+        for i, axis in zip(slots, perm, strict=True):
+            order[i] = axis
+        orders.append(tuple(order))
+    return orders
+
+
+def space_blocks(ev: Evaluator, pins: Pins) -> Iterator[Block]:
+    """The space in blocks that share degrees and micro-batch size, valid or not."""
+    f, t = pins, ev.train
+    n = ev.cluster.num_gpus
+    divs = divisors(n)
+    # Candidate degrees: those the structural rules admit as a pin of their own.
+    tps = _options(f.tp, [d for d in divs if ev.violation(Pins(tp=d)) is None])
+    max_cp = max(1, t.seq_len // MIN_TOKENS_PER_CP_RANK)  # the largest cp searched unpinned
+    cps = _options(f.cp, [d for d in divs if d <= max_cp and ev.violation(Pins(cp=d)) is None])
+    pps = _options(f.pp, [d for d in divs if ev.violation(Pins(pp=d)) is None])
+    experts = ev.profile.experts
+    eps = _options(f.ep, [d for d in divisors(experts) if d <= n] if experts else [1])
+    pinned_degrees = any(x is not None for x in (f.tp, f.cp, f.pp, f.dp))
+    for tp, cp, pp, ep in itertools.product(tps, cps, pps, eps):
+        if n % (tp * cp * pp) and not pinned_degrees:
+            continue
+        dp = f.dp if f.dp is not None else max(1, n // (tp * cp * pp))
+        if dp * tp * cp * pp != n and not pinned_degrees:
+            continue
+        per_replica = t.global_batch // dp if t.global_batch % dp == 0 else 0
+        mbss = _options(
+            f.micro_batch_size,
+            [d for d in divisors(per_replica) if d <= MAX_MICRO_BATCH] if per_replica else [1],
+        )
+        scheds: list[tuple[Schedule, int]] = []
+        if pp == 1:
+            scheds.append((Schedule.NONE, 1))
+        else:
+            scheds += [(Schedule.GPIPE, 1), (Schedule.ONE_F_ONE_B, 1)]
+            top_v = min(MAX_VIRTUAL_STAGES, ev.num_blocks // pp)
+            scheds += [(Schedule.INTERLEAVED_1F1B, v) for v in range(2, top_v + 1)]
+            scheds.append((Schedule.INTERLEAVED_ZB, 1))  # zero bubble (cost/schedules.py)
+            if top_v >= 2:
+                scheds += [(Schedule.ZBV, 2), (Schedule.DUALPIPEV, 2)]
+        if f.schedule is not None:
+            v_shaped = f.schedule in (Schedule.ZBV, Schedule.DUALPIPEV)
+            fv = f.virtual_stages if f.virtual_stages is not None else 1 + v_shaped
+            scheds = [x for x in scheds if x[0] == f.schedule] or [(f.schedule, fv)]
+        if f.virtual_stages is not None:
+            fv = f.virtual_stages
+            scheds = [x for x in scheds if x[1] == fv] or [(x[0], fv) for x in scheds[:1]]
+        scheds = [x for x in scheds if options.admits_schedule(f, x[0])]
+        rest = list(
+            itertools.product(
+                _options(f.sequence_parallel, [False, True] if tp > 1 else [False]),
+                _options(f.zero_stage, [0, 1, 2, 3]),
+                _options(f.offload_optimizer, [False, True]),
+                _options(f.recompute, list(Recompute)),
+            )
+        )
+        if f.offload_optimizer is None:
+            rest = [r for r in rest if not (r[2] and r[1] == 0)]  # offload needs ZeRO >= 1
+        rest = [r for r in rest if options.admits(f, r[1], r[2])]  # with the pinned options
+        shards = _dp_shards(ev, pins, dp, tp, cp)
+        for mbs in mbss:
+            for shard in shards:
+                base = Strategy(
+                    dp=dp,
+                    tp=tp,
+                    pp=pp,
+                    cp=cp,
+                    ep=ep,
+                    micro_batch_size=mbs,
+                    dp_shard=shard,
+                    **options.pinned_options(f),
+                )
+                sub = rest if shard is None else [r for r in rest if r[1] == 3]
+                if sub and scheds:
+                    yield Block(base=base, schedules=tuple(scheds), rest=tuple(sub))
+
+
+def _dp_shards(ev: Evaluator, pins: Pins, dp: int, tp: int, cp: int) -> list[int | None]:
+    """HSDP shard groups searched for these degrees: None (shard over all of dp) and the
+    group that fills one node (tp x cp x dp_shard = GPUs per node), the layout torchtitan
+    recommends; a `dp_shard` pin is taken as given (dp_shard = dp is plain)."""
+    pinned = pins.dp_shard
+    if pinned is not None:
+        return [None if pinned == dp else pinned]
+    gpn = ev.cluster.gpus_per_node
+    shard = gpn // (tp * cp) if gpn % (tp * cp) == 0 else 0
+    hsdp = 1 < shard < dp and dp % shard == 0 and pins.zero_stage in (None, 3)
+    return [None, shard] if hsdp else [None]
