@@ -21,6 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: never download wei
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from paraplan.executor import parallelize
@@ -71,7 +72,17 @@ def run(model: torch.nn.Module, args: argparse.Namespace) -> None:
         save_every=args.save_every,
         resume=args.resume,
     )
-    report = train(pm, options)
+    # `paraplan run` sets PARAPLAN_PROGRESS=1 when its stderr is a terminal and --no-progress
+    # was not given: rank 0 then draws the training steps (erased when done).
+    shown = dist.get_rank() == 0 and os.environ.get("PARAPLAN_PROGRESS") == "1"
+    with tqdm(
+        total=args.steps, desc="training", unit="step", disable=not shown, leave=False
+    ) as bar:
+
+        def on_step(step: int, loss: float) -> None:  # rank 0's loss is partial under a pipeline
+            bar.update(step + 1 - bar.n)  # a resumed run starts past 0
+
+        report = train(pm, options, on_step=on_step)
     if dist.get_rank() == 0:
         print(format_report(report), flush=True)
         if args.report:

@@ -115,7 +115,8 @@ def test_budget_below_the_minimum_says_the_smallest_that_works(
     assert code == 2
     smallest = format_bytes(least, round_up=True)
     assert f"budget 10.0 MiB is below the smallest feasible peak {smallest}" in err
-    assert f"for gpt2 (micro-batch {micro_batch}, seq {SEQ})" in err
+    size = "1 sequence" if micro_batch == 1 else f"{micro_batch} sequences"
+    assert f"for gpt2 (one micro-batch of {size}, seq {SEQ})" in err
     assert ("lower --micro-batch" in err) == (micro_batch > 1)
     # The advice is enough: the budget it names works.
     advised = re.search(r"raise --budget to at least ([0-9.]+ [KMG]iB)", err)
@@ -219,7 +220,7 @@ def test_traces_a_hugging_face_config(capsys, tmp_path: Path) -> None:
     config.write_text(json.dumps(HF_TINY["gpt2"]))
     assert checkpoint("--model", str(config), "--seq-len", "64", "--budget", "1GiB") == 0
     printed = capsys.readouterr().out
-    assert "gpt2-tiny: micro-batch 1, seq 64, 4 layers" in printed
+    assert "gpt2-tiny: one micro-batch of 1 sequence, seq 64, 4 layers" in printed
 
 
 # ---- the schedule file (planner.remat_schedule): strict load -------------------------------

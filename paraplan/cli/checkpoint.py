@@ -24,6 +24,7 @@ from ..planner import limits
 from .common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
+    add_no_progress_arg,
     check_output,
     count_arg,
     format_bytes,
@@ -32,9 +33,13 @@ from .common import (
     parse_positive_int,
     parse_seconds,
     print_notes,
+    progress_bar,
+    sequences,
 )
 
 if TYPE_CHECKING:
+    from tqdm import tqdm
+
     from ..planner.model import ModelProfile
     from ..planner.remat_schedule import CheckpointSchedule
     from ..planner.solvers import LayerChain, OpGraph
@@ -114,16 +119,36 @@ def add_parser(subparsers: Any) -> None:
         metavar="PATH",
         help="write the schedule JSON here",
     )
+    add_no_progress_arg(p)
     p.set_defaults(handler=execute)
 
 
 def execute(args: argparse.Namespace) -> int:
     """Run `paraplan checkpoint` on parsed arguments; prints, returns the exit status."""
+    from ..planner.remat_schedule import RematSolver, save_schedule
+
+    check_output(args)  # an unwritable -o fails now, not after the solve
+    steps = 3 + 2 * (RematSolver(args.solver) == RematSolver.ILP)
+    with progress_bar(args, desc="checkpoint", total=steps, unit="step") as bar:
+        solved = _solve(args, bar)
+    if isinstance(solved, str):  # nothing fits the budget: the message says what does
+        print(f"paraplan: error: {solved}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(format_schedule_summary(solved))
+    if args.output:
+        save_schedule(solved, args.output)
+        print(f"\nschedule written to {args.output}")
+    return EXIT_OK
+
+
+def _solve(args: argparse.Namespace, bar: tqdm[Any]) -> CheckpointSchedule | str:
+    """Read the model, solve and replay the schedule, moving `bar` one step per stage (the
+    model, the DP, for the ILP its solve and its least-budget solve, the replays); a budget
+    below the least feasible peak returns the message that says so."""
     from ..planner.remat_schedule import (
         CheckpointSchedule,
         RematSolver,
         recomputations,
-        save_schedule,
         schedule_steps,
     )
     from ..planner.solvers import (
@@ -135,18 +160,26 @@ def execute(args: argparse.Namespace) -> int:
         store_all_ops,
     )
 
-    check_output(args)  # an unwritable -o fails now, not after the solve
+    def step(label: str) -> None:  # one stage done; `label` runs next
+        bar.update(1)
+        bar.set_postfix_str(label)
+
+    bar.set_postfix_str(f"reading {args.model}")  # tracing imports torch first: seconds
     profile = _profile(args)
     chain, graph, times = _chain(profile, args)
-    what = f"{profile.name} (micro-batch {args.micro_batch}, seq {profile.seq_len})"
+    what = (
+        f"{profile.name} (one micro-batch of {sequences(args.micro_batch)}, seq {profile.seq_len})"
+    )
     budget = float(args.budget)
     solver = RematSolver(args.solver)
+    step("solving (DP)")
     dp = solve_checkpoint_dp(chain, budget)
     # The ILP solves the profile's op graph when it has one (a traced model), else the chain.
     model: LayerChain | OpGraph = chain if graph is None else graph
     if solver == RematSolver.DP:
         sol = dp
     else:
+        step(f"solving (ILP, at most {args.time_limit:g} s)")
         sol = solve_remat_ilp(model, budget, time_limit_s=args.time_limit)
     if sol.status == SolveStatus.TIME_LIMIT:
         raise ValueError(
@@ -162,21 +195,22 @@ def execute(args: argparse.Namespace) -> int:
                 "use a shorter sequence (--seq-len) or shard activations with tensor, sequence "
                 "or context parallelism (paraplan plan)"
             )
-        print(
-            f"paraplan: error: budget {format_bytes(budget)} is below the smallest feasible "
+        return (
+            f"budget {format_bytes(budget)} is below the smallest feasible "
             f"peak {format_bytes(least, round_up=True)} for {what}: raise --budget to at least "
-            f"{format_bytes(least, round_up=True)} or {lower}",
-            file=sys.stderr,
+            f"{format_bytes(least, round_up=True)} or {lower}"
         )
-        return EXIT_BAD_INPUT
+    step("replaying")
     replay = simulate(model, sol.ops)
     store = simulate(model, store_all_ops(model))
     least = dp.min_budget_bytes
     if solver == RematSolver.ILP and graph is not None:
+        step(f"least budget (ILP, at most {args.time_limit:g} s)")
         found, _ = min_peak_remat_ilp(graph, time_limit_s=args.time_limit)
         least = replay.peak_bytes if found is None else min(found, replay.peak_bytes)
     names = [n.name for n in graph.nodes[1:]] if model is graph else [x.name for x in chain.layers]
-    schedule = CheckpointSchedule(
+    bar.update(bar.total - bar.n)
+    return CheckpointSchedule(
         model=profile.name,
         seq_len=profile.seq_len,
         micro_batch_size=args.micro_batch,
@@ -193,11 +227,6 @@ def execute(args: argparse.Namespace) -> int:
         recomputed=recomputations(sol.ops, len(names)),
         steps=schedule_steps(sol.ops),
     )
-    print(format_schedule_summary(schedule))
-    if args.output:
-        save_schedule(schedule, args.output)
-        print(f"\nschedule written to {args.output}")
-    return EXIT_OK
 
 
 def _profile(args: argparse.Namespace) -> ModelProfile:
@@ -290,7 +319,8 @@ def format_schedule_summary(s: CheckpointSchedule) -> str:
     stored = [i for i, n in enumerate(s.recomputed) if n == 0]
     proven = "optimal" if s.status == SolveStatus.OPTIMAL else "feasible, optimality not proven"
     lines = [
-        f"{s.model}: micro-batch {s.micro_batch_size}, seq {s.seq_len}, {len(s.layers)} layers; "
+        f"{s.model}: one micro-batch of {sequences(s.micro_batch_size)}, seq {s.seq_len}, "
+        f"{len(s.layers)} layers; "
         f"times {s.times}",
         f"solver {s.solver.value}: {proven}",
         f"peak   {format_bytes(s.peak_bytes)} of the {format_bytes(s.budget_bytes)} budget "

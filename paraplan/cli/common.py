@@ -333,6 +333,12 @@ def print_notes(notes: list[str]) -> None:
         print(f"paraplan: note: {note}", file=sys.stderr)
 
 
+def sequences(count: int) -> str:
+    """``1 sequence``, ``8 sequences``: a micro-batch's size in words (never a bare number
+    that could be read as a micro-batch count)."""
+    return f"{count:,} sequence{'' if count == 1 else 's'}"
+
+
 # ---- progress and errors -----------------------------------------------------------------------
 def show_progress(args: argparse.Namespace) -> bool:
     """Whether to draw progress: only on a terminal, and not under `--no-progress`."""
@@ -361,6 +367,21 @@ def fraction_callback(bar: tqdm[Any]) -> Callable[[float], None] | None:
         bar.update(max(0, round(total * min(1.0, fraction)) - bar.n))
 
     return update
+
+
+def closing_callback(bar: tqdm[Any]) -> Callable[[float], None] | None:
+    """`fraction_callback`, closing (erasing) the bar when the work is done: for a command
+    that prints its result before the bar's `with` block ends."""
+    update = fraction_callback(bar)
+    if update is None:
+        return None
+
+    def follow(fraction: float) -> None:
+        update(fraction)
+        if fraction >= 1.0:
+            bar.close()
+
+    return follow
 
 
 def run_command(handler: Handler, args: argparse.Namespace) -> int:

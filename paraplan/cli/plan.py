@@ -18,6 +18,7 @@ from .common import (
     add_input_args,
     add_no_progress_arg,
     check_output,
+    closing_callback,
     count_arg,
     fraction_callback,
     parse_non_negative_int,
@@ -102,7 +103,9 @@ def execute(args: argparse.Namespace) -> int:
     if args.from_config:  # judge an existing trainer config (paraplan/export/judge.py)
         from ..export.judge import run_from_config
 
-        return EXIT_OK if run_from_config(args, read_cluster, read_model) else EXIT_BAD_INPUT
+        with progress_bar(args, desc="searching", total=100, unit="%") as bar:
+            fits = run_from_config(args, read_cluster, read_model, closing_callback(bar))
+        return EXIT_OK if fits else EXIT_BAD_INPUT
     if not (args.global_batch or args.global_batch_tokens):
         raise ValueError("give --global-batch N or --global-batch-tokens T (or --from-config)")
     cluster = read_cluster(args)

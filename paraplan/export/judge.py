@@ -61,12 +61,16 @@ def compare(
     train: TrainConfig,
     *,
     top_k: int = 3,
+    progress: Callable[[float], None] | None = None,
 ) -> Comparison:
-    """Evaluate `setup` pinned and search the best plan for the same job."""
+    """Evaluate `setup` pinned and search the best plan for the same job; `progress(fraction)`
+    follows the search (the pinned evaluation is quick)."""
     # any engine: the configuration runs on its own trainer, not on paraplan's executor
     yours = make_plan(profile, cluster, train, pins=setup.pins(), top_k=0, any_engine=True).plan
     try:
-        best: Plan | None = make_plan(profile, cluster, train, top_k=top_k, any_engine=True).plan
+        best: Plan | None = make_plan(
+            profile, cluster, train, top_k=top_k, any_engine=True, progress=progress
+        ).plan
     except NoFeasiblePlanError:
         best = None
     return Comparison(source=source, setup=setup, yours=yours, best=best)
@@ -159,10 +163,11 @@ def run_from_config(
     args: argparse.Namespace,
     read_cluster: Callable[[argparse.Namespace], Cluster],
     read_model: Callable[[argparse.Namespace, list[str]], tuple[ModelProfile, int]],
+    progress: Callable[[float], None] | None = None,
 ) -> bool:
     """`paraplan plan --from-config FILE` on parsed `plan` arguments, with the command line's
     readers of the cluster and model; prints the comparison and returns whether your
-    configuration fits."""
+    configuration fits. `progress(fraction)` follows the search for the best plan."""
     cluster = read_cluster(args)
     setup = read_config(args.from_config, world_size=cluster.num_gpus)
     if args.global_batch or args.global_batch_tokens:
@@ -185,7 +190,9 @@ def run_from_config(
         optimizer=args.optimizer,
         memory_headroom=args.memory_headroom,
     )
-    comparison = compare(args.from_config, setup, profile, cluster, train, top_k=args.top)
+    comparison = compare(
+        args.from_config, setup, profile, cluster, train, top_k=args.top, progress=progress
+    )
     print(format_comparison(comparison))
     if not comparison.yours.feasible:
         print(
