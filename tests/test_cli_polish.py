@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,3 +84,30 @@ def test_exact_ties_collapse_into_one_row() -> None:
     )
     assert f"(equivalent: {twin.strategy().short()})" in text
     assert f"{first.memory_per_gpu_bytes / GIB:>8.1f}" in rows[0]
+
+
+AMBIGUOUS = re.compile(r"micro-batch(es)? \{|micro-batch(es)? \d+ x \d+")
+"""A micro-batch figure with no unit: "micro-batch {b}", "micro-batch 8 x 1"."""
+
+
+def test_micro_batches_are_counted_in_sequences(tmp_path: Path) -> None:
+    from paraplan.export.judge import read_config
+    from paraplan.planner.model_spec import parse_model
+    from paraplan.planner.solvers import chain_from_profile
+
+    profile = parse_model(SPEC).to_profile(128, act_bytes=2)
+    chain = chain_from_profile(profile, micro_batch_size=2, seconds_per_flop=1e-12)
+    assert chain.name.endswith("(one micro-batch of 2 sequences)")
+    config = tmp_path / "ds.json"
+    config.write_text('{"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4}')
+    with pytest.raises(ValueError, match=r"32 sequences \(8 data-parallel ranks x micro-batches "):
+        read_config(str(config), world_size=8)
+    root = Path(__file__).resolve().parents[1]
+    sources = [*root.glob("paraplan/**/*.py"), *root.glob("planner/**/*.py"), root / "README.md"]
+    found = [
+        f"{p.relative_to(root)}:{n}: {line.strip()}"
+        for p in sources
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if AMBIGUOUS.search(line)
+    ]
+    assert not found, "micro-batch figures without their unit:\n" + "\n".join(found)

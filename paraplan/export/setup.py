@@ -87,8 +87,9 @@ def check_batch(setup: TrainerSetup) -> TrainerSetup:
     if setup.global_batch % per_step:
         raise ValueError(
             f"{setup.target} config: global batch {setup.global_batch} is not a multiple of "
-            f"data-parallel degree {s.dp} x micro-batch {s.micro_batch_size} = {per_step}; "
-            "fix the batch sizes in the config"
+            f"{per_step} sequences ({s.dp} data-parallel ranks x micro-batches of "
+            f"{s.micro_batch_size} sequence{'' if s.micro_batch_size == 1 else 's'}); fix the "
+            "batch sizes in the config"
         )
     if s.pp > 1 and s.schedule == Schedule.NONE:
         raise ValueError(f"{setup.target} config: pp={s.pp} needs a pipeline schedule")

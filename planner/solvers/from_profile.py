@@ -99,7 +99,8 @@ def chain_from_profile(
             )
         )
         x_in = cost.output_bytes * b
-    return LayerChain(layers=tuple(layers), name=name or f"{profile.name} (micro-batch {b})")
+    default = f"{profile.name} ({_micro_batch(b)})"
+    return LayerChain(layers=tuple(layers), name=name or default)
 
 
 def layer_graphs(profile: ModelProfile) -> tuple[LayerGraph, ...]:
@@ -300,7 +301,14 @@ def graph_from_profile(
     for index in span:
         cost = profile.layers[index]
         out = builder.add_layer(cost.name, graphs[index], out, times[index], b, flops_per_byte)
-    default = f"{profile.name} op graph (micro-batch {b})"
+    default = f"{profile.name} op graph ({_micro_batch(b)})"
     if layers is not None:
-        default = f"{profile.name} layers {span.start}..{span.stop - 1} op graph (micro-batch {b})"
+        default = (
+            f"{profile.name} layers {span.start}..{span.stop - 1} op graph ({_micro_batch(b)})"
+        )
     return builder.finish(name or default, out)
+
+
+def _micro_batch(size: int) -> str:
+    """``one micro-batch of 8 sequences``: the chain's batch in words (not a bare count)."""
+    return f"one micro-batch of {size} sequence{'' if size == 1 else 's'}"
