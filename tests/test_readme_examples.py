@@ -38,3 +38,18 @@ def test_readme_output_is_current(
     assert rc == 0
     missing = [line for line in expected if line not in printed]
     assert not missing, f"README.md quotes lines `paraplan {' '.join(argv)}` no longer prints"
+
+
+def test_readme_quotes_the_catalog_peak_behind_tflops() -> None:
+    """The prose's peak is the catalog's, and the quoted TFLOP/s per GPU is MFU x that peak."""
+    from paraplan.planner.hardware import get_accelerator
+
+    text = README.read_text(encoding="utf-8")
+    stated = re.search(r"(\d+) TFLOP/s for an A100 in bf16", text)
+    assert stated is not None
+    peak = get_accelerator("a100-80gb").peak_flops_for("bf16")
+    assert int(stated.group(1)) == round(peak / 1e12)
+    quoted = re.search(r"MFU (\d+\.\d)% \((\d+\.\d) TFLOP/s per GPU\)", text)
+    assert quoted is not None  # rounded figures: within half a unit of each's last digit
+    mfu, tflops = float(quoted.group(1)) / 100, float(quoted.group(2))
+    assert abs(mfu * peak / 1e12 - tflops) <= 0.0005 * peak / 1e12 + 0.05
