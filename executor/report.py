@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
-import sys
 from dataclasses import asdict, dataclass
 
 import torch
@@ -15,19 +13,29 @@ import torch
 from ..planner.calibration import recalibrate_hint
 from ..planner.jsonio import write_atomic
 from ..planner.plan import Plan
+from ..profiler.host_memory import HostPeak, peak_resident_bytes
 
 RSS_SOURCE = "peak RSS of the process (getrusage ru_maxrss: tensors plus Python/torch runtime)"
+HOST_SOURCE = (
+    "resident memory less glibc's free bytes at the last step's start plus the peak rise of "
+    "torch's CPU allocations over that step (profiled, not timed), as the plan prices it: "
+    "the peak RSS also holds freed heap glibc keeps"
+)
 CUDA_SOURCE = (
     "torch.cuda.max_memory_allocated plus what lies outside torch's allocator at the end "
     "(CUDA context, NCCL and library buffers: total - free - reserved), as the plan's "
     "runtime_overhead_bytes prices it"
 )
-_KIB = 1024
-"""Linux reports ru_maxrss in KiB (macOS in bytes)."""
 
 
-def peak_memory_bytes(device: torch.device) -> tuple[float, str]:
-    """(peak bytes of this rank, what was measured)."""
+def peak_rss_bytes() -> float:
+    """This process's peak resident memory (ru_maxrss)."""
+    return float(peak_resident_bytes())
+
+
+def peak_memory_bytes(device: torch.device, host: HostPeak | None = None) -> tuple[float, str]:
+    """(peak bytes of this rank, what was measured). On the CPU, `host` is the profiled last
+    step (`profiler.host_memory`); without one, the peak RSS."""
     if device.type == "cuda":
         # The prediction counts the runtime's own footprint (`runtime_overhead_bytes`), which
         # max_memory_allocated leaves out: add the device memory torch's allocator does not
@@ -35,8 +43,9 @@ def peak_memory_bytes(device: torch.device) -> tuple[float, str]:
         free, total = torch.cuda.mem_get_info(device)
         outside = max(0, total - free - torch.cuda.memory_reserved(device))
         return float(torch.cuda.max_memory_allocated(device) + outside), CUDA_SOURCE
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return float(rss if sys.platform == "darwin" else rss * _KIB), RSS_SOURCE
+    if host is not None and host.events > 0:
+        return host.live_peak_bytes, HOST_SOURCE
+    return peak_rss_bytes(), RSS_SOURCE
 
 
 def strategy_text(plan: Plan) -> str:
@@ -95,6 +104,8 @@ class RunReport:
     """(max measured over ranks - predicted) / predicted peak memory."""
     first_step: int
     """Index of the first step run (after a resume, > 0)."""
+    peak_rss_bytes: tuple[float, ...] = ()
+    """Peak RSS of each rank (CPU: above `peak_memory_bytes` by the heap glibc keeps)."""
     losses: tuple[float, ...]
     """Global-batch loss of each step run."""
 
@@ -117,6 +128,7 @@ def make_report(
     device: str,
     first_step: int,
     losses: list[float],
+    rss_bytes: list[float] | None = None,
 ) -> RunReport:
     """Build the report from the timed steps (warm-up already removed) and per-rank memory."""
     if not step_times_s:
@@ -150,6 +162,7 @@ def make_report(
         memory_rel_err=rel_err(max(memory_bytes), pred.memory_per_gpu_bytes),
         first_step=first_step,
         losses=tuple(losses),
+        peak_rss_bytes=tuple(rss_bytes or ()),
     )
 
 
@@ -192,6 +205,13 @@ def format_report(r: RunReport) -> str:
     lines += [f"{a:<{width}}  {b:>14}  {c:>14}  {d:>10}" for a, b, c, d in rows]
     per_rank = ", ".join(f"r{i} {b / mb:,.1f}" for i, b in enumerate(r.peak_memory_bytes))
     lines += ["", f"peak memory per rank (MB): {per_rank}", f"memory measured as {r.memory_source}"]
+    if r.device == "cpu" and r.peak_rss_bytes and r.memory_source != RSS_SOURCE:
+        kept = max(r.peak_rss_bytes) - max(r.peak_memory_bytes)
+        lines.append(
+            f"peak RSS (max rank) {max(r.peak_rss_bytes) / mb:,.1f} MB: {kept / mb:+,.1f} MB "
+            "of it is freed heap glibc keeps (its retention; MALLOC_ARENA_MAX, "
+            "MALLOC_TRIM_THRESHOLD_ or jemalloc change it)"
+        )
     if r.losses:
         lines.append(
             f"loss: step {r.first_step} {r.losses[0]:.4f} -> step "

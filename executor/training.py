@@ -12,12 +12,13 @@ import torch
 import torch.distributed as dist
 
 from ..planner.strategy import MeshAxis
+from ..profiler.host_memory import HostPeak, TensorPeakTracker
 from . import mesh as meshes
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .compose import ParallelModel
 from .data import synthetic_tokens
 from .optim import Optimizers
-from .report import RunReport, make_report, peak_memory_bytes
+from .report import RunReport, make_report, peak_memory_bytes, peak_rss_bytes
 
 
 def global_loss(pm: ParallelModel, loss: torch.Tensor | None) -> float:
@@ -100,6 +101,14 @@ def train(
         Path(options.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     if pm.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(pm.device)
+    # A CPU run measures its memory on the last step, profiled and so not timed, when that
+    # leaves a step to time (profiler.host_memory: peak RSS counts glibc's retained heap).
+    memory_step = (
+        options.steps - 1
+        if pm.device.type == "cpu" and options.steps - first >= options.warmup_steps + 2
+        else None
+    )
+    host: HostPeak | None = None
     times, losses = [], []
     for step in range(first, options.steps):
         x, y = synthetic_tokens(
@@ -110,26 +119,34 @@ def train(
             step=step,
         )
         x, y = pm.local_batch(x), pm.local_batch(y)
-        _sync(pm.device)
-        start = time.perf_counter()
-        loss = train_step(pm, opts, x, y)
-        _sync(pm.device)
-        times.append(time.perf_counter() - start)
+        if step == memory_step:
+            opts.zero_grad()  # the last step's gradients are gone before the count starts
+            with TensorPeakTracker() as tracker:
+                loss = train_step(pm, opts, x, y)
+            host = tracker.result()
+        else:
+            _sync(pm.device)
+            start = time.perf_counter()
+            loss = train_step(pm, opts, x, y)
+            _sync(pm.device)
+            times.append(time.perf_counter() - start)
         losses.append(global_loss(pm, loss))
         if options.save_every and (step + 1) % options.save_every == 0:
             save_checkpoint(pm, opts, options.checkpoint_dir or "", step=step + 1)
         if on_step is not None:
             on_step(step, losses[-1])
-    memory, source = peak_memory_bytes(pm.device)
-    gathered: list[float | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, memory)
+    memory, source = peak_memory_bytes(pm.device, host)
+    gathered: list[tuple[float, float] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (memory, peak_rss_bytes()))
+    pairs = [g or (0.0, 0.0) for g in gathered]
     warm = min(options.warmup_steps, max(len(times) - 1, 0))  # a short resumed run: time some
     return make_report(
         plan,
         step_times_s=times[warm:],
         warmup_steps=warm,
-        memory_bytes=[float(m or 0.0) for m in gathered],
+        memory_bytes=[float(m) for m, _ in pairs],
         memory_source=source,
+        rss_bytes=[float(r) for _, r in pairs],
         device=pm.device.type,
         first_step=first,
         losses=losses,

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import importlib
 import os
 import queue as queue_mod
-import resource
 import socket
-import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from ..planner.calibration import (
 from ..planner.cluster import Cluster
 from ..planner.cost.data_parallel import OVERLAP_CONTENTION
 from . import microbench as mb
+from .host_memory import live_resident_bytes
 from .microbench_tp import FSDP_UNIT_BYTES, fsdp_unit_s, tensor_parallel_dispatch
 
 Progress = Callable[[int, int, str], None]
@@ -52,11 +52,16 @@ RUNTIME_MODULES = (
     "torch.nn.parallel",
     "transformers",
     "transformers.modeling_utils",
+    "transformers.masking_utils",
+    "transformers.modeling_layers",
+    "tqdm",
+    "paraplan.executor.training",
 )
-"""What a paraplan training rank imports beside torch (the executor's parallel wrappers and
-the Hugging Face modeling library, examples/train_gpt2.py): imported by each rank before its
-resident memory is read, when installed (~100 MiB on CPU, `transformers` alone loads lazily)."""
-_KIB = 1024
+"""What a paraplan training rank imports beside torch (the executor's parallel wrappers, the
+Hugging Face modeling library and the layers every decoder model of it imports,
+examples/train_gpt2.py): imported by each rank before its resident memory is read, when
+installed (~120 MiB on CPU, `transformers` alone loads lazily). Named as strings: the
+profiler does not import the executor, a rank of the calibration does."""
 _JOIN_TIMEOUT_S = 600.0
 
 
@@ -153,9 +158,11 @@ def _measure(
     if device.type == "cuda":  # device memory outside torch's allocator: context, NCCL
         free, total = torch.cuda.mem_get_info(device)
         runtime = max(0, total - free - torch.cuda.memory_reserved(device))
-    else:  # the process's resident memory before any training tensor
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        runtime = rss if sys.platform == "darwin" else rss * _KIB
+    else:  # resident memory before any training tensor, less glibc's free heap: what a
+        # training rank's memory step counts as its start (profiler.host_memory), once the
+        # runtime a first step initializes lazily is there too
+        warm_training_runtime()
+        runtime = live_resident_bytes()
     fits = []
     for key in dtypes:
         fit, _ = mb.kernel_fit(timer, key, budget, partial(_tick_part, tick, key))
@@ -186,6 +193,20 @@ def _measure(
             fsdp_unit_s=fsdp_s,
         )
         out.put(("result", result))
+
+
+def warm_training_runtime() -> None:
+    """One tiny forward, backward and AdamW step, then free everything: what a training rank's
+    first step leaves resident besides its tensors (autograd's engine, the optimizer's foreach
+    kernels, oneDNN/BLAS scratch; about 16 MiB on this CPU, measured with
+    `host_memory.live_resident_bytes` before and after)."""
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64))
+    opt = torch.optim.AdamW(layer.parameters())
+    layer(torch.randn(8, 64)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    del layer, opt
+    gc.collect()
 
 
 def _tick_part(tick: Callable[[str], None], dtype: str, part: str) -> None:
