@@ -11,6 +11,7 @@ import pytest
 
 import paraplan
 from paraplan.api import model_profile
+from paraplan.cli import main
 from paraplan.cli.compare import summary
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
@@ -123,3 +124,22 @@ def test_report_table_has_per_gpu_columns(plan: paraplan.Plan) -> None:
     )
     assert "| tokens/s per GPU | MFU (%) | TFLOP/s per GPU |" in md
     assert "does not split into 8 equal shares" in md
+
+
+def test_from_config_table_has_per_gpu_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "ds.json"
+    config.write_text(
+        '{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 8, "bf16": {"enabled": true}}'
+    )  # bf16: MFU against the bf16 peak (an fp32 config is measured against the fp32 one)
+    argv = ["plan", "--from-config", str(config), "--model", SPEC, "--cluster", "8xh100"]
+    assert main([*argv, "--no-progress"]) == 0
+    rows = {line[:18].strip(): line[18:].split() for line in capsys.readouterr().out.splitlines()}
+    total = [float(x.replace(",", "")) for x in rows["tokens/s"]]
+    per_gpu = [float(x.replace(",", "")) for x in rows["per GPU"]]
+    assert per_gpu == pytest.approx([t / 8 for t in total], abs=0.5)
+    mfu = [float(x.rstrip("%")) / 100 for x in rows["MFU"]]
+    tflops = [float(x) for x in rows["TFLOP/s/GPU"]]
+    half_units = 0.0005 * H100_BF16_FLOPS / 1e12 + 0.05  # MFU shown to 0.1%, TFLOP/s to 0.1
+    assert tflops == pytest.approx([m * H100_BF16_FLOPS / 1e12 for m in mfu], abs=half_units)

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..planner.api import NoFeasiblePlanError, make_plan
 from ..planner.cluster import Cluster
 from ..planner.config import TrainConfig
-from ..planner.explain import explain
+from ..planner.explain import explain, tflops_text
 from ..planner.model import ModelProfile
 from ..planner.plan import Plan
 from . import deepspeed, megatron, torchtitan
@@ -110,7 +110,9 @@ def _mem(p: Plan) -> str:
 _ROWS = [
     ("step time", lambda p: f"{p.predicted.step_time_s:.3f} s"),
     ("tokens/s", lambda p: f"{p.predicted.tokens_per_s:,.0f}"),
+    ("  per GPU", lambda p: f"{p.predicted.tokens_per_s / p.cluster.num_gpus:,.0f}"),
     ("MFU", lambda p: f"{p.predicted.mfu:.1%}"),
+    ("TFLOP/s/GPU", lambda p: tflops_text(p.predicted.model_flops_per_s_per_gpu)),
     ("memory per GPU", _mem),
     ("compute", lambda p: f"{p.predicted.time_breakdown.compute_s:.3f} s"),
     ("recompute", lambda p: f"{p.predicted.time_breakdown.recompute_s:.3f} s"),
