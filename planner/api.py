@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .build import PlanContext, build_plan
 from .cluster import Cluster
@@ -36,6 +36,27 @@ class PlanOutcome:
     """Everything the search found."""
 
 
+HOST_OFFLOAD_KEYS = ("offload_optimizer", "offload_params", "offload_activations")
+"""Pins that move state to the host."""
+
+
+def host_offload_pins(cluster: Cluster, pins: Pins | None) -> Pins | None:
+    """On a cluster of CPUs the devices are the host: offload has nowhere to go (it would only
+    add copies and, in the executor, FSDP2's CPU-offload wrapping around a single rank), so it
+    is pinned off; pinned on, it is refused (ValueError)."""
+    if not cluster.accelerator.is_host:
+        return pins
+    pins = pins or Pins()
+    for key in HOST_OFFLOAD_KEYS:
+        if getattr(pins, key):
+            raise ValueError(
+                f"--fix {key}=true on cluster {cluster.name!r}: its devices are the host's "
+                f"CPUs, so there is no separate host memory to offload to; drop {key} (or "
+                "plan for a GPU cluster)"
+            )
+    return replace(pins, offload_optimizer=False, offload_params=False, offload_activations=False)
+
+
 def make_plan(
     profile: ModelProfile,
     cluster: Cluster,
@@ -55,6 +76,8 @@ def make_plan(
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be >= 0")
     check_planning(profile, cluster, train, pins)  # every count in bounds before any search
+    asked = pins
+    pins = host_offload_pins(cluster, pins)
     ev = Evaluator(profile, cluster, train)
     search = Search(ev, pins, runnable_only=not any_engine, consent=consent)
     result = search.run(top_k=top_k, progress=progress)
@@ -66,7 +89,7 @@ def make_plan(
         return PlanOutcome(plan=build_plan(ctx, least, ()), result=result)
     need = gib(least.memory.total_bytes) if least else "unknown"
     cap = gib(ev.capacity_bytes)
-    pinned = search.pins.describe()
+    pinned = asked.describe() if asked is not None else ""
     what = f" with --fix {pinned}" if pinned else ""
     hint = (
         f" (least-memory strategy: {least.strategy.short()}, on stage {least.peak_stage})"

@@ -68,6 +68,8 @@ NUMERIC_FIELDS: tuple[str, ...] = (
 
 CALIBRATABLE_FIELDS = NUMERIC_FIELDS
 CALIBRATION_SOURCE = "calibration"
+HOST_ACCELERATOR = "cpu"
+"""The catalog entry (and calibrated accelerator) whose devices are the host's CPUs."""
 _INT_FIELDS = frozenset({"memory_bytes", "runtime_overhead_bytes"})
 _GiB = 1024**3
 
@@ -102,6 +104,12 @@ class Accelerator:
     """Per-process memory not available to tensors: CUDA context, library workspaces, NCCL."""
     sources: Mapping[str, str]
     """Field name -> where its figure comes from, for every field in `NUMERIC_FIELDS`."""
+
+    @property
+    def is_host(self) -> bool:
+        """Whether the device is the host CPU itself (then there is no host memory apart from
+        the device's to offload to; the executor runs such a plan on `cpu`)."""
+        return self.name == HOST_ACCELERATOR
 
     def __post_init__(self) -> None:
         where = f"accelerator {self.name!r}"
