@@ -122,3 +122,25 @@ def test_run_off_a_terminal_is_quiet(
 def test_run_refuses_an_unknown_option_before_the_script() -> None:
     rc, drawn = on_terminal(["run", "p.json", "--fast", "--", "train.py"])
     assert rc == 2 and "--fast: not an option of paraplan run" in drawn
+
+
+TINY_HF = str(Path(__file__).resolve().parents[1] / "examples" / "configs" / "gpt2-tiny.json")
+"""A Hugging Face config small enough to trace in a moment (torch needed)."""
+
+
+def test_profile_draws_the_import_and_the_trace() -> None:
+    pytest.importorskip("transformers")
+    argv = ["profile", "--model", TINY_HF, "--seq-len", "64"]
+    rc, drawn = on_terminal(argv)
+    assert rc == 0 and "profile:" in drawn and "/2" in drawn and "importing torch" in drawn
+    assert on_terminal([*argv, "--no-progress"]) == (0, "")
+
+
+def test_plan_draws_the_trace_of_a_traced_model_only() -> None:
+    pytest.importorskip("transformers")
+    argv = ["plan", "--cluster", "2xcpu", "--global-batch", "8", "--seq-len", "64"]
+    rc, drawn = on_terminal([*argv, "--model", TINY_HF])
+    assert rc == 0 and "model:" in drawn and "searching:" in drawn
+    rc, drawn = on_terminal([*argv, "--model", SPEC])  # an analytic spec: nothing to trace
+    assert rc == 0 and "model:" not in drawn and "searching:" in drawn
+    assert on_terminal([*argv, "--model", TINY_HF, "--no-progress"]) == (0, "")

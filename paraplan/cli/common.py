@@ -303,15 +303,21 @@ def read_model(args: argparse.Namespace, notes: list[str]) -> tuple[ModelProfile
                 "profile the model at the training sequence length"
             )
     else:
+        from ..planner.hf_presets import is_hf_model
+
         found: list[str] = []
-        profile = model_profile(
-            args.model,
-            seq_len=args.seq_len,
-            precision=args.precision,
-            source=args.model_source,
-            progress=show_progress(args),
-            notes=found,
-        )
+        traced = args.model_source != "spec" and is_hf_model(args.model)
+        with progress_bar(args, desc="model", total=1, unit="step", enabled=traced) as bar:
+            bar.set_postfix_str(f"reading {args.model} (tracing imports torch first)")
+            profile = model_profile(
+                args.model,
+                seq_len=args.seq_len,
+                precision=args.precision,
+                source=args.model_source,
+                progress=show_progress(args),  # the profiler's own bar, below this one
+                notes=found,
+            )
+            bar.update(1)
         print_notes(found)
         notes += found
     seq = profile.seq_len

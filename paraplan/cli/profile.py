@@ -16,6 +16,7 @@ from .common import (
     check_output,
     count_arg,
     parse_output_path,
+    progress_bar,
     show_progress,
 )
 
@@ -76,21 +77,26 @@ def execute(args: argparse.Namespace) -> int:
             f"--model {args.model!r}: paraplan profile traces Hugging Face presets or config.json "
             "files (with model_type); profile other modules with paraplan.profile(model, inputs)"
         )
-    import torch
+    with progress_bar(args, desc="profile", total=2, unit="step") as bar:
+        bar.set_postfix_str("importing torch and transformers")  # seconds before the trace
+        import torch
 
-    from ..profiler.hf import profile_hf
+        from ..profiler.hf import profile_hf
 
-    dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
-    if args.mode == "measure" and args.dtype == "bf16":
-        dtype = torch.float32  # CPU timing in fp32: bf16 matmuls on CPU are not representative
-    result = profile_hf(
-        args.model,
-        seq_len=args.seq_len,
-        batch=args.batch,
-        dtype=dtype,
-        mode=args.mode,
-        progress=show_progress(args),
-    )
+        bar.update(1)
+        bar.set_postfix_str(f"tracing {args.model}")
+        dtype = torch.float32 if args.dtype == "fp32" else torch.bfloat16
+        if args.mode == "measure" and args.dtype == "bf16":
+            dtype = torch.float32  # CPU timing in fp32: bf16 matmuls on CPU are not representative
+        result = profile_hf(
+            args.model,
+            seq_len=args.seq_len,
+            batch=args.batch,
+            dtype=dtype,
+            mode=args.mode,
+            progress=show_progress(args),  # the profiler's own bar, below this one
+        )
+        bar.update(1)
     print(format_profile(result))
     if args.output:
         save_profile(result, args.output)
