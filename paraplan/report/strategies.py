@@ -257,7 +257,7 @@ class _Planner:
         sized = [c for c in failed if c.least_memory_bytes is not None]
         if sized:
             least = min(sized, key=lambda c: c.least_memory_bytes or 0.0)
-            tried = ", ".join(str(x) for x in pps)
+            tried = f"pp={pps[0]}" if len(pps) == 1 else f"pp in ({', '.join(map(str, pps))})"
             return Compared(
                 name="megatron",
                 label=label,
@@ -265,7 +265,7 @@ class _Planner:
                 plan=least.plan,
                 status=Status.DOES_NOT_FIT,
                 least_memory_bytes=least.least_memory_bytes,
-                reason=f"with tp={tp} and pp in ({tried}): {least.reason}",
+                reason=f"with tp={tp} and {tried}: {least.reason}",
             )
         return failed[-1]
 
