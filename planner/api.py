@@ -98,7 +98,7 @@ def make_plan(
     )
     raise NoFeasiblePlanError(
         f"{profile.name} does not fit on {cluster.name}{what}: the smallest per-GPU memory any "
-        f"plan needs is {need}{hint}, but a {cluster.accelerator.name} offers {cap} "
+        f"plan needs is {need}{hint}, but each {cluster.accelerator.name} offers {cap} "
         f"usable; use more GPUs, GPUs with more memory, a smaller global batch or sequence, "
         f"or fewer pinned dimensions",
         least,
