@@ -24,6 +24,7 @@ from torch.distributed.tensor import DTensor
 
 from .compose import ParallelModel
 from .data_parallel import DataParallelKind, data_parallel_kind
+from .partial_grads import reduce_partial_grads
 
 OPTIMIZER_CLASSES: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
     "adamw": (torch.optim.AdamW, {"weight_decay": 0.0}),
@@ -148,6 +149,8 @@ class Optimizers:
             opt.zero_grad(set_to_none=True)
 
     def step(self) -> None:
-        """One update of every chunk."""
+        """One update of every chunk, its pending (Partial) gradients reduced first, once
+        (`partial_grads.py`)."""
         for opt in self.optimizers:
+            reduce_partial_grads(p for g in opt.param_groups for p in g["params"])
             opt.step()
