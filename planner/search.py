@@ -314,7 +314,12 @@ class Search:
         if has_options(s) or ev.single_pass(s):
             return False
         sm = ev.stage_model
-        static = max(ev.static_memory(s, st).total_bytes for st in sm.stages(sm.layout_of(s)))
+        lay = sm.layout_of(s)
+        static = max(
+            sm.static_totals(
+                lay, s.tp, s.ep, s.dp * s.cp, s.zero_stage, s.offload_optimizer, s.dp_replicate
+            )
+        )
         return static + ev.pipeline_buffer_bytes(s) > ev.capacity_bytes
 
     def _slower(self, s: Strategy, worst_s: float) -> bool:

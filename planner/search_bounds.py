@@ -35,6 +35,7 @@ from .cost.comm import Collectives
 from .cost.evaluate import Evaluator
 from .cost.schedules import bubble_s, is_split_backward
 from .search_blocks import Block
+from .solvers.replay_table import RATIO_DIGITS
 from .strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
 
 SAFETY = 1e-9
@@ -76,17 +77,26 @@ def family_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float
             total = c.compute.fwd_s + c.compute.bwd_s
             share = c.compute.fwd_s / total if total > 0 else 0.5
             shares.update((share - _SHARE_NUDGE, share, share + _SHARE_NUDGE))
+        # `bubble_s` rounds the share to a bin and scales the bin's (non-negative) bubble by
+        # forward + backward: per bin, the share with the least sum gives that bin's least.
+        least: dict[float, tuple[float, float]] = {}
+        for x in shares:
+            fwd = min(1.0, max(0.0, x))
+            total = fwd + (1.0 - fwd)
+            rounded = round(fwd / total, RATIO_DIGITS) if total > 0 else -1.0
+            if rounded not in least or total < least[rounded][0]:
+                least[rounded] = (total, fwd)
         unit = min(
             bubble_s(
                 s.schedule,
                 pp=s.pp,
                 virtual_stages=s.virtual_stages,
                 num_microbatches=m,
-                forward_s=min(1.0, max(0.0, x)),
-                backward_s=1.0 - min(1.0, max(0.0, x)),
+                forward_s=fwd,
+                backward_s=1.0 - fwd,
                 weight_share=ev.weight_share,
             )
-            for x in shares
+            for _, fwd in least.values()
         )
         bubble = unit * slot
     return (m * slot + bubble) * (1.0 - SAFETY)

@@ -196,7 +196,7 @@ class Evaluator:
             ]
         m, mbs, v = self.num_microbatches(s), s.micro_batch_size, s.virtual_stages
         dpcp = s.dp * s.cp
-        static: dict[tuple[int, bool, Layout], list[float]] = {}
+        static: dict[tuple[int, bool, Layout], tuple[float, ...]] = {}
         acts: dict[tuple[bool, Recompute], list[float]] = {}
         none_totals: dict[tuple[bool, int, bool], float] = {}
         out: list[float | None] = []
@@ -208,10 +208,9 @@ class Evaluator:
                 shape = shapes[(sp, rc)] = (lay, sm.stages(lay))
             lay, stages = shape
             if (zero, off, lay) not in static:
-                static[(zero, off, lay)] = [
-                    sm.static_memory(st, s.tp, s.ep, dpcp, zero, off, s.dp_replicate).total_bytes
-                    for st in stages
-                ]
+                static[(zero, off, lay)] = sm.static_totals(
+                    lay, s.tp, s.ep, dpcp, zero, off, s.dp_replicate
+                )
             if (sp, rc) not in acts and rc != Recompute.PER_LAYER:
                 sums = sm.stage_activations(lay, s.tp, sp, s.cp, rc)
                 boundary = self.pipeline_buffer_bytes(s, sp)

@@ -151,8 +151,15 @@ class PerLayerRecompute:
         policies = self.policies(s)
         times = sm.layer_times(s.tp, s.cp, s.ep, s.micro_batch_size)
         seconds, n_full, n_full_moe = 0.0, 0, 0
+        full_s, selective_s = times.full_recompute_s, times.selective_recompute_s
         for i in stage.layers:
-            seconds += _recompute_s(times.layer(i), policies[i])
+            # `_recompute_s(times.layer(i), policies[i])`, without building the span
+            if policies[i] == Recompute.FULL:
+                seconds += full_s[i + 1] - full_s[i]
+            elif policies[i] == Recompute.SELECTIVE:
+                seconds += selective_s[i + 1] - selective_s[i]
+            else:
+                seconds += 0.0
             if policies[i] == Recompute.FULL:
                 n_full += 1
                 n_full_moe += int(bool(sm.profile.layers[i].expert_params))
@@ -170,4 +177,6 @@ def _recompute_s(c: StageCompute, policy: Recompute) -> float:
 
 def _solver_key(s: Strategy) -> Strategy:
     """What the per-layer solution depends on: the strategy without its mesh order."""
+    if s.mesh_order == DEFAULT_MESH_ORDER and s.recompute == Recompute.PER_LAYER:
+        return s  # already the key (`replace` would build an equal copy)
     return replace(s, mesh_order=DEFAULT_MESH_ORDER, recompute=Recompute.PER_LAYER)

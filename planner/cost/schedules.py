@@ -34,7 +34,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..model import ModelProfile
-from ..solvers.pipeline_replay import SPLIT_BACKWARD, makespan_s, simulate_pipeline
+from ..solvers.pipeline_replay import SPLIT_BACKWARD, makespan_s
+from ..solvers.replay_table import RATIO_DIGITS, in_flight_peaks, makespan_at
 from ..strategy import Schedule
 
 PENDING_W_ACT_FACTOR = 18.0 / 34.0
@@ -46,7 +47,7 @@ DEFAULT_WEIGHT_SHARE = 0.5
 backward is one input-gradient and one weight-gradient GEMM of equal FLOPs (Narayanan et al.
 2021 §3.3's 2x forward)."""
 
-_RATIO_DIGITS = 3
+_RATIO_DIGITS = RATIO_DIGITS
 
 
 def is_split_backward(schedule: Schedule) -> bool:
@@ -80,36 +81,30 @@ def _reference_m(schedule: Schedule, pp: int, m: int) -> int:
 @lru_cache(maxsize=4096)
 def _replayed(
     schedule: Schedule, pp: int, v: int, m: int, f: float, b: float, share: float
-) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
-    t = simulate_pipeline(
-        schedule,
-        num_stages=pp,
-        num_microbatches=m,
-        forward_s=f,
-        backward_s=b,
-        virtual_stages=v,
-        weight_share=share,
-    )
-    bubble = t.makespan_s - m * (f + b)
-    held = tuple(t.in_flight(s) for s in range(pp))
-    pending = tuple(t.in_flight(s, PENDING_W_ACT_FACTOR) for s in range(pp))
-    return bubble, held, pending
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Each stage's in-flight peak, without and with the pending weight gradients' share."""
+    held = in_flight_peaks(schedule, pp, v, m, f, b, share, 0.0)
+    pending = in_flight_peaks(schedule, pp, v, m, f, b, share, PENDING_W_ACT_FACTOR)
+    return held, pending
 
 
 @lru_cache(maxsize=16384)
 def _unit_bubble(
     schedule: Schedule, pp: int, v: int, m: int, f: float, b: float, share: float
 ) -> float:
-    """`_replayed`'s bubble alone, from the makespan without the timeline (bit for bit)."""
-    span = makespan_s(
-        schedule,
-        num_stages=pp,
-        num_microbatches=m,
-        forward_s=f,
-        backward_s=b,
-        virtual_stages=v,
-        weight_share=share,
-    )
+    """The replayed bubble, from the makespan alone (bit for bit `simulate_pipeline`'s):
+    read from a table of rounded shares (`solvers/replay_table.py`) when `f` is one."""
+    span = makespan_at(schedule, pp=pp, v=v, m=m, forward=f, share=share) if b == 1.0 - f else None
+    if span is None:
+        span = makespan_s(
+            schedule,
+            num_stages=pp,
+            num_microbatches=m,
+            forward_s=f,
+            backward_s=b,
+            virtual_stages=v,
+            weight_share=share,
+        )
     return span - m * (f + b)
 
 
@@ -166,7 +161,7 @@ def in_flight_microbatches(
     torch order with m' = min(m, 2p): the peak no longer grows past it)."""
     m = _reference_m(schedule, pp, num_microbatches)
     share = round(weight_share, _RATIO_DIGITS)
-    _, _, pending = _replayed(schedule, pp, virtual_stages, m, 1.0 / 3.0, 2.0 / 3.0, share)
+    _, pending = _replayed(schedule, pp, virtual_stages, m, 1.0 / 3.0, 2.0 / 3.0, share)
     return pending[stage]
 
 
@@ -186,5 +181,5 @@ def pending_w_share(
         return 0.0
     m = _reference_m(schedule, pp, num_microbatches)
     share = round(weight_share, _RATIO_DIGITS)
-    _, held, pending = _replayed(schedule, pp, virtual_stages, m, 1.0 / 3.0, 2.0 / 3.0, share)
+    held, pending = _replayed(schedule, pp, virtual_stages, m, 1.0 / 3.0, 2.0 / 3.0, share)
     return max(0.0, pending[stage] - held[stage]) / pending[stage] if pending[stage] else 0.0

@@ -29,15 +29,12 @@ from .compute import (
 )
 from .eager import traced_layer_s
 from .layout import (
-    Chunk,
     Layout,
     Stage,
     StageSplit,
-    balanced_cuts,
-    block_counts,
-    chunks_from_counts,
 )
 from .memory import BUCKETS_IN_FLIGHT, DDP_BUCKET_BYTES, layer_act_bytes, model_state_bytes
+from .stage_layout import StageLayouts
 from .stage_parts import LayerTimes, StageActivations, StageCompute, StaticMemory
 
 Policy = Recompute | tuple[Recompute, ...]
@@ -112,14 +109,18 @@ class StageModel:
         )
         """What makes two layers cost the same (identical layers share their decisions)."""
         self.num_blocks = profile.num_blocks
-        self.chunks = cache(self._chunks)
-        self.stages = cache(self._stages)
-        self.stage_copies = cache(self._stage_copies)
+        self.layouts = StageLayouts(profile, split, self.layer_keys, self.unit_costs_s)
+        """Chunks and stages per layout (`stage_layout.py`)."""
+        self.chunks = self.layouts.chunks
+        self.stages = self.layouts.stages
+        self.stage_copies = self.layouts.stage_copies
         self.layer_times = cache(self._layer_times)
         self.stage_compute = cache(self._stage_compute)
         self.static_memory = cache(self._static_memory)
+        self.static_totals = cache(self._static_totals)
         self.uniform = cache(self._uniform)
         self.act_prefix = cache(self._act_prefix)
+        self._act_terms = cache(self._act_terms_uncached)
         self.stage_activations = cache(self._stage_activations)
         self._total_compute = cache(self._total_compute_uncached)
 
@@ -176,74 +177,6 @@ class StageModel:
         costs[0] += emb
         costs[-1] += head
         return costs
-
-    def _chunks(self, lay: Layout) -> tuple[Chunk, ...]:
-        """Chunks in model order, cut by `balanced_cuts` on the blocks' seconds under the
-        layout (or evenly)."""
-        n = lay.pp * lay.virtual_stages
-        v = lay.v_shaped
-        if self.split == StageSplit.EVEN or lay.pp == 1:
-            return chunks_from_counts(block_counts(self.num_blocks, n), lay.pp, v_shaped=v)
-        return chunks_from_counts(balanced_cuts(self.unit_costs_s(lay), n), lay.pp, v_shaped=v)
-
-    def _stages(self, lay: Layout) -> tuple[Stage, ...]:
-        """The distinct stages of a pp x v layout. Stages with identical layers and position
-        (first/middle/last) cost the same, and in-flight micro-batches never grow with the
-        stage index but under a split backward (`Layout.per_stage`), so only the first is kept."""
-        p, pp = self.profile, lay.pp
-        chunks = self.chunks(lay)
-        stages: list[Stage] = []
-        seen: set[tuple] = set()
-        for st in range(pp):
-            mine = tuple(c for c in chunks if c.stage == st)
-            idx = tuple(i for c in mine for i in range(c.first_layer, c.last_layer + 1))
-            tag = st if lay.per_stage else -1
-            signature = (tuple(self.layer_keys[i] for i in idx), st == 0, st == pp - 1, tag)
-            if signature in seen:
-                continue
-            seen.add(signature)
-            layers = [p.layers[i] for i in idx]
-            blocks = [x for x in layers if x.kind == LayerKind.BLOCK]
-            dense = float(sum(x.params for x in layers))
-            has_head = any(x.kind == LayerKind.HEAD for x in layers)
-            has_emb = any(x.kind == LayerKind.EMBEDDING for x in layers)
-            if has_head and p.tied_embeddings and not has_emb:
-                dense += p.vocab * p.hidden  # the tied embedding's copy on the last stage
-            stages.append(
-                Stage(
-                    index=st,
-                    layers=idx,
-                    dense_params=dense,
-                    expert_params=float(sum(x.expert_params for x in layers)),
-                    max_block_params=float(max((x.params for x in blocks), default=0)),
-                    max_block_expert_params=float(
-                        max((x.expert_params for x in blocks), default=0)
-                    ),
-                    n_blocks=len(blocks),
-                    n_moe_blocks=sum(1 for x in blocks if x.expert_params),
-                    has_embedding=has_emb,
-                    has_head=has_head,
-                    chunks=mine,
-                )
-            )
-        return tuple(stages)
-
-    def _stage_copies(self, lay: Layout) -> tuple[tuple[tuple[int, ...], int], ...]:
-        """For every pipeline stage: its chain layers and the position in `stages(lay)` of
-        the stage it looks exactly like."""
-        pp = lay.pp
-        chunks = self.chunks(lay)
-        reps: dict[tuple, int] = {}
-        out = []
-        for st in range(pp):
-            idx = tuple(
-                i for c in chunks if c.stage == st for i in range(c.first_layer, c.last_layer + 1)
-            )
-            tag = st if lay.per_stage else -1
-            signature = (tuple(self.layer_keys[i] for i in idx), st == 0, st == pp - 1, tag)
-            reps.setdefault(signature, len(reps))
-            out.append((idx, reps[signature]))
-        return tuple(out)
 
     # ---- compute --------------------------------------------------------------------------
     def roofline_s(self, flops: float, nbytes: float) -> float:
@@ -359,17 +292,24 @@ class StageModel:
         self, lay: Layout, tp: int, cp: int, ep: int, mbs: int
     ) -> tuple[StageCompute, ...]:
         """Per distinct stage (`stages(lay)`), seconds per micro-batch on one rank."""
-        times = self.layer_times(tp, cp, ep, mbs)
+        t = self.layer_times(tp, cp, ep, mbs)
         out = []
         for stage in self.stages(lay):
-            parts = [times.span(c.first_layer, c.last_layer + 1) for c in stage.chunks]
+            spans = [(c.first_layer, c.last_layer + 1) for c in stage.chunks]
+            # each sum over chunks of `LayerTimes.span`, without building the spans
             out.append(
                 StageCompute(
-                    fwd_s=sum(x.fwd_s for x in parts),
-                    bwd_s=sum(x.bwd_s for x in parts),
-                    full_recompute_s=sum(x.full_recompute_s for x in parts),
-                    selective_recompute_s=sum(x.selective_recompute_s for x in parts),
-                    attention_fwd_s=sum(x.attention_fwd_s for x in parts),
+                    fwd_s=sum(t.fwd_s[b] - t.fwd_s[a] for a, b in spans),
+                    bwd_s=sum(t.bwd_s[b] - t.bwd_s[a] for a, b in spans),
+                    full_recompute_s=sum(
+                        t.full_recompute_s[b] - t.full_recompute_s[a] for a, b in spans
+                    ),
+                    selective_recompute_s=sum(
+                        t.selective_recompute_s[b] - t.selective_recompute_s[a] for a, b in spans
+                    ),
+                    attention_fwd_s=sum(
+                        t.attention_fwd_s[b] - t.attention_fwd_s[a] for a, b in spans
+                    ),
                 )
             )
         return tuple(out)
@@ -422,6 +362,15 @@ class StageModel:
             other_bytes=other,
         )
 
+    def _static_totals(
+        self, lay: Layout, tp: int, ep: int, dpcp: int, zero: int, offload: bool, replicate: int
+    ) -> tuple[float, ...]:
+        """`static_memory(...).total_bytes` of each stage of `stages(lay)`."""
+        return tuple(
+            self.static_memory(st, tp, ep, dpcp, zero, offload, replicate).total_bytes
+            for st in self.stages(lay)
+        )
+
     def boundary_bytes(self, s: Strategy, sp: bool | None = None) -> float:
         """Bytes of one micro-batch's activation crossing a stage boundary (per rank), with
         sequence parallelism `sp` (default: the strategy's)."""
@@ -461,22 +410,38 @@ class StageModel:
         recomputed block adds back (its bytes without recompute less what full recompute
         keeps; 0 for other layers); its transient peak."""
         prefix = [0.0]
-        back, tmp = [], []
-        k = self.act_scale
+        kept_of, back_of, tmp = self._act_terms(tp, sp, cp)
         policies = self.uniform(recompute) if isinstance(recompute, Recompute) else recompute
-        for x, policy in zip(self.profile.layers, policies, strict=True):
-            kept = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=policy)
-            if policy == Recompute.SELECTIVE and self._op_sac and x.kind == LayerKind.BLOCK:
-                kept = min(kept, self._every_other_matmul_kept(x, tp, sp, cp))
-            prefix.append(prefix[-1] + kept * k)
-            if x.kind == LayerKind.BLOCK and policy == Recompute.FULL:
+        for kept, policy in zip(kept_of, policies, strict=True):
+            prefix.append(prefix[-1] + kept[policy])
+        pairs = zip(back_of, policies, strict=True)
+        back = [b if policy == Recompute.FULL else 0.0 for b, policy in pairs]
+        return tuple(prefix), tuple(back), tmp
+
+    def _act_terms_uncached(
+        self, tp: int, sp: bool, cp: int
+    ) -> tuple[tuple[dict[Recompute, float], ...], tuple[float, ...], tuple[float, ...]]:
+        """Per chain layer, per sequence, in the training dtype: the bytes kept under each
+        uniform policy, what recomputing it fully adds back (0 for layers that are not
+        blocks) and its transient peak (`_act_prefix` sums them for a policy per layer)."""
+        kept_of, back, tmp = [], [], []
+        k = self.act_scale
+        for x in self.profile.layers:
+            kept: dict[Recompute, float] = {}
+            for policy in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL):
+                one = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=policy)
+                if policy == Recompute.SELECTIVE and self._op_sac and x.kind == LayerKind.BLOCK:
+                    one = min(one, self._every_other_matmul_kept(x, tp, sp, cp))
+                kept[policy] = one * k
+            kept_of.append(kept)
+            if x.kind == LayerKind.BLOCK:
                 none = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=Recompute.NONE)
                 full = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=Recompute.FULL)
                 back.append((none - full) * k)
             else:
                 back.append(0.0)
             tmp.append(max(x.fwd_tmp_bytes, x.bwd_tmp_bytes) * k / (tp * cp))
-        return tuple(prefix), tuple(back), tuple(tmp)
+        return tuple(kept_of), tuple(back), tuple(tmp)
 
     def _stage_activations(
         self, lay: Layout, tp: int, sp: bool, cp: int, recompute: Policy

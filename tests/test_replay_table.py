@@ -1,0 +1,69 @@
+"""The bulk replays of `solvers/replay_table.py` equal `simulate_pipeline`, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+
+from paraplan.planner.solvers import replay_table
+from paraplan.planner.solvers.pipeline_replay import makespan_s, simulate_pipeline
+from paraplan.planner.solvers.replay_table import in_flight_peaks, makespan_at
+from paraplan.planner.strategy import Schedule
+
+SHAPES = [
+    (Schedule.GPIPE, 4, 1, 6),
+    (Schedule.ONE_F_ONE_B, 4, 1, 5),
+    (Schedule.INTERLEAVED_1F1B, 4, 3, 8),
+    (Schedule.INTERLEAVED_ZB, 4, 1, 8),
+    (Schedule.INTERLEAVED_ZB, 4, 2, 4),
+    (Schedule.INTERLEAVED_ZB, 3, 3, 6),
+    (Schedule.ZBV, 4, 2, 8),
+    (Schedule.ZBV, 3, 2, 5),
+    (Schedule.DUALPIPEV, 4, 2, 8),
+    (Schedule.DUALPIPEV, 5, 2, 10),
+    (Schedule.DUALPIPEV, 8, 2, 16),
+]
+FORWARDS = [0.0, 0.001, 0.25, 0.333, 0.4, 0.5, 0.777, 1.0]
+
+
+@pytest.mark.parametrize(("schedule", "pp", "v", "m"), SHAPES)
+@pytest.mark.parametrize("share", [0.0, 0.5, 0.667])
+def test_makespan_table_equals_the_replay(schedule, pp, v, m, share, monkeypatch):
+    monkeypatch.setattr(replay_table, "BULK_MIN_OPS", 0)  # the bulk path, even for these
+    for f in FORWARDS:
+        want = makespan_s(
+            schedule,
+            num_stages=pp,
+            num_microbatches=m,
+            forward_s=f,
+            backward_s=1.0 - f,
+            virtual_stages=v,
+            weight_share=share,
+        )
+        got = makespan_at(schedule, pp=pp, v=v, m=m, forward=f, share=share)
+        assert got == want, (f, got, want)
+
+
+def test_makespan_table_refuses_unrounded_shares(monkeypatch):
+    monkeypatch.setattr(replay_table, "BULK_MIN_OPS", 0)
+    assert makespan_at(Schedule.ZBV, pp=4, v=2, m=8, forward=1.0 / 3.0, share=0.5) is None
+
+
+@pytest.mark.parametrize(("schedule", "pp", "v", "m"), SHAPES)
+@pytest.mark.parametrize("pending", [0.0, 18.0 / 34.0])
+def test_in_flight_peaks_equal_the_timeline(schedule, pp, v, m, pending):
+    f, b, share = 1.0 / 3.0, 2.0 / 3.0, 0.5
+    t = simulate_pipeline(
+        schedule,
+        num_stages=pp,
+        num_microbatches=m,
+        forward_s=f,
+        backward_s=b,
+        virtual_stages=v,
+        weight_share=share,
+    )
+    want = tuple(t.in_flight(s, pending) for s in range(pp))
+    assert in_flight_peaks(schedule, pp, v, m, f, b, share, pending) == want
+
+
+def test_small_schedules_are_left_to_one_replay():
+    assert makespan_at(Schedule.ZBV, pp=4, v=2, m=8, forward=0.25, share=0.5) is None
