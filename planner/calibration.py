@@ -153,16 +153,20 @@ class Calibration:
     fsdp_unit_host_s: float = 0.0
     """Host seconds one FSDP2 unit adds per forward+backward beyond its collectives (hooks,
     copy-in/out, gradient division), measured on the ranks' mesh (0: not measured)."""
+    dtensor_adamw_tensor_s: float = 0.0
+    """Host seconds an AdamW step spends per parameter tensor beyond a plain tensor's when the
+    parameters are DTensors (FSDP2, `replicate`, TP), measured on the ranks' mesh (0: not
+    measured)."""
     overlap_contention: float = OVERLAP_CONTENTION
     """Seconds of compute lost per second of communication hidden behind it, measured
     (`microbench.overlap_contention`: 0 perfect overlap, 1 none); replaces the cost model's
     assumption `data_parallel.OVERLAP_CONTENTION`."""
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.fsdp_unit_host_s) and self.fsdp_unit_host_s >= 0):
-            raise ValueError(
-                f"calibration: fsdp_unit_host_s={self.fsdp_unit_host_s!r} must be >= 0"
-            )
+        for name in ("fsdp_unit_host_s", "dtensor_adamw_tensor_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"calibration: {name}={value!r} must be >= 0")
         if not (math.isfinite(self.overlap_contention) and 0 <= self.overlap_contention <= 1):
             raise ValueError(
                 f"calibration: overlap_contention={self.overlap_contention!r} must be in [0, 1]"
@@ -252,6 +256,7 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
         "tensor_parallel": TensorParallelDispatch | None,
         "overlap_contention": float,
         "fsdp_unit_host_s": float,
+        "dtensor_adamw_tensor_s": float,
     }
     for name in fields:
         raw = data[name]

@@ -41,7 +41,12 @@ from ..planner.cluster import Cluster
 from ..planner.cost.data_parallel import OVERLAP_CONTENTION
 from . import microbench as mb
 from .host_memory import live_resident_bytes
-from .microbench_tp import FSDP_UNIT_BYTES, fsdp_unit_s, tensor_parallel_dispatch
+from .microbench_tp import (
+    FSDP_UNIT_BYTES,
+    dtensor_adamw_tensor_s,
+    fsdp_unit_s,
+    tensor_parallel_dispatch,
+)
 
 Progress = Callable[[int, int, str], None]
 """(steps done, steps in all, what was just measured)."""
@@ -78,6 +83,7 @@ class _RankResult:
     overlap_contention: float
     tensor_parallel: TensorParallelDispatch | None
     fsdp_unit_s: float
+    dtensor_adamw_tensor_s: float
 
 
 def device_name(device: torch.device) -> str:
@@ -173,6 +179,7 @@ def _measure(
     contention = mb.overlap_contention(timer) if world > 1 else OVERLAP_CONTENTION
     tp_dispatch = tensor_parallel_dispatch(timer) if world > 1 else None
     fsdp_s = fsdp_unit_s(timer) if world > 1 else 0.0
+    adamw_s = dtensor_adamw_tensor_s(timer) if world > 1 else 0.0
     sizes: list[Any] = [None] * world
     dist.all_gather_object(sizes, runtime)
     if rank == 0:
@@ -191,6 +198,7 @@ def _measure(
             overlap_contention=contention,
             tensor_parallel=tp_dispatch,
             fsdp_unit_s=fsdp_s,
+            dtensor_adamw_tensor_s=adamw_s,
         )
         out.put(("result", result))
 
@@ -313,6 +321,7 @@ def _calibration(
         overlap_contention=r.overlap_contention,
         tensor_parallel=r.tensor_parallel,
         fsdp_unit_host_s=fsdp_host_s(r, figures, kinds, world),
+        dtensor_adamw_tensor_s=r.dtensor_adamw_tensor_s,
     )
 
 

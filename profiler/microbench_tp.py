@@ -109,3 +109,33 @@ def fsdp_unit_s(timer: Timer, width: int = FSDP_WIDTH) -> float:
 
         times.append(timer(step, mean=True))
     return max(0.0, (times[1] - times[0]) / (FSDP_UNITS - 1))
+
+
+ADAMW_TENSORS = 16
+"""Parameter tensors of the DTensor optimizer benchmark."""
+
+
+def dtensor_adamw_tensor_s(timer: Timer, numel: int = 256) -> float:
+    """Seconds an AdamW step (torch's single-tensor loop, the CPU default) spends per
+    parameter tensor beyond a plain tensor's when the parameters are DTensors (FSDP2's
+    `Shard(0)` shards; TP's are alike): every operator of the update runs DTensor's dispatch
+    first. Measured as the difference of two steps over `ADAMW_TENSORS` tensors of `numel`
+    local elements, DTensor against plain, so the kernels cancel."""
+    dev = timer.device
+    mesh = init_device_mesh(dev.type, (dist.get_world_size(),))
+
+    def params(dtensor: bool) -> list[nn.Parameter]:
+        out = []
+        for _ in range(ADAMW_TENSORS):
+            local = torch.randn(numel, device=dev)
+            value = DTensor.from_local(local, mesh, [Shard(0)]) if dtensor else local
+            p = nn.Parameter(value)
+            p.grad = torch.ones_like(p)
+            out.append(p)
+        return out
+
+    seconds = []
+    for dtensor in (False, True):
+        opt = torch.optim.AdamW(params(dtensor), lr=1e-3, foreach=False)
+        seconds.append(timer(opt.step))
+    return max(0.0, (seconds[1] - seconds[0]) / ADAMW_TENSORS)

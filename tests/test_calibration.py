@@ -321,6 +321,9 @@ def test_closed_loop_on_two_gloo_ranks(tmp_path: Path) -> None:
     tp = calibrated.calibration.tensor_parallel
     plain_s = calibrated.calibration.kernels("fp32").fit.launch_s
     assert tp is not None and tp.launch_s > plain_s and min(tp.colwise_ops) >= 1
+    # an AdamW step over DTensor parameters (FSDP2, TP) dispatches each operator through
+    # DTensor: dearer per tensor than ADAMW_OPS_PER_TENSOR plain operators
+    assert calibrated.calibration.dtensor_adamw_tensor_s > 10 * plain_s
 
     import paraplan
     from paraplan.executor.launch import run_plan

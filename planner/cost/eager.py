@@ -64,14 +64,23 @@ def eager_extra_s(
 
 
 def unfused_adamw_s(
-    params: float, tensors: int, k: CalibratedKernels, *, state_bytes: float
+    params: float,
+    tensors: int,
+    k: CalibratedKernels,
+    *,
+    state_bytes: float,
+    dtensor_tensor_s: float = 0.0,
 ) -> float:
     """Seconds of torch's single-tensor AdamW over `params` parameters in `tensors` tensors
     (the rank's shard): the operators' dispatch plus the passes they stream, each value
-    `state_bytes` wide (fp32 master and states)."""
+    `state_bytes` wide (fp32 master and states), plus `dtensor_tensor_s` per tensor when the
+    parameters are DTensors (`Calibration.dtensor_adamw_tensor_s`: every operator of the update
+    runs DTensor's dispatch first; ~130 us per tensor here, so AdamW took 11.8 ms of a 2-rank
+    FSDP2 GPT-2 tiny step in the profiler, 2026-11-25)."""
     per_tensor_bytes = params * state_bytes / max(1, tensors)
     streamed = ADAMW_STREAMED_VALUES * params * state_bytes
-    return k.dispatch_s * ADAMW_OPS_PER_TENSOR * tensors + k.stream_s(streamed, per_tensor_bytes)
+    dispatch_s = (k.dispatch_s * ADAMW_OPS_PER_TENSOR + dtensor_tensor_s) * tensors
+    return dispatch_s + k.stream_s(streamed, per_tensor_bytes)
 
 
 def traced_layer_s(

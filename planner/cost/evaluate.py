@@ -56,6 +56,9 @@ class Evaluator:
         cal = cluster.calibration
         self.contention = OVERLAP_CONTENTION if cal is None else cal.overlap_contention
         self.fsdp_unit_host_s = 0.0 if cal is None else cal.fsdp_unit_host_s * cal.time_scale
+        self.dtensor_adamw_tensor_s = (
+            0.0 if cal is None else cal.dtensor_adamw_tensor_s * cal.time_scale
+        )
         """Compute slowdown per second of overlapped communication (measured when calibrated)."""
         cal_kinds = None if cluster.calibration is None else cluster.calibration.kind_latency_s()
         self.coll = Collectives(self.acc, kind_latency_s=cal_kinds)
@@ -394,7 +397,11 @@ class Evaluator:
         if not tensors:
             return optimizer_s(s, stage, self.train, self.acc)
         shard = optimizer_shard_params(s, stage)
-        return unfused_adamw_s(shard, tensors, k, state_bytes=FP32_BYTES)
+        # DTensor parameters (executor/data_parallel.py): TP, FSDP2 (ZeRO >= 2) or its
+        # `replicate` (data parallel beside PP); DDP's and one rank's are plain tensors
+        dtensor = s.tp > 1 or (s.dp * s.cp > 1 and (s.zero_stage >= 2 or s.pp > 1))
+        extra = self.dtensor_adamw_tensor_s if dtensor else 0.0
+        return unfused_adamw_s(shard, tensors, k, state_bytes=FP32_BYTES, dtensor_tensor_s=extra)
 
     def time(
         self,
