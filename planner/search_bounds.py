@@ -102,6 +102,23 @@ def family_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float
     return (m * slot + bubble) * (1.0 - SAFETY)
 
 
+_FAMILY_RC = {
+    Recompute.NONE: Recompute.NONE,
+    Recompute.PER_LAYER: Recompute.NONE,  # bounded as none (`family_key`)
+    Recompute.SELECTIVE: Recompute.SELECTIVE,
+    Recompute.FULL: Recompute.FULL,
+}
+_FAMILY_ORDER = {
+    (sp, rc): i
+    for i, (rc, sp) in enumerate(
+        (rc, sp)
+        for rc in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+        for sp in (True, False)
+    )
+}
+"""Order `all_slower` asks families in: no recompute first, sequence parallel first."""
+
+
 class FamilyBounds:
     """`family_lower_bound_s` memoized for one search (by what a `family_key` keeps)."""
 
@@ -139,7 +156,10 @@ class FamilyBounds:
         whatever its ZeRO stage and offloads."""
         if worst_s == float("inf") or self.options_offered:
             return False
-        for sp, rc in {(sp, rc) for sp, _, _, rc in block.rest}:
+        # One member per family, the likeliest to be fast first (it ends the loop when one
+        # is not slower; the others are then computed only if their members need them).
+        families = {(sp, _FAMILY_RC[rc]) for sp, _, _, rc in block.rest}
+        for sp, rc in sorted(families, key=_FAMILY_ORDER.__getitem__):
             if self.bound_s(block.strategy(sched, v, sp, 0, False, rc)) <= worst_s:
                 return False
         return True

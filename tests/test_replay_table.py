@@ -65,5 +65,16 @@ def test_in_flight_peaks_equal_the_timeline(schedule, pp, v, m, pending):
     assert in_flight_peaks(schedule, pp, v, m, f, b, share, pending) == want
 
 
-def test_small_schedules_are_left_to_one_replay():
-    assert makespan_at(Schedule.ZBV, pp=4, v=2, m=8, forward=0.25, share=0.5) is None
+@pytest.mark.parametrize(("schedule", "pp", "v", "m"), SHAPES)
+def test_small_schedules_replay_one_share_bit_for_bit(schedule, pp, v, m):
+    for f in FORWARDS:
+        want = makespan_s(
+            schedule,
+            num_stages=pp,
+            num_microbatches=m,
+            forward_s=f,
+            backward_s=1.0 - f,
+            virtual_stages=v,
+            weight_share=0.5,
+        )
+        assert makespan_at(schedule, pp=pp, v=v, m=m, forward=f, share=0.5) == want

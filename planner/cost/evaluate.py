@@ -13,7 +13,7 @@ from functools import cache
 from ..cluster import Cluster
 from ..config import FP32_BYTES, TrainConfig
 from ..model import ModelProfile
-from ..strategy import MeshAxis, Recompute, Strategy
+from ..strategy import MeshAxis, Recompute, Schedule, Strategy
 from . import schedules as split_schedules
 from .calibrated import CalibratedKernels
 from .comm import Collectives, Links, links_for
@@ -76,6 +76,8 @@ class Evaluator:
         self._links = cache(self._links_uncached)
         self._stage_core: dict[tuple, tuple[StageCore, ...]] = {}
         self._ideal: dict[Links, Links] = {}
+        self._in_flight: dict[tuple[Schedule, int, int, int], tuple[float, ...]] = {}
+        """`in_flight` results."""
         """`ideal_links` results."""
         """`stage_core` results (see there for the key)."""
 
@@ -159,13 +161,9 @@ class Evaluator:
 
     def _stage_memory(self, s: Strategy, stage: Stage, acts: StageActivations) -> MemoryBreakdown:
         static = self.static_memory(s, stage)
-        inflight = in_flight_microbatches(
-            s.schedule,
-            pp=s.pp,
-            stage=stage.index,
-            num_microbatches=self.num_microbatches(s),
-            virtual_stages=s.virtual_stages,
-        )
+        inflight = self.in_flight(s.schedule, s.pp, self.num_microbatches(s), s.virtual_stages)[
+            stage.index
+        ]
         kept = (acts.kept_bytes * inflight + acts.transient_bytes) * s.micro_batch_size
         mem = MemoryBreakdown(
             params_bytes=static.params_bytes,
@@ -177,6 +175,20 @@ class Evaluator:
         if has_options(s):  # offload, PowerSGD's buffers, the stashed weights (options.py)
             mem = self.options.memory(s, stage, mem, inflight, self.policy(s))
         return mem
+
+    def in_flight(self, schedule: Schedule, pp: int, m: int, v: int) -> tuple[float, ...]:
+        """`memory.in_flight_microbatches` of every stage 0 .. pp-1 (memoized: the search
+        asks each stage of each layout again and again)."""
+        key = (schedule, pp, m, v)
+        found = self._in_flight.get(key)
+        if found is None:
+            found = self._in_flight[key] = tuple(
+                in_flight_microbatches(
+                    schedule, pp=pp, stage=st, num_microbatches=m, virtual_stages=v
+                )
+                for st in range(pp)
+            )
+        return found
 
     def memory_totals(
         self, s: Strategy, choices: tuple[tuple[bool, int, bool, Recompute], ...]
@@ -217,12 +229,8 @@ class Evaluator:
             if (sp, rc) not in acts and rc != Recompute.PER_LAYER:
                 sums = sm.stage_activations(lay, s.tp, sp, s.cp, rc)
                 boundary = self.pipeline_buffer_bytes(s, sp)
-                inflight = [
-                    in_flight_microbatches(
-                        s.schedule, pp=s.pp, stage=st.index, num_microbatches=m, virtual_stages=v
-                    )
-                    for st in stages
-                ]
+                table = self.in_flight(s.schedule, s.pp, m, v)
+                inflight = [table[st.index] for st in stages]
                 acts[(sp, rc)] = [
                     (a.kept_bytes * inflight[i] + a.transient_bytes) * mbs + boundary
                     for i, a in enumerate(sums)

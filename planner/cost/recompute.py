@@ -123,6 +123,7 @@ def solve_stage(problem: StageProblem) -> tuple[Recompute, ...] | None:
         return None
     caps = sorted({problem.choices[i].back_bytes for i in idx})  # type: ignore[union-attr]
     best: tuple[tuple[float, int, int], tuple[Recompute, ...]] | None = None
+    groups = _groups(problem, idx)  # the same under every cap
     for cap in [None, *caps]:
         transient = max(0.0, problem.transient_bytes)
         if cap is not None:
@@ -130,7 +131,7 @@ def solve_stage(problem: StageProblem) -> tuple[Recompute, ...] | None:
         if problem.inflight <= 0:
             continue
         room = (problem.budget_bytes + slack - transient) / problem.inflight - problem.fixed_bytes
-        picks = _knapsack(problem, idx, cap, room)
+        picks = _knapsack(problem, idx, cap, room, groups)
         if picks is None:
             continue
         full = sum(p == Recompute.FULL for p in picks)
@@ -141,16 +142,27 @@ def solve_stage(problem: StageProblem) -> tuple[Recompute, ...] | None:
     return None if best is None else best[1]
 
 
-def _knapsack(
-    problem: StageProblem, idx: list[int], cap: float | None, room: float
-) -> tuple[Recompute, ...] | None:
-    """Least-time picks with sum of kept bytes <= room, `full` only for back <= cap."""
+def _groups(problem: StageProblem, idx: list[int]) -> tuple[list[int], list[int]]:
+    """The positions of the stage's most common block and of the others."""
     # Identical layers share one LayerChoice object (the evaluator builds them so): grouping by
     # identity is exact, and equal but distinct objects only fall into separate groups.
     counts = Counter(id(problem.choices[i]) for i in idx)
     main_id = counts.most_common(1)[0][0]
     group = [i for i in idx if id(problem.choices[i]) == main_id]
     others = [i for i in idx if id(problem.choices[i]) != main_id]
+    return group, others
+
+
+def _knapsack(
+    problem: StageProblem,
+    idx: list[int],
+    cap: float | None,
+    room: float,
+    groups: tuple[list[int], list[int]] | None = None,
+) -> tuple[Recompute, ...] | None:
+    """Least-time picks with sum of kept bytes <= room, `full` only for back <= cap
+    (`groups`: `_groups(problem, idx)`, when already known)."""
+    group, others = _groups(problem, idx) if groups is None else groups
     main = problem.choices[group[0]]
     if len(others) > MAX_OUTLIERS:
         return _dynamic(problem, idx, cap, room)

@@ -70,13 +70,13 @@ class StageLayouts:
 
     def _stage_layers(self, lay: Layout) -> list[tuple[tuple[Chunk, ...], tuple[int, ...]]]:
         """Each stage's chunks and chain layers."""
-        chunks = self.chunks(lay)
+        by_stage: list[list[Chunk]] = [[] for _ in range(lay.pp)]
+        for c in self.chunks(lay):  # model order within each stage
+            by_stage[c.stage].append(c)
         out = []
-        for st in range(lay.pp):
-            mine = tuple(c for c in chunks if c.stage == st)
-            out.append(
-                (mine, tuple(i for c in mine for i in range(c.first_layer, c.last_layer + 1)))
-            )
+        for chunks in by_stage:
+            idx = tuple(i for c in chunks for i in range(c.first_layer, c.last_layer + 1))
+            out.append((tuple(chunks), idx))
         return out
 
     def _stages(self, lay: Layout) -> tuple[Stage, ...]:

@@ -293,23 +293,30 @@ class StageModel:
     ) -> tuple[StageCompute, ...]:
         """Per distinct stage (`stages(lay)`), seconds per micro-batch on one rank."""
         t = self.layer_times(tp, cp, ep, mbs)
+        fwd, bwd, full = t.fwd_s, t.bwd_s, t.full_recompute_s
+        sel, attn = t.selective_recompute_s, t.attention_fwd_s
         out = []
         for stage in self.stages(lay):
-            spans = [(c.first_layer, c.last_layer + 1) for c in stage.chunks]
-            # each sum over chunks of `LayerTimes.span`, without building the spans
+            # each the sum over chunks of `LayerTimes.span`, without building the spans
+            chunks = stage.chunks
+            if len(chunks) == 1:  # the sum of one term is that term
+                i, j = chunks[0].first_layer, chunks[0].last_layer + 1
+                f, b, fr = fwd[j] - fwd[i], bwd[j] - bwd[i], full[j] - full[i]
+                sr, at = sel[j] - sel[i], attn[j] - attn[i]
+            else:
+                spans = [(c.first_layer, c.last_layer + 1) for c in chunks]
+                f = sum(fwd[j] - fwd[i] for i, j in spans)
+                b = sum(bwd[j] - bwd[i] for i, j in spans)
+                fr = sum(full[j] - full[i] for i, j in spans)
+                sr = sum(sel[j] - sel[i] for i, j in spans)
+                at = sum(attn[j] - attn[i] for i, j in spans)
             out.append(
                 StageCompute(
-                    fwd_s=sum(t.fwd_s[b] - t.fwd_s[a] for a, b in spans),
-                    bwd_s=sum(t.bwd_s[b] - t.bwd_s[a] for a, b in spans),
-                    full_recompute_s=sum(
-                        t.full_recompute_s[b] - t.full_recompute_s[a] for a, b in spans
-                    ),
-                    selective_recompute_s=sum(
-                        t.selective_recompute_s[b] - t.selective_recompute_s[a] for a, b in spans
-                    ),
-                    attention_fwd_s=sum(
-                        t.attention_fwd_s[b] - t.attention_fwd_s[a] for a, b in spans
-                    ),
+                    fwd_s=f,
+                    bwd_s=b,
+                    full_recompute_s=fr,
+                    selective_recompute_s=sr,
+                    attention_fwd_s=at,
                 )
             )
         return tuple(out)

@@ -34,7 +34,7 @@ RATIO_DIGITS = 3
 _STEPS = 10**RATIO_DIGITS
 _BLOCK = 32
 """Shares replayed together (numpy's per-call cost dominates up to a few dozen columns)."""
-BULK_MIN_OPS = 12000
+BULK_MIN_OPS = 24000
 """Operations from which a schedule's makespans are replayed in bulk with numpy (a block of
 shares then costs about one share's pure-Python replay; below it numpy's import and per-call
 costs outweigh what they save)."""
@@ -174,18 +174,18 @@ def makespan_at(
     schedule: Schedule, *, pp: int, v: int, m: int, forward: float, share: float
 ) -> float | None:
     """`pipeline_replay.makespan_s` with forward seconds `forward` (a share rounded to
-    `RATIO_DIGITS` digits) and backward `1.0 - forward`, from the table of its block of
-    shares; None when `forward` is not such a share, or when the schedule has fewer than
-    `BULK_MIN_OPS` operations (one replay of its own is then cheaper)."""
+    `RATIO_DIGITS` digits) and backward `1.0 - forward`: from the table of its block of
+    shares for schedules of `BULK_MIN_OPS` operations or more, else from one replay of
+    `op_graph` (shared with `in_flight_peaks`); None when `forward` is not such a share."""
     k = round(forward * _STEPS)
-    if not 0 <= k <= _STEPS or k / _STEPS != forward:
+    if not 0 <= k <= _STEPS or k / _STEPS != forward or not 0.0 <= share <= 1.0:
         return None
     if pp * m * v * 3 < BULK_MIN_OPS:  # at most 3 operations per micro-batch and chunk
-        return None
+        return max(_replay_once(schedule, pp, v, m, forward, 1.0 - forward, share)[1])
     return _makespans(schedule, pp, v, m, share, k // _BLOCK)[k % _BLOCK]
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=16)
 def _replay_once(
     schedule: Schedule, pp: int, v: int, m: int, forward: float, backward: float, share: float
 ) -> tuple[list[float], list[float]]:
