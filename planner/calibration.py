@@ -153,6 +153,9 @@ class Calibration:
     fsdp_unit_host_s: float = 0.0
     """Host seconds one FSDP2 unit adds per forward+backward beyond its collectives (hooks,
     copy-in/out, gradient division), measured on the ranks' mesh (0: not measured)."""
+    load_average: float = 0.0
+    """The machine's 1-minute load average when the measurement started (`os.getloadavg`; 0
+    where unknown): a busy machine measures slower and less stable figures."""
     dtensor_adamw_tensor_s: float = 0.0
     """Host seconds an AdamW step spends per parameter tensor beyond a plain tensor's when the
     parameters are DTensors (FSDP2, `replicate`, TP), measured on the ranks' mesh (0: not
@@ -163,7 +166,7 @@ class Calibration:
     assumption `data_parallel.OVERLAP_CONTENTION`."""
 
     def __post_init__(self) -> None:
-        for name in ("fsdp_unit_host_s", "dtensor_adamw_tensor_s"):
+        for name in ("fsdp_unit_host_s", "dtensor_adamw_tensor_s", "load_average"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"calibration: {name}={value!r} must be >= 0")
@@ -257,6 +260,7 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
         "overlap_contention": float,
         "fsdp_unit_host_s": float,
         "dtensor_adamw_tensor_s": float,
+        "load_average": float,
     }
     for name in fields:
         raw = data[name]

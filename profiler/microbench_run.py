@@ -8,6 +8,7 @@ torchrun starts training ranks; CUDA ranks use NCCL, one GPU each.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import gc
 import importlib
@@ -203,6 +204,14 @@ def _measure(
         out.put(("result", result))
 
 
+def machine_load() -> float:
+    """The 1-minute load average now (0 where the OS does not say)."""
+    try:
+        return float(os.getloadavg()[0])
+    except (OSError, AttributeError):
+        return 0.0
+
+
 def warm_training_runtime() -> None:
     """One tiny forward, backward and AdamW step, then free everything: what a training rank's
     first step leaves resident besides its tensors (autograd's engine, the optimizer's foreach
@@ -245,6 +254,7 @@ def calibrate(
         if key not in mb.DTYPES:
             raise ValueError(f"unknown dtype {key!r}; use one of {', '.join(mb.DTYPES)}")
     budget = mb.QUICK if quick else mb.FULL
+    load = machine_load()
     total = steps_total(budget, wanted, world)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -276,7 +286,9 @@ def calibrate(
         pass
     if result is None:
         raise RuntimeError("the calibration ranks ended without a result; see their output above")
-    return _calibration(result, cluster, device, world, wanted)
+    return dataclasses.replace(
+        _calibration(result, cluster, device, world, wanted), load_average=round(load, 2)
+    )
 
 
 def _calibration(

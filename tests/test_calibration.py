@@ -364,3 +364,11 @@ def test_closed_loop_on_two_gloo_ranks(tmp_path: Path) -> None:
     step_s, memory_bytes, _ = predict(again)
     assert step_s == pytest.approx(measured_s, rel=0.10)
     assert memory_bytes == pytest.approx(measured_bytes, rel=0.05)
+
+
+def test_busy_machine_warning_names_the_load() -> None:
+    from paraplan.cli.calibrate import busy_machine_warning
+
+    assert busy_machine_warning(0.4, 2) is None and busy_machine_warning(1.0, 2) is None
+    text = busy_machine_warning(3.1, 2)
+    assert text is not None and "load 3.1 on 2 CPUs" in text and "load_average" in text

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -81,9 +82,12 @@ def _measure(cluster: Cluster, args: argparse.Namespace) -> Cluster:
     import dataclasses
 
     from ..planner.hardware import get_accelerator, with_calibration
-    from ..profiler.microbench_run import calibrate
+    from ..profiler.microbench_run import calibrate, machine_load
 
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] if args.dtypes else None
+    warning = busy_machine_warning(machine_load(), os.cpu_count() or 1)
+    if warning:
+        print(f"paraplan: warning: {warning}", file=sys.stderr)
     with progress_bar(args, desc="calibrating", total=1, unit="step") as bar:
 
         def progress(done: int, total: int, label: str) -> None:
@@ -94,6 +98,21 @@ def _measure(cluster: Cluster, args: argparse.Namespace) -> Cluster:
         calibration = calibrate(cluster, quick=args.quick, dtypes=dtypes, progress=progress)
     acc = with_calibration(get_accelerator(cluster.accelerator.name), calibration.figures)
     return dataclasses.replace(cluster, accelerator=acc, calibration=calibration)
+
+
+BUSY_LOAD_PER_CPU = 0.5
+"""Load average per CPU above which `calibrate` warns that the machine is busy."""
+
+
+def busy_machine_warning(load: float, cpus: int) -> str | None:
+    """What to tell a user calibrating on a busy machine (None when it is quiet enough)."""
+    if load <= BUSY_LOAD_PER_CPU * cpus:
+        return None
+    return (
+        f"the machine is busy (1-minute load {load:.1f} on {cpus} CPUs): figures measured now "
+        "are slower and less stable than on a quiet machine; calibrate when it is idle (the "
+        "load is recorded in the file as load_average)"
+    )
 
 
 def _refit(cluster: Cluster, reports: list[str]) -> Cluster:
@@ -165,7 +184,8 @@ def format_calibration(cluster: Cluster) -> str:
     lines = [
         f"calibration of {cluster.name}: {cal.device_name} ({cal.device_kind}), torch "
         f"{cal.torch_version}, {cal.date}, {cal.world_size} ranks x {cal.threads_per_rank} "
-        f"thread(s); time scale {cal.time_scale:.3f} ({cal.refit_runs} run reports)",
+        f"thread(s), load {cal.load_average:.1f} at the start; time scale "
+        f"{cal.time_scale:.3f} ({cal.refit_runs} run reports)",
         "",
         f"{'dtype':<6}{'GEMM peak':>13}{'GEMM 64^3':>13}{'attention':>13}{'elementwise':>14}"
         f"{'per op':>11}",
