@@ -166,7 +166,8 @@ class Search:
                     note(probe_rule, len(block.rest))
                     continue
                 rest = block.rest
-                if len(heap) == keep and self.runnable_only and not pinned:
+                runnable = len(heap) == keep and self.runnable_only and not pinned
+                if runnable:  # every choice left runs
                     rest = self._runnable(block, sched, v)
                     evaluated += len(block.rest) - len(rest)
                 totals = ev.memory_totals(probe, rest)
@@ -179,7 +180,7 @@ class Search:
                             note(broken)
                             continue
                     evaluated += 1
-                    if len(heap) == keep and self.runnable_only and self._gap(s):
+                    if not runnable and len(heap) == keep and self.runnable_only and self._gap(s):
                         # Neither it nor its offload rescues run (`_rescue_runs_only_if`): it
                         # cannot rank, so neither its per-layer solve nor its rescue is needed.
                         # With the heap full the search cannot end empty, so the error message
@@ -198,7 +199,7 @@ class Search:
                     if total > ev.capacity_bytes:  # offload may make it fit (options.py)
                         self._rescue(s, heap, keep)
                         continue
-                    if self.runnable_only and self._gap(s):
+                    if self.runnable_only and not runnable and self._gap(s):
                         continue  # fits, but the executor cannot run it
                     rc_rank = _RECOMPUTE_RANK[rc]
                     if any(

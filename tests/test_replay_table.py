@@ -1,10 +1,9 @@
-"""The bulk replays of `solvers/replay_table.py` equal `simulate_pipeline`, bit for bit."""
+"""The replays of `solvers/replay_table.py` equal `simulate_pipeline`'s, bit for bit."""
 
 from __future__ import annotations
 
 import pytest
 
-from paraplan.planner.solvers import replay_table
 from paraplan.planner.solvers.pipeline_replay import makespan_s, simulate_pipeline
 from paraplan.planner.solvers.replay_table import in_flight_peaks, makespan_at
 from paraplan.planner.strategy import Schedule
@@ -27,8 +26,7 @@ FORWARDS = [0.0, 0.001, 0.25, 0.333, 0.4, 0.5, 0.777, 1.0]
 
 @pytest.mark.parametrize(("schedule", "pp", "v", "m"), SHAPES)
 @pytest.mark.parametrize("share", [0.0, 0.5, 0.667])
-def test_makespan_table_equals_the_replay(schedule, pp, v, m, share, monkeypatch):
-    monkeypatch.setattr(replay_table, "BULK_MIN_OPS", 0)  # the bulk path, even for these
+def test_makespan_equals_the_replay(schedule, pp, v, m, share):
     for f in FORWARDS:
         want = makespan_s(
             schedule,
@@ -43,8 +41,7 @@ def test_makespan_table_equals_the_replay(schedule, pp, v, m, share, monkeypatch
         assert got == want, (f, got, want)
 
 
-def test_makespan_table_refuses_unrounded_shares(monkeypatch):
-    monkeypatch.setattr(replay_table, "BULK_MIN_OPS", 0)
+def test_makespan_refuses_unrounded_shares():
     assert makespan_at(Schedule.ZBV, pp=4, v=2, m=8, forward=1.0 / 3.0, share=0.5) is None
 
 
@@ -63,18 +60,3 @@ def test_in_flight_peaks_equal_the_timeline(schedule, pp, v, m, pending):
     )
     want = tuple(t.in_flight(s, pending) for s in range(pp))
     assert in_flight_peaks(schedule, pp, v, m, f, b, share, pending) == want
-
-
-@pytest.mark.parametrize(("schedule", "pp", "v", "m"), SHAPES)
-def test_small_schedules_replay_one_share_bit_for_bit(schedule, pp, v, m):
-    for f in FORWARDS:
-        want = makespan_s(
-            schedule,
-            num_stages=pp,
-            num_microbatches=m,
-            forward_s=f,
-            backward_s=1.0 - f,
-            virtual_stages=v,
-            weight_share=0.5,
-        )
-        assert makespan_at(schedule, pp=pp, v=v, m=m, forward=f, share=0.5) == want

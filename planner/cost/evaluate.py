@@ -384,7 +384,11 @@ class Evaluator:
             s.micro_batch_size,
             s.recompute,
             s if per_layer else None,
-            links,
+            # all it reads of the links (mesh orders moving only dp groups share it)
+            links.tp,
+            links.cp.nodes > 1,
+            links.ep,
+            links.pp.nodes > 1,
             which,
         )
         found = self._stage_core.get(key)

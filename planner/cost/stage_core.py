@@ -49,7 +49,9 @@ def stage_core(
     train: TrainConfig,
     contention: float,
 ) -> tuple[StageCore, ...]:
-    """`StageCore` of each distinct pipeline stage (`StageModel.stages`) of `s`."""
+    """`StageCore` of each distinct pipeline stage (`StageModel.stages`) of `s`. Of `links`
+    it reads only the TP and EP links and whether the CP and PP groups span nodes
+    (`Evaluator.stage_core` memoizes on those)."""
     p = sm.profile
     mbs = s.micro_batch_size
     lay = sm.layout_of(s)

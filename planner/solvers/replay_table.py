@@ -1,43 +1,33 @@
-"""Pipeline replays in bulk, for the cost model's split-backward terms (`cost/schedules.py`).
+"""Pipeline replays for the cost model's split-backward terms (`cost/schedules.py`), on one
+operation graph per (schedule, pp, m, v).
 
-The cost model asks the makespan of one (schedule, pp, v, m) at many forward shares F/(F+B),
-rounded to `RATIO_DIGITS` digits, and the in-flight peaks of each stage at F:B = 1:2. Both are
-what `pipeline_replay.simulate_pipeline` replays, bit for bit:
+The cost model asks the makespan of a schedule at many forward shares F/(F+B), rounded to
+`RATIO_DIGITS` digits, and the in-flight peaks of each stage at F:B = 1:2, both bit for bit
+what `pipeline_replay.simulate_pipeline` replays:
 
-- The replay of equal stages with no p2p time is a longest path over the operation graph
+- With equal stages and no p2p time the replay is a longest path over the operation graph
   (each operation starts when its stage's previous operation and the one it waits for have
-  ended). For large schedules (`BULK_MIN_OPS`) operations are grouped by depth in that graph,
-  and each group is computed for a block of rounded shares at once with numpy: the same
-  additions and maxima on the same float64 values as the one-share replay, so every entry
-  equals `makespan_s` at that share exactly. numpy is imported only then.
+  ended): `makespan_at` runs `pipeline_replay.makespan_s`'s loop on `op_graph`.
 - The in-flight peaks are `Timeline.in_flight` computed from one replay's start and end
   times, without building the timeline's `Interval` objects.
 
-`tests/test_replay_table.py` checks both against `simulate_pipeline` for every schedule.
+The graph is built once for both (building it, from torch's operation orders, costs more than
+a replay on it). `tests/test_replay_table.py` checks both against `simulate_pipeline` for
+every schedule.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 from ..strategy import Schedule
 from .pipeline_orders import Phase
 from .pipeline_replay import chunk_placement, stage_order
 
-if TYPE_CHECKING:
-    import numpy as np
-
 RATIO_DIGITS = 3
 """Digits the forward share is rounded to (the cost model's replay cache)."""
 _STEPS = 10**RATIO_DIGITS
-_BLOCK = 32
-"""Shares replayed together (numpy's per-call cost dominates up to a few dozen columns)."""
-BULK_MIN_OPS = 24000
-"""Operations from which a schedule's makespans are replayed in bulk with numpy (a block of
-shares then costs about one share's pure-Python replay; below it numpy's import and per-call
-costs outweigh what they save)."""
 _PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.BACKWARD_INPUT, Phase.BACKWARD_WEIGHT)
 """Row of each phase in the seconds table."""
 
@@ -111,78 +101,31 @@ def op_graph(schedule: Schedule, pp: int, m: int, v: int) -> OpGraph:
     return OpGraph(prev=tuple(prevs), dep=tuple(deps), phase=tuple(phases), stage=tuple(stages))
 
 
-@lru_cache(maxsize=64)
-def _levels(
-    schedule: Schedule, pp: int, m: int, v: int
-) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]:
-    """`op_graph`'s operations grouped by depth: (positions, previous positions, awaited
-    positions, phases), with -1 replaced by the position of a row of zeros (one past the
-    last)."""
-    import numpy as np  # only for graphs large enough to be replayed in bulk
-
-    graph = op_graph(schedule, pp, m, v)
-    prevs, deps, n = graph.prev, graph.dep, len(graph.prev)
-    depth = [0] * n
-    for i in range(n):
-        a = depth[prevs[i]] if prevs[i] >= 0 else 0
-        b = depth[deps[i]] if deps[i] >= 0 else 0
-        depth[i] = 1 + max(a, b)
-    by_depth: dict[int, list[int]] = {}
-    for i, d in enumerate(depth):
-        by_depth.setdefault(d, []).append(i)
-    levels = []
-    for d in sorted(by_depth):
-        idx = by_depth[d]
-        levels.append(
-            (
-                np.array(idx),
-                np.array([prevs[i] if prevs[i] >= 0 else n for i in idx]),
-                np.array([deps[i] if deps[i] >= 0 else n for i in idx]),
-                np.array([graph.phase[i] for i in idx]),
-            )
-        )
-    return tuple(levels)
-
-
-def _replay_bulk(schedule: Schedule, pp: int, m: int, v: int, seconds: np.ndarray) -> np.ndarray:
-    """End of every operation, one column per column of `seconds` (4 phases x k)."""
-    import numpy as np
-
-    n = len(op_graph(schedule, pp, m, v).prev)
-    ends = np.zeros((n + 1, seconds.shape[1]))  # the last row stays 0: "nothing before"
-    for idx, prev, dep, phase in _levels(schedule, pp, m, v):
-        ends[idx] = np.maximum(ends[prev], ends[dep]) + seconds[phase]
-    return ends[:n]
-
-
-@lru_cache(maxsize=4096)
-def _makespans(
-    schedule: Schedule, pp: int, v: int, m: int, share: float, block: int
-) -> tuple[float, ...]:
-    """`makespan_s` at the rounded forward shares k / 10**RATIO_DIGITS of one block of
-    `_BLOCK` consecutive k (backward 1 - that): a block costs about what one share does."""
-    import numpy as np
-
-    first = block * _BLOCK
-    fwd = np.array([k / _STEPS for k in range(first, min(first + _BLOCK, _STEPS + 1))])
-    bwd = 1.0 - fwd
-    seconds = np.stack((fwd / v, bwd / v, bwd * (1 - share) / v, bwd * share / v))
-    return tuple(_replay_bulk(schedule, pp, m, v, seconds).max(axis=0).tolist())
-
-
 def makespan_at(
     schedule: Schedule, *, pp: int, v: int, m: int, forward: float, share: float
 ) -> float | None:
     """`pipeline_replay.makespan_s` with forward seconds `forward` (a share rounded to
-    `RATIO_DIGITS` digits) and backward `1.0 - forward`: from the table of its block of
-    shares for schedules of `BULK_MIN_OPS` operations or more, else from one replay of
-    `op_graph` (shared with `in_flight_peaks`); None when `forward` is not such a share."""
+    `RATIO_DIGITS` digits) and backward `1.0 - forward`, replayed on `op_graph` (shared with
+    `in_flight_peaks`); None when `forward` is not such a share."""
     k = round(forward * _STEPS)
     if not 0 <= k <= _STEPS or k / _STEPS != forward or not 0.0 <= share <= 1.0:
         return None
-    if pp * m * v * 3 < BULK_MIN_OPS:  # at most 3 operations per micro-batch and chunk
-        return max(_replay_once(schedule, pp, v, m, forward, 1.0 - forward, share)[1])
-    return _makespans(schedule, pp, v, m, share, k // _BLOCK)[k % _BLOCK]
+    return _makespan_once(schedule, pp, v, m, forward, 1.0 - forward, share)
+
+
+def _makespan_once(
+    schedule: Schedule, pp: int, v: int, m: int, forward: float, backward: float, share: float
+) -> float:
+    """`makespan_s`: the end of the last operation of one replay (its loop, on `op_graph`)."""
+    graph = op_graph(schedule, pp, m, v)
+    seconds = (forward / v, backward / v, backward * (1 - share) / v, backward * share / v)
+    ends: list[float] = []
+    for prev, dep, phase in zip(graph.prev, graph.dep, graph.phase, strict=True):
+        start = ends[prev] if prev >= 0 else 0.0
+        if dep >= 0:
+            start = max(start, ends[dep])
+        ends.append(start + seconds[phase])
+    return max(ends)
 
 
 @lru_cache(maxsize=16)
