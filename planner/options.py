@@ -122,9 +122,12 @@ def rescuable(ev: Evaluator, s: Strategy, pins: Pins) -> bool:
     activation offload frees only activations."""
     if pins.offload_params is None and s.zero_stage == 3 and s.offload_optimizer:
         return True
-    stages = ev.stage_model.stages(ev.stage_model.layout_of(s))
-    static = max(ev.static_memory(s, st).total_bytes for st in stages)
-    return static + ev.pipeline_buffer_bytes(s) <= ev.capacity_bytes
+    sm = ev.stage_model
+    dpcp = s.dp * s.cp
+    statics = sm.static_totals(
+        sm.layout_of(s), s.tp, s.ep, dpcp, s.zero_stage, s.offload_optimizer, s.dp_replicate
+    )  # each stage's `ev.static_memory(s, stage).total_bytes`
+    return max(statics) + ev.pipeline_buffer_bytes(s) <= ev.capacity_bytes
 
 
 def rescues(s: Strategy, pins: Pins) -> list[list[Strategy]]:

@@ -25,7 +25,7 @@ from .pins import Pins
 from .search_blocks import Block, keep_best
 from .search_bounds import FamilyBounds
 from .search_space import mesh_orders, space_blocks
-from .strategy import Recompute, Schedule, Strategy
+from .strategy import LOCALITY_RANK, MeshAxis, Recompute, Schedule, Strategy
 
 _T = TypeVar("_T")
 _RECOMPUTE_RANK = {
@@ -362,14 +362,17 @@ class Search:
         ev = self.ev
         # Time depends on the mesh order only through the links each group gets: orders with
         # equal links tie exactly, and the tie goes to the smallest `sort_key`.
-        by_links: dict[Links, Strategy] = {}
+        # Orders of one strategy differ in `sort_key` only by their locality ranks.
+        by_links: dict[Links, tuple[tuple[int, ...], tuple[MeshAxis, ...]]] = {}
         for order in mesh_orders(s):
-            so = replace(s, mesh_order=order)
-            links = ev.links(so)
+            links = ev.links_in_order(s, order)
+            rank = tuple(LOCALITY_RANK[a] for a in reversed(order))
             known = by_links.get(links)
-            if known is None or so.sort_key() < known.sort_key():
-                by_links[links] = so
-        timed = [(ev.time(so), so) for so in by_links.values()]
+            if known is None or rank < known[0]:
+                by_links[links] = (rank, order)
+        timed = [
+            (ev.time(so), so) for so in (replace(s, mesh_order=o) for _, o in by_links.values())
+        ]
         tb, so = min(timed, key=lambda x: (x[0].step_time_s, x[1].sort_key()))
         return ev.finish(so, memory, peak_stage, tb)
 

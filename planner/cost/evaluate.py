@@ -74,12 +74,9 @@ class Evaluator:
         self.weight_share = split_schedules.weight_grad_share(profile)
         """Share of a backward that is weight gradients (split-backward schedules)."""
         self._links = cache(self._links_uncached)
-        self._stage_core: dict[tuple, tuple[StageCore, ...]] = {}
-        self._ideal: dict[Links, Links] = {}
-        self._in_flight: dict[tuple[Schedule, int, int, int], tuple[float, ...]] = {}
-        """`in_flight` results."""
-        """`ideal_links` results."""
-        """`stage_core` results (see there for the key)."""
+        self._stage_core: dict[tuple, tuple[StageCore, ...]] = {}  # see `stage_core`'s key
+        self._ideal: dict[Links, Links] = {}  # `ideal_links` results
+        self._in_flight: dict[tuple, tuple[float, ...]] = {}  # `in_flight` results
 
     @property
     def capacity_bytes(self) -> float:
@@ -297,6 +294,10 @@ class Evaluator:
     def links(self, s: Strategy) -> Links:
         """The link each communication group uses under the strategy's mesh order."""
         return self._links(s.pp, s.dp, s.cp, s.tp, s.ep, s.mesh_order, s.dp_shard)
+
+    def links_in_order(self, s: Strategy, order: tuple[MeshAxis, ...]) -> Links:
+        """`links` of `s` in another mesh order."""
+        return self._links(s.pp, s.dp, s.cp, s.tp, s.ep, order, s.dp_shard)
 
     def ideal_links(self, s: Strategy) -> Links:
         """`links(s).ideal()`: every group inside one node (memoized; for bounds)."""

@@ -122,8 +122,8 @@ def _makespan_once(
     ends: list[float] = []
     for prev, dep, phase in zip(graph.prev, graph.dep, graph.phase, strict=True):
         start = ends[prev] if prev >= 0 else 0.0
-        if dep >= 0:
-            start = max(start, ends[dep])
+        if dep >= 0 and ends[dep] > start:  # max(start, ends[dep]), without the call
+            start = ends[dep]
         ends.append(start + seconds[phase])
     return max(ends)
 
@@ -139,8 +139,8 @@ def _replay_once(
     ends: list[float] = []
     for prev, dep, phase in zip(graph.prev, graph.dep, graph.phase, strict=True):
         start = ends[prev] if prev >= 0 else 0.0
-        if dep >= 0:
-            start = max(start, ends[dep])
+        if dep >= 0 and ends[dep] > start:  # max(start, ends[dep]), without the call
+            start = ends[dep]
         starts.append(start)
         ends.append(start + seconds[phase])
     return starts, ends
