@@ -20,6 +20,11 @@ ZeRO's per-micro-batch share, the once-per-step tail, the optimizer step. So
   forward share times the slow stage's slot (`cost/schedules.py`): at least the least unit
   bubble over the stages' forward shares times that maximum.
 
+A split-backward layout keeps every stage (`Layout.per_stage`: their in-flight memory differs);
+their seconds do not, except by the rounding of sums over different positions of the chain,
+so the bound prices only the distinct stages (the layout without `per_stage`): its slot and
+shares equal some stage's to a few ulps, which `SAFETY` and `_SHARE_NUDGE` absorb.
+
 `recompute=per_layer` is bounded with no recompute (same layout, recompute seconds and
 redone collectives never negative). A relative margin of `SAFETY` absorbs the different
 order of floating-point sums.
@@ -34,6 +39,7 @@ from dataclasses import replace
 from .cost.comm import Collectives
 from .cost.evaluate import Evaluator
 from .cost.schedules import bubble_s, is_split_backward
+from .cost.stage_core import stage_core
 from .search_blocks import Block
 from .solvers.replay_table import RATIO_DIGITS
 from .strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
@@ -66,7 +72,13 @@ def family_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float
     """A step time no member of `s`'s family (any ZeRO stage, offload, PowerSGD, HSDP shard,
     mesh order; per_layer for none) beats, with `coll` the lower-bound collectives (see the
     module docstring for why). `s` should be a `family_key`."""
-    cores = ev.stage_core(s, ev.ideal_links(s), coll)
+    lay = ev.stage_model.layout_of(s)
+    if lay.per_stage:  # a split backward keeps every stage: bound on the distinct ones
+        sm, merged = ev.stage_model, replace(lay, per_stage=False)
+        links = ev.ideal_links(s)
+        cores = stage_core(s, links, coll, sm, ev.per_layer, ev.train, ev.contention, merged)
+    else:
+        cores = ev.stage_core(s, ev.ideal_links(s), coll)
     slot = max(c.per_microbatch_s for c in cores)
     m = ev.num_microbatches(s)
     if not is_split_backward(s.schedule):

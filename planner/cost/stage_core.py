@@ -15,7 +15,7 @@ from ..strategy import Strategy
 from .comm import Collectives, Links
 from .compute import ATTENTION_BACKWARD_FACTOR
 from .data_parallel import hidden_behind
-from .layout import Stage, p2p_sends
+from .layout import Layout, Stage, p2p_sends
 from .per_layer import PerLayerRecompute
 from .stage_parts import StageCompute
 from .stages import StageModel
@@ -48,13 +48,14 @@ def stage_core(
     per_layer: PerLayerRecompute,
     train: TrainConfig,
     contention: float,
+    lay: Layout | None = None,
 ) -> tuple[StageCore, ...]:
     """`StageCore` of each distinct pipeline stage (`StageModel.stages`) of `s`. Of `links`
     it reads only the TP and EP links and whether the CP and PP groups span nodes
     (`Evaluator.stage_core` memoizes on those)."""
     p = sm.profile
     mbs = s.micro_batch_size
-    lay = sm.layout_of(s)
+    lay = sm.layout_of(s) if lay is None else lay  # another: the bounds' merged stages
     compute = sm.stage_compute(lay, s.tp, s.cp, s.ep, mbs)
     tokens = mbs * p.seq_len / s.cp
     act = mbs * sm.block_output_seq_bytes / s.cp  # one micro-batch's (b, s/cp, h) tensor
