@@ -30,6 +30,8 @@ RATIO_DIGITS = 3
 _STEPS = 10**RATIO_DIGITS
 _PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.BACKWARD_INPUT, Phase.BACKWARD_WEIGHT)
 """Row of each phase in the seconds table."""
+_FORWARD, _WEIGHT = 0, 3
+"""Rows of the forward and of the weight gradient."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +55,20 @@ def op_graph(schedule: Schedule, pp: int, m: int, v: int) -> OpGraph:
     """The operation graph of a (schedule, pp, m, v) (see `OpGraph`)."""
     last = pp * v - 1
     model_chunk = {chunk_placement(schedule, c, pp): c for c in range(pp * v)}
+    row = {phase: i for i, phase in enumerate(_PHASES)}
+    # each stage's order as (phase row, micro-batch, model chunk)
     orders = [
-        stage_order(schedule, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=s)
+        [
+            (row[phase], mb, model_chunk[(s, local)])
+            for phase, mb, local in stage_order(
+                schedule, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=s
+            )
+        ]
         for s in range(pp)
     ]
-    row = {phase: i for i, phase in enumerate(_PHASES)}
-    produced: dict[tuple[bool, int, int], int] = {}  # (gradient?, mb, chunk) -> position
+    width = pp * v + 1
+    # (micro-batch, chunk, gradient?) -> position, keyed by the int 2 (mb * width + chunk) + grad
+    produced: dict[int, int] = {}
     prevs: list[int] = []
     deps: list[int] = []
     phases: list[int] = []
@@ -68,34 +78,37 @@ def op_graph(schedule: Schedule, pp: int, m: int, v: int) -> OpGraph:
     while remaining:
         moved = False
         for s in range(pp):
-            while pos[s] < len(orders[s]):
-                phase, mb, local = orders[s][pos[s]]
-                chunk = model_chunk[(s, local)]
-                need: tuple[bool, int, int] | None
-                if phase == Phase.FORWARD:
-                    need = (False, mb, chunk - 1) if chunk > 0 else None
-                elif phase == Phase.BACKWARD_WEIGHT:
-                    need = (True, mb, chunk)
+            order, i = orders[s], pos[s]
+            while i < len(order):
+                phase, mb, chunk = order[i]
+                base = mb * width
+                need: int
+                if phase == _FORWARD:
+                    need = 2 * (base + chunk - 1) if chunk > 0 else -1
+                elif phase == _WEIGHT:
+                    need = 2 * (base + chunk) + 1
                 else:
-                    need = (True, mb, chunk + 1) if chunk < last else (False, mb, chunk)
+                    need = 2 * (base + chunk + 1) + 1 if chunk < last else 2 * (base + chunk)
                 dep = -1
-                if need is not None:
-                    if need not in produced:
+                if need >= 0:
+                    found = produced.get(need)
+                    if found is None:
                         break  # its input is not computed yet
-                    dep = produced[need]
+                    dep = found
                 here = len(prevs)
                 prevs.append(prev[s])
                 deps.append(dep)
-                phases.append(row[phase])
+                phases.append(phase)
                 stages.append(s)
-                if phase == Phase.FORWARD:
-                    produced[(False, mb, chunk)] = here
-                elif phase != Phase.BACKWARD_WEIGHT:
-                    produced[(True, mb, chunk)] = here
+                if phase == _FORWARD:
+                    produced[2 * (base + chunk)] = here
+                elif phase != _WEIGHT:
+                    produced[2 * (base + chunk) + 1] = here
                 prev[s] = here
-                pos[s] += 1
+                i += 1
                 remaining -= 1
                 moved = True
+            pos[s] = i
         if not moved:  # pragma: no cover - the orders never deadlock
             raise RuntimeError(f"{schedule} with pp={pp}, m={m}, v={v} deadlocks; this is a bug")
     return OpGraph(prev=tuple(prevs), dep=tuple(deps), phase=tuple(phases), stage=tuple(stages))
