@@ -25,6 +25,7 @@ file for plots and refits. No torch here: `profiler/microbench.py` measures.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -239,13 +240,16 @@ class Calibration:
         return out
 
 
-_SCHEMA = object_schema(Calibration, {"figures": {"type": "object"}})
-"""Strict JSON schema of the section, generated from the dataclasses."""
+@functools.cache
+def calibration_schema() -> dict[str, Any]:
+    """Strict JSON schema of the section, generated from the dataclasses (on first use: it
+    reads their source for the field docs, ~60 ms, which no plan without a calibration pays)."""
+    return object_schema(Calibration, {"figures": {"type": "object"}})
 
 
 def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calibration:
     """Read the `calibration` section (strict)."""
-    validate(data, _SCHEMA, origin, fix="re-run paraplan calibrate or fix the file")
+    validate(data, calibration_schema(), origin, fix="re-run paraplan calibrate or fix the file")
     if not isinstance(data, Mapping):  # the schema says object; kept for the type checker
         raise ValueError(f"{origin}: must be a mapping of calibration fields")
     fields = {f.name: f for f in dataclasses.fields(Calibration)}
