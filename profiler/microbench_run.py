@@ -42,6 +42,7 @@ from ..planner.cluster import Cluster
 from ..planner.cost.data_parallel import OVERLAP_CONTENTION
 from . import microbench as mb
 from .host_memory import live_resident_bytes
+from .microbench_checkpoint import checkpoint_region_s
 from .microbench_tp import (
     FSDP_UNIT_BYTES,
     dtensor_adamw_tensor_s,
@@ -173,6 +174,9 @@ def _measure(
     fits = []
     for key in dtypes:
         fit, _ = mb.kernel_fit(timer, key, budget, partial(_tick_part, tick, key))
+        fit = dataclasses.replace(
+            fit, checkpoint_region_s=checkpoint_region_s(timer, mb.DTYPES[key])
+        )
         fits.append((key, fit))
     copy = mb.copy_bytes_per_s(timer)
     tick("copies")

@@ -324,6 +324,10 @@ def test_closed_loop_on_two_gloo_ranks(tmp_path: Path) -> None:
     # an AdamW step over DTensor parameters (FSDP2, TP) dispatches each operator through
     # DTensor: dearer per tensor than ADAMW_OPS_PER_TENSOR plain operators
     assert calibrated.calibration.dtensor_adamw_tensor_s > 10 * plain_s
+    # a checkpoint region's own host work (hooks, the recompute's entry) costs more than
+    # one operator on every measured dtype
+    fits = [d.fit for d in calibrated.calibration.dtype_kernels]
+    assert fits and all(f.checkpoint_region_s > f.launch_s for f in fits)
 
     import paraplan
     from paraplan.executor.launch import run_plan

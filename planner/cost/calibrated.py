@@ -124,6 +124,9 @@ class KernelFit:
     raw_dispatch_s: float = 0.0
     """Seconds per operator outside autograd (an optimizer's in-place updates); 0: not
     measured, `launch_s` is used."""
+    checkpoint_region_s: float = 0.0
+    """Host seconds one activation-checkpoint region adds beyond its recomputed forward
+    (`profiler/microbench_checkpoint.py`; 0: not measured)."""
 
     def __post_init__(self) -> None:
         if len(self.stream_tensor_bytes) != len(self.stream_bw_bytes_per_s) or list(
@@ -135,8 +138,9 @@ class KernelFit:
             )
         if not all(math.isfinite(b) and b > 0 for b in self.stream_bw_bytes_per_s):
             raise ValueError("stream_bw_bytes_per_s must hold positive rates")
-        if not (math.isfinite(self.raw_dispatch_s) and self.raw_dispatch_s >= 0):
-            raise ValueError(f"raw_dispatch_s={self.raw_dispatch_s!r} must be >= 0")
+        for name in ("raw_dispatch_s", "checkpoint_region_s"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0")
         if not (math.isfinite(self.launch_s) and self.launch_s >= 0):
             raise ValueError(f"launch_s={self.launch_s!r} must be a finite number >= 0")
         bw = self.elementwise_bw_bytes_per_s
