@@ -28,11 +28,6 @@ CUDA_SOURCE = (
 )
 
 
-def peak_rss_bytes() -> float:
-    """This process's peak resident memory (ru_maxrss)."""
-    return float(peak_resident_bytes())
-
-
 def peak_memory_bytes(device: torch.device, host: HostPeak | None = None) -> tuple[float, str]:
     """(peak bytes of this rank, what was measured). On the CPU, `host` is the profiled last
     step (`profiler.host_memory`); without one, the peak RSS."""
@@ -45,7 +40,7 @@ def peak_memory_bytes(device: torch.device, host: HostPeak | None = None) -> tup
         return float(torch.cuda.max_memory_allocated(device) + outside), CUDA_SOURCE
     if host is not None and host.events > 0:
         return host.live_peak_bytes, HOST_SOURCE
-    return peak_rss_bytes(), RSS_SOURCE
+    return float(peak_resident_bytes()), RSS_SOURCE
 
 
 def strategy_text(plan: Plan) -> str:

@@ -12,13 +12,13 @@ import torch
 import torch.distributed as dist
 
 from ..planner.strategy import MeshAxis
-from ..profiler.host_memory import HostPeak, TensorPeakTracker
+from ..profiler.host_memory import HostPeak, TensorPeakTracker, peak_resident_bytes
 from . import mesh as meshes
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .compose import ParallelModel
 from .data import synthetic_tokens
 from .optim import Optimizers
-from .report import RunReport, make_report, peak_memory_bytes, peak_rss_bytes
+from .report import RunReport, make_report, peak_memory_bytes
 
 
 def global_loss(pm: ParallelModel, loss: torch.Tensor | None) -> float:
@@ -137,7 +137,7 @@ def train(
             on_step(step, losses[-1])
     memory, source = peak_memory_bytes(pm.device, host)
     gathered: list[tuple[float, float] | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (memory, peak_rss_bytes()))
+    dist.all_gather_object(gathered, (memory, float(peak_resident_bytes())))
     pairs = [g or (0.0, 0.0) for g in gathered]
     warm = min(options.warmup_steps, max(len(times) - 1, 0))  # a short resumed run: time some
     return make_report(

@@ -118,8 +118,7 @@ def _pipeline(j: Job) -> str | None:
             f"pp={s.pp} with schedule 'none': a pipeline needs a schedule; use --fix schedule=1f1b"
         )
     split = (Schedule.INTERLEAVED_ZB, Schedule.ZBV, Schedule.DUALPIPEV)
-    fsdp = s.offload_optimizer or s.offload_params or (s.dp * s.cp > 1 and s.zero_stage >= 2)
-    if s.schedule in split and fsdp:
+    if s.schedule in split and s.fsdp_wrapped:
         # measured on gloo (tests/test_schedules_numerics.py): torch 2.13's deferred weight
         # gradients under FSDP2 leave gradients or the next step's weights wrong
         return (

@@ -121,6 +121,19 @@ class Strategy:
         return self.dp // self.shard_dp if self.shard_dp else 1
 
     @property
+    def fsdp_wrapped(self) -> bool:
+        """Whether the executor wraps the model in FSDP2: ZeRO >= 2 over more than one
+        data-parallel rank, or any offload (`executor/data_parallel.data_parallel_kind`)."""
+        sharded = self.dp * self.cp > 1 and self.zero_stage >= 2
+        return self.offload_optimizer or self.offload_params or sharded
+
+    @property
+    def dtensor_params(self) -> bool:
+        """Whether the executor's parameters are DTensors: tensor parallel, FSDP2, or FSDP2's
+        `replicate` (data parallel beside a pipeline); DDP's and a single rank's are plain."""
+        return self.tp > 1 or self.fsdp_wrapped or (self.dp * self.cp > 1 and self.pp > 1)
+
+    @property
     def world_size(self) -> int:
         """GPUs the strategy uses."""
         return self.dp * self.tp * self.pp * self.cp

@@ -159,15 +159,16 @@ class TensorPeakTracker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        assert self._prof is not None
-        with _quiet_stderr():
-            self._prof.__exit__(exc_type, exc, tb)
+        if self._prof is not None:
+            with _quiet_stderr():
+                self._prof.__exit__(exc_type, exc, tb)
 
     def result(self) -> HostPeak:
         """The measured step (after the `with` block)."""
-        assert self._prof is not None and self._prof.profiler is not None
-        results = self._prof.profiler.kineto_results
-        assert results is not None
+        profiler = None if self._prof is None else self._prof.profiler
+        results = None if profiler is None else profiler.kineto_results
+        if results is None:
+            raise RuntimeError("TensorPeakTracker.result(): call it after its `with` block ends")
         cpu = torch._C._autograd.DeviceType.CPU
         events = sorted(
             (e for e in results.events() if e.name() == MEMORY_EVENT and e.device_type() == cpu),

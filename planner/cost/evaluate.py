@@ -410,10 +410,7 @@ class Evaluator:
         if not tensors:
             return optimizer_s(s, stage, self.train, self.acc)
         shard = optimizer_shard_params(s, stage)
-        # DTensor parameters (executor/data_parallel.py): TP, FSDP2 (ZeRO >= 2) or its
-        # `replicate` (data parallel beside PP); DDP's and one rank's are plain tensors
-        dtensor = s.tp > 1 or (s.dp * s.cp > 1 and (s.zero_stage >= 2 or s.pp > 1))
-        extra = self.dtensor_adamw_tensor_s if dtensor else 0.0
+        extra = self.dtensor_adamw_tensor_s if s.dtensor_params else 0.0
         return unfused_adamw_s(shard, tensors, k, state_bytes=FP32_BYTES, dtensor_tensor_s=extra)
 
     def time(
