@@ -2,8 +2,9 @@
 
 Deterministic: strategies are ranked by (step time, peak memory, `Strategy.sort_key`). The
 pruning is exact: a strategy is skipped only when its memory does not fit or when a lower
-bound on its step time (every group on the fastest link, no latency) is already slower than
-the K-th best found, so `search` returns the same optimum as `brute_force`.
+bound on its step time (each collective at the least time of its group size's links over the
+mesh orders, `search_bounds.py`) is already slower than the K-th best found, so `search`
+returns the same optimum as `brute_force`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .cost.options import has_options, option_problem
 from .cost.rules import Rule, Violation
 from .pins import Pins
 from .search_blocks import Block, keep_best
-from .search_bounds import FamilyBounds
+from .search_bounds import FamilyBounds, strategy_lower_bound_s
 from .search_space import mesh_orders, space_blocks
 from .strategy import LOCALITY_RANK, MeshAxis, Recompute, Schedule, Strategy
 
@@ -76,7 +77,6 @@ class Search:
         """Rank only strategies the executor runs (`capabilities.py`; the API and CLI ask for it
         unless told `any_engine`); False: the whole space the cost model prices."""
         self._unrunnable: str | None = None
-        self._lb_coll = ev.lower_bound_coll  # every group on the fastest link, no latency
         self._lb_s: dict[Strategy, float] = {}
         """Step-time lower bounds already computed (`_time_lower_bound_s`)."""
         self._families = FamilyBounds(ev, consent.any)
@@ -331,11 +331,12 @@ class Search:
         return self._time_lower_bound_s(s) > worst_s
 
     def _time_lower_bound_s(self, s: Strategy) -> float:
-        """A step time no mesh order of `s` beats: every group on the fastest link, no
-        latency (memoized: the rescue and the per-layer bound ask for the same strategies)."""
+        """A step time no mesh order of `s` beats: each collective at the least time of its
+        group size's links over the mesh orders (`search_bounds.strategy_lower_bound_s`;
+        memoized: the rescue and the per-layer bound ask for the same strategies)."""
         bound = self._lb_s.get(s)
         if bound is None:
-            bound = self.ev.time(s, self.ev.ideal_links(s), self._lb_coll).step_time_s
+            bound = strategy_lower_bound_s(self.ev, s, self._families.coll(s))
             self._lb_s[s] = bound
         return bound
 

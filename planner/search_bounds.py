@@ -3,8 +3,9 @@ search (`search.py`) prices it once for the (degrees, micro-batch, schedule, seq
 parallel, recompute) family and skips the whole family when it is already slower than the
 K-th best, before any memory or time of its members is computed.
 
-Validity: the search's own bound of a strategy `s` is its step time with every group on the
-fastest link and no latency (`Evaluator.time(s, links.ideal(), lower_bound_coll)`), which is
+Validity: the step time of a strategy `s` in any mesh order is at least its step time with
+every collective priced at the least of its sizes' links over the mesh orders
+(`PlacementBound`, below), which is
 
     m * slow.per_microbatch_s + bubble(slow) + tail + optimizer
 
@@ -25,11 +26,17 @@ their seconds do not, except by the rounding of sums over different positions of
 so the bound prices only the distinct stages (the layout without `per_stage`): its slot and
 shares equal some stage's to a few ulps, which `SAFETY` and `_SHARE_NUDGE` absorb.
 
+Collectives are priced by `cost/placement.PlacementBound`: each at the least time the real
+model gives over the links a group of its size gets in some mesh order of the strategy's
+degrees (a valid bound for every order, and much tighter than the fastest link with no latency
+where a group must span nodes). `strategy_lower_bound_s` bounds one strategy the same way, with
+its data-parallel, offload and optimizer terms.
+
 `recompute=per_layer` is bounded with no recompute (same layout, recompute seconds and
 redone collectives never negative). A relative margin of `SAFETY` absorbs the different
 order of floating-point sums.
-tests/test_search_bounds.py checks bound <= the search's bound and <= the true step time of
-every member over sampled families of several models and clusters.
+tests/test_search_bounds.py checks both bounds <= the true step time of every member in every
+mesh order over sampled families of several models and clusters.
 """
 
 from __future__ import annotations
@@ -38,9 +45,11 @@ from dataclasses import replace
 
 from .cost.comm import Collectives
 from .cost.evaluate import Evaluator
+from .cost.placement import PlacementBound
 from .cost.schedules import bubble_s, is_split_backward
 from .cost.stage_core import stage_core
 from .search_blocks import Block
+from .search_space import mesh_orders
 from .solvers.replay_table import RATIO_DIGITS
 from .strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
 
@@ -68,6 +77,13 @@ def family_key(s: Strategy) -> Strategy:
     )
 
 
+def placement_bound(ev: Evaluator, s: Strategy) -> PlacementBound:
+    """`PlacementBound` over the links of every mesh order of `s`'s degrees and HSDP shard."""
+    key = (s.pp, s.dp, s.cp, s.tp, s.ep, s.dp_shard)
+    links = [ev.links_in_order(s, order) for order in mesh_orders(s)]
+    return PlacementBound(ev.acc, ev.coll, ev.lower_bound_coll, links, ("placement", *key))
+
+
 def family_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float:
     """A step time no member of `s`'s family (any ZeRO stage, offload, PowerSGD, HSDP shard,
     mesh order; per_layer for none) beats, with `coll` the lower-bound collectives (see the
@@ -81,37 +97,59 @@ def family_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float
         cores = ev.stage_core(s, ev.ideal_links(s), coll)
     slot = max(c.per_microbatch_s for c in cores)
     m = ev.num_microbatches(s)
+    shares = [(c.compute.fwd_s, c.compute.bwd_s) for c in cores]
+    return (m * slot + least_bubble_s(ev, s, slot, shares)) * (1.0 - SAFETY)
+
+
+def strategy_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float:
+    """A step time no mesh order of `s` beats, with `coll` a `placement_bound` of `s` (or the
+    fastest link with no latency): its stage times on ideal links, the slowest stage's slot,
+    the largest once-per-step tail, and the bubble of the slowest slot at the least unit
+    bubble of the stages' forward shares (the slowest stage may differ between the bound and
+    a mesh order)."""
+    stages = ev.stage_times(s, ev.ideal_links(s), coll)
+    slot = max(x.per_microbatch_s for x in stages)
+    tail = max(x.tail_comm_s + x.optimizer_s for x in stages)
+    m = ev.num_microbatches(s)
+    shares = [(x.fwd_s, x.bwd_s) for x in stages]
+    return (m * slot + least_bubble_s(ev, s, slot, shares) + tail) * (1.0 - SAFETY)
+
+
+def least_bubble_s(
+    ev: Evaluator, s: Strategy, slot: float, shares: list[tuple[float, float]]
+) -> float:
+    """A bound on the fill and drain of `s` whose slowest slot is at least `slot`: `fill_slots`
+    slots, or for a split backward the least replayed unit bubble over the forward shares of
+    the (forward, backward) seconds in `shares` (one per stage) times `slot`."""
     if not is_split_backward(s.schedule):
-        bubble = ev.fill_slots(s) * slot
-    else:
-        shares: set[float] = set()
-        for c in cores:
-            total = c.compute.fwd_s + c.compute.bwd_s
-            share = c.compute.fwd_s / total if total > 0 else 0.5
-            shares.update((share - _SHARE_NUDGE, share, share + _SHARE_NUDGE))
-        # `bubble_s` rounds the share to a bin and scales the bin's (non-negative) bubble by
-        # forward + backward: per bin, the share with the least sum gives that bin's least.
-        least: dict[float, tuple[float, float]] = {}
-        for x in shares:
-            fwd = min(1.0, max(0.0, x))
-            total = fwd + (1.0 - fwd)
-            rounded = round(fwd / total, RATIO_DIGITS) if total > 0 else -1.0
-            if rounded not in least or total < least[rounded][0]:
-                least[rounded] = (total, fwd)
-        unit = min(
-            bubble_s(
-                s.schedule,
-                pp=s.pp,
-                virtual_stages=s.virtual_stages,
-                num_microbatches=m,
-                forward_s=fwd,
-                backward_s=1.0 - fwd,
-                weight_share=ev.weight_share,
-            )
-            for _, fwd in least.values()
+        return ev.fill_slots(s) * slot
+    nudged: set[float] = set()
+    for fwd_s, bwd_s in shares:
+        total = fwd_s + bwd_s
+        share = fwd_s / total if total > 0 else 0.5
+        nudged.update((share - _SHARE_NUDGE, share, share + _SHARE_NUDGE))
+    # `bubble_s` rounds the share to a bin and scales the bin's (non-negative) bubble by
+    # forward + backward: per bin, the share with the least sum gives that bin's least.
+    least: dict[float, tuple[float, float]] = {}
+    for x in nudged:
+        fwd = min(1.0, max(0.0, x))
+        total = fwd + (1.0 - fwd)
+        rounded = round(fwd / total, RATIO_DIGITS) if total > 0 else -1.0
+        if rounded not in least or total < least[rounded][0]:
+            least[rounded] = (total, fwd)
+    unit = min(
+        bubble_s(
+            s.schedule,
+            pp=s.pp,
+            virtual_stages=s.virtual_stages,
+            num_microbatches=ev.num_microbatches(s),
+            forward_s=fwd,
+            backward_s=1.0 - fwd,
+            weight_share=ev.weight_share,
         )
-        bubble = unit * slot
-    return (m * slot + bubble) * (1.0 - SAFETY)
+        for _, fwd in least.values()
+    )
+    return unit * slot
 
 
 _FAMILY_RC = {
@@ -140,6 +178,15 @@ class FamilyBounds:
         """PowerSGD or the asynchronous pipeline offered: they may be faster than the
         strategy they vary, so `all_slower` never prunes."""
         self._bound_s: dict[tuple, float] = {}
+        self._placement: dict[tuple, PlacementBound] = {}
+
+    def coll(self, s: Strategy) -> PlacementBound:
+        """`placement_bound` of `s` (memoized by degrees and HSDP shard)."""
+        key = (s.pp, s.dp, s.cp, s.tp, s.ep, s.dp_shard)
+        found = self._placement.get(key)
+        if found is None:
+            found = self._placement[key] = placement_bound(self.ev, s)
+        return found
 
     def bound_s(self, s: Strategy) -> float:
         """`family_lower_bound_s` of `s`'s family."""
@@ -159,7 +206,8 @@ class FamilyBounds:
         )
         bound = self._bound_s.get(key)
         if bound is None:
-            bound = family_lower_bound_s(self.ev, family_key(s), self.ev.lower_bound_coll)
+            key_s = family_key(s)
+            bound = family_lower_bound_s(self.ev, key_s, self.coll(key_s))
             self._bound_s[key] = bound
         return bound
 

@@ -363,12 +363,13 @@ class Evaluator:
     def stage_core(self, s: Strategy, links: Links, coll: Collectives) -> tuple[StageCore, ...]:
         """Each distinct stage's compute, recompute and TP/CP/EP/PP communication per
         micro-batch under `links` and `coll` (`stage_core.py`): `stage_times` less the
-        data-parallel, offload and optimizer terms. Memoized for this evaluator's two
-        `Collectives`: with a uniform recompute policy it depends on neither the ZeRO stage,
-        the offloads, PowerSGD nor the mesh order (given the links), which the search varies
-        most."""
-        which = 0 if coll is self.coll else 1 if coll is self.lower_bound_coll else -1
-        if which < 0:
+        data-parallel, offload and optimizer terms. Memoized for its `Collectives` and for
+        `PlacementBound`s: with a uniform recompute policy it depends on neither the ZeRO
+        stage, the offloads, PowerSGD nor the mesh order (given the links), which the search
+        varies most."""
+        which = 0 if coll is self.coll else 1 if coll is self.lower_bound_coll else None
+        which = getattr(coll, "memo_key", None) if which is None else which  # PlacementBound
+        if which is None:
             return stage_core(
                 s, links, coll, self.stage_model, self.per_layer, self.train, self.contention
             )
