@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from ..planner.calibration import CollectiveKind, CollectivePoint
 from ..planner.cost.calibrated import AttentionCurve, GemmGrid, KernelFit, OpRate
+from .microbench_cold import ColdOperands, ColdPool
 from .tracer import SPECIAL_OPS
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -34,6 +35,9 @@ STREAM_SIZES_BYTES = (2**16, 2**18, 2**20, 2**22, 2**24)
 small VM's share)."""
 ELEMENTWISE_BYTES = 32 * 2**20
 """Tensor size of the bandwidth benchmark: far beyond the caches."""
+STREAM_REPEATS = 31
+"""Timed calls of each elementwise measurement (cheap; a fresh output's page faults make
+single calls jitter)."""
 MIN_RATE = 1e6
 """Floor of a measured rate (FLOP/s): a GEMM no slower than its dispatch still has a rate."""
 
@@ -51,6 +55,9 @@ class Budget:
     """Timed calls per measurement (after one warm-up call)."""
     attention_seqs: tuple[int, ...]
     """Sequence lengths of the attention curve."""
+    attention_head_dims: tuple[int, ...]
+    """Head sizes of the attention curve (the rate at equal FLOPs falls with the head size:
+    GPT-2 tiny's 16-wide heads ran causal SDPA at 31 GFLOP/s on this CPU, 64-wide at 55)."""
     collective_bytes: tuple[int, ...]
     """Message sizes of the collectives."""
     collective_repeats: int
@@ -66,6 +73,7 @@ FULL = Budget(
     max_call_s=0.08,
     repeats=5,
     attention_seqs=(64, 128, 256, 512),
+    attention_head_dims=(16, 32, 64, 128),
     collective_bytes=tuple(4**i * 4096 for i in range(7)),  # 4 KiB .. 16 MiB
     collective_repeats=25,
     gemm_budget_s=30.0,
@@ -75,6 +83,7 @@ QUICK = Budget(
     max_call_s=0.02,
     repeats=3,
     attention_seqs=(64, 256),
+    attention_head_dims=(16, 64, 128),
     collective_bytes=(4096, 262144, 4 * 2**20),
     collective_repeats=12,
     gemm_budget_s=3.0,
@@ -145,50 +154,57 @@ def bandwidth_bytes_per_s(timer: Timer, dtype: torch.dtype, raw_s: float) -> flo
 
 
 def stream_curve(
-    timer: Timer, dtype: torch.dtype, raw_s: float, sizes: tuple[int, ...]
+    timer: Timer, dtype: torch.dtype, raw_s: float, sizes: tuple[int, ...], pool: ColdPool
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(tensor bytes, bytes read + written per second) of an elementwise op on tensors of
-    each size: small ones stay in the caches."""
+    each size, its input coming from memory and its output freshly allocated, as in a
+    training step (`microbench_cold`): small tensors still stream faster (latency hidden,
+    output in the caches)."""
     rates = []
     for nbytes in sizes:
-        x = torch.ones(
-            max(1, nbytes * 8 // torch.finfo(dtype).bits), dtype=dtype, device=timer.device
-        )
-        out = torch.empty_like(x)
-        seconds = timer(partial(torch.mul, x, 1.0001, out=out))
-        rates.append(2 * x.numel() * x.element_size() / max(seconds - raw_s, 1e-9))
+        elems = max(1, nbytes * 8 // torch.finfo(dtype).bits)
+        ops = pool.operands([(elems,)])
+        seconds = timer(partial(_rotating, _scaled, ops), STREAM_REPEATS)
+        rates.append(2 * elems * pool.buffer.element_size() / max(seconds - raw_s, 1e-9))
     return tuple(float(n) for n in sizes), tuple(rates)
 
 
-def special_rates(timer: Timer, dtype: torch.dtype, raw_s: float) -> tuple[OpRate, ...]:
+def special_rates(
+    timer: Timer, dtype: torch.dtype, raw_s: float, pool: ColdPool
+) -> tuple[OpRate, ...]:
     """Elements per second of each transcendental operator the profiler records
-    (`tracer.SPECIAL_OPS`), on an activation-sized (256 x 1024) tensor."""
+    (`tracer.SPECIAL_OPS`), on an activation-sized (256 x 1024) tensor from memory."""
     aten = torch.ops.aten
-    x = torch.randn(256, 1024, dtype=dtype, device=timer.device)
-    g = torch.randn_like(x)
-    y = torch.log_softmax(x, -1)
+    shape = (256, 1024)
+    one, two = pool.operands([shape]), pool.operands([shape, shape])
+
+    def unary(op: Callable[..., object], *args: object) -> Callable[[], object]:
+        return lambda: op(one.next()[0], *args)
+
+    def binary(op: Callable[..., object], *args: object) -> Callable[[], object]:
+        return lambda: op(*two.next(), *args)
+
     calls: dict[str, Callable[[], object]] = {
-        "aten.tanh": partial(aten.tanh, x),
-        "aten.exp": partial(aten.exp, x),
-        "aten.erf": partial(aten.erf, x),
-        "aten.sigmoid": partial(aten.sigmoid, x),
-        "aten.silu": partial(aten.silu, x),
-        "aten.gelu": partial(aten.gelu, x),
-        "aten.gelu_backward": partial(aten.gelu_backward, g, x),
-        "aten.silu_backward": partial(aten.silu_backward, g, x),
-        "aten._softmax": partial(aten._softmax, x, -1, False),
-        "aten._log_softmax": partial(aten._log_softmax, x, -1, False),
-        "aten._log_softmax_backward_data": partial(
-            aten._log_softmax_backward_data, g, y, -1, dtype
-        ),
-        "aten.sin": partial(aten.sin, x),
-        "aten.cos": partial(aten.cos, x),
-        "aten.log": partial(aten.log, x.abs() + 1),
+        "aten.tanh": unary(aten.tanh),
+        "aten.exp": unary(aten.exp),
+        "aten.erf": unary(aten.erf),
+        "aten.sigmoid": unary(aten.sigmoid),
+        "aten.silu": unary(aten.silu),
+        "aten.gelu": unary(aten.gelu),
+        "aten.gelu_backward": binary(aten.gelu_backward),
+        "aten.silu_backward": binary(aten.silu_backward),
+        "aten._softmax": unary(aten._softmax, -1, False),
+        "aten._log_softmax": unary(aten._log_softmax, -1, False),
+        "aten._log_softmax_backward_data": binary(aten._log_softmax_backward_data, -1, dtype),
+        "aten.sin": unary(aten.sin),
+        "aten.cos": unary(aten.cos),
+        "aten.log": unary(aten.log),  # the pool holds ones: log is defined
     }
     missing = SPECIAL_OPS - set(calls)
     assert not missing, f"no benchmark for {sorted(missing)}"
+    elems = shape[0] * shape[1]
     return tuple(
-        OpRate(op=op, elems_per_s=x.numel() / max(timer(call) - raw_s, 1e-9))
+        OpRate(op=op, elems_per_s=elems / max(timer(call, STREAM_REPEATS) - raw_s, 1e-9))
         for op, call in sorted(calls.items())
     )
 
@@ -207,12 +223,15 @@ def copy_bytes_per_s(timer: Timer) -> float:
     return n * 4 / timer(lambda: dst.copy_(src))
 
 
-def gemm_grid(timer: Timer, dtype: torch.dtype, budget: Budget, raw_s: float) -> GemmGrid:
-    """Forward and backward GEMM rates on the grid `sizes`^3, smallest work first. A GEMM
+def gemm_grid(
+    timer: Timer, dtype: torch.dtype, budget: Budget, raw_s: float, pool: ColdPool
+) -> GemmGrid:
+    """Forward and backward GEMM rates on the grid `sizes`^3, smallest work first, operands
+    from memory (`microbench_cold`: small GEMMs ran 10-40% slower so on this CPU). A GEMM
     expected to run longer than `max_call_s` (at the best rate so far), or any once the
     dtype's time budget is spent, is skipped (on every rank alike: rank 0 decides) and takes
     the rate of its largest measured neighbour below it."""
-    dev, sizes, max_call_s = timer.device, budget.gemm_sizes, budget.max_call_s
+    sizes, max_call_s = budget.gemm_sizes, budget.max_call_s
     started = time.perf_counter()
     shapes = sorted(itertools.product(sizes, repeat=3), key=lambda s: s[0] * s[1] * s[2])
     fwd: dict[tuple[int, int, int], float] = {}
@@ -223,11 +242,9 @@ def gemm_grid(timer: Timer, dtype: torch.dtype, budget: Budget, raw_s: float) ->
         over = time.perf_counter() - started > budget.gemm_budget_s
         if _agreed(over or bool(best and flops / best > max_call_s), timer):
             continue
-        x = torch.randn(m, k, dtype=dtype, device=dev)
-        w = torch.randn(k, n, dtype=dtype, device=dev)
-        g = torch.randn(m, n, dtype=dtype, device=dev)
-        f_s = timer(partial(torch.mm, x, w))
-        b_s = timer(partial(_gemm_backward, x, w, g))
+        ops = pool.operands([(m, k), (k, n), (m, n)])
+        f_s = timer(partial(_rotating, _gemm_forward, ops))
+        b_s = timer(partial(_rotating, _gemm_backward, ops))
         fwd[(m, n, k)] = max(flops / max(f_s - raw_s, 1e-9), MIN_RATE)
         bwd[(m, n, k)] = max(2 * flops / max(b_s - 2 * raw_s, 1e-9), MIN_RATE)
         best = max(best, fwd[(m, n, k)])
@@ -239,6 +256,21 @@ def gemm_grid(timer: Timer, dtype: torch.dtype, budget: Budget, raw_s: float) ->
         fwd_flops_per_s=tuple(_filled(fwd, s) for s in grid),
         bwd_flops_per_s=tuple(_filled(bwd, s) for s in grid),
     )
+
+
+def _rotating(fn: Callable[..., object], ops: ColdOperands) -> object:
+    """`fn` on the next slot of `ops` (operands from memory)."""
+    return fn(*ops.next())
+
+
+def _scaled(x: torch.Tensor) -> torch.Tensor:
+    """The elementwise op of the bandwidth curve (a fresh output, as in eager training)."""
+    return torch.mul(x, 1.0001)
+
+
+def _gemm_forward(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """`x @ w` (`g` is the backward's operand, unused here)."""
+    return torch.mm(x, w)
 
 
 def _gemm_backward(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> None:
@@ -265,28 +297,38 @@ def _filled(rates: dict[tuple[int, int, int], float], shape: tuple[int, int, int
     return max(below) if below else min(rates.values())
 
 
+ATTENTION_WIDTH = 256
+"""heads * head_dim of the attention benchmark: every head size is measured at the same FLOPs
+(4 heads of 64, 16 of 16, 2 of 128)."""
+
+
 def attention_curve(
-    timer: Timer, dtype: torch.dtype, seqs: tuple[int, ...], *, heads: int = 4, head_dim: int = 64
+    timer: Timer,
+    dtype: torch.dtype,
+    seqs: tuple[int, ...],
+    head_dims: tuple[int, ...],
+    pool: ColdPool,
 ) -> AttentionCurve:
     """Causal SDPA forward and backward rates against the dense forward FLOPs
-    (4 * heads * S^2 * head_dim per sequence: QK^T and AV)."""
-    xs, f_rates, b_rates = [], [], []
-    for s in seqs:
-        shape = (1, heads, s, head_dim)  # (B, H, T, D)
-        q, k, v = (
-            torch.randn(shape, dtype=dtype, device=timer.device, requires_grad=True)
-            for _ in range(3)
-        )
-        grad = torch.randn(shape, dtype=dtype, device=timer.device)
-        with torch.no_grad():
-            f_s = timer(partial(_sdpa, q, k, v))
-        t_s = timer(partial(_sdpa_train, q, k, v, grad))
-        dense = 4.0 * heads * s * s * head_dim
-        xs.append(dense)
-        f_rates.append(dense / max(f_s, 1e-9))
-        b_rates.append(dense / max(t_s - f_s, 1e-9))
+    (4 * heads * S^2 * head_dim per sequence: QK^T and AV), for each head size, operands from
+    memory."""
+    xs = [4.0 * ATTENTION_WIDTH * s * s for s in seqs]
+    f_rates, b_rates = [], []
+    for d in head_dims:
+        for s, dense in zip(seqs, xs, strict=True):
+            shape = (1, max(1, ATTENTION_WIDTH // d), s, d)  # (B, H, T, D)
+            fwd = pool.operands([shape] * 3)
+            train = pool.operands([shape] * 4, requires_grad=True)
+            with torch.no_grad():
+                f_s = timer(partial(_rotating, _sdpa, fwd))
+            t_s = timer(partial(_rotating, _sdpa_train, train))
+            f_rates.append(dense / max(f_s, 1e-9))
+            b_rates.append(dense / max(t_s - f_s, 1e-9))
     return AttentionCurve(
-        dense_fwd_flops=tuple(xs), fwd_flops_per_s=tuple(f_rates), bwd_flops_per_s=tuple(b_rates)
+        head_dims=head_dims,
+        dense_fwd_flops=tuple(xs),
+        fwd_flops_per_s=tuple(f_rates),
+        bwd_flops_per_s=tuple(b_rates),
     )
 
 
@@ -296,8 +338,8 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def _sdpa_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: torch.Tensor) -> None:
-    """Forward and backward of `_sdpa`."""
-    _sdpa(q, k, v).backward(grad)
+    """Forward and backward of `_sdpa` (gradients returned, not accumulated into the leaves)."""
+    torch.autograd.grad(_sdpa(q, k, v), (q, k, v), grad.detach())
 
 
 def kernel_fit(
@@ -311,12 +353,16 @@ def kernel_fit(
     tick("dispatch")
     bw = bandwidth_bytes_per_s(timer, dtype, raw_s)
     tick("bandwidth")
-    gemm = gemm_grid(timer, dtype, budget, raw_s)
+    pool = ColdPool(dtype, timer.device)
+    gemm = gemm_grid(timer, dtype, budget, raw_s, pool)
     tick("GEMM grid")
-    attention = attention_curve(timer, dtype, budget.attention_seqs)
+    attention = attention_curve(
+        timer, dtype, budget.attention_seqs, budget.attention_head_dims, pool
+    )
     tick("attention")
-    sizes, stream_bw = stream_curve(timer, dtype, raw_s, STREAM_SIZES_BYTES)
-    special = special_rates(timer, dtype, raw_s)
+    sizes, stream_bw = stream_curve(timer, dtype, raw_s, STREAM_SIZES_BYTES, pool)
+    special = special_rates(timer, dtype, raw_s, pool)
+    del pool
     tick("operators")
     fit = KernelFit(
         launch_s=launch_s,

@@ -57,7 +57,10 @@ def _fit(launch_s: float = 1e-5) -> KernelFit:
             bwd_flops_per_s=tuple(_rate(*s) / 2 for s in grid),
         ),
         attention=AttentionCurve(
-            dense_fwd_flops=(1e6, 1e8), fwd_flops_per_s=(1e9, 4e9), bwd_flops_per_s=(5e8, 2e9)
+            head_dims=(16, 64),
+            dense_fwd_flops=(1e6, 1e8),
+            fwd_flops_per_s=(5e8, 2e9, 1e9, 4e9),
+            bwd_flops_per_s=(2.5e8, 1e9, 5e8, 2e9),
         ),
     )
 
@@ -170,6 +173,12 @@ def test_time_scale_and_dispatch() -> None:
     f, b = one.attention_s(1e7)  # halfway (log) between the two points: rates 2e9 and 1e9
     assert f == pytest.approx(1e7 / 2e9) and b == pytest.approx(1e7 / 1e9)
     assert one.attention_s(1e7, causal=False)[0] == pytest.approx(2 * f)
+    # head sizes: 16-wide heads at half the rate; 32 halfway in log2 (rate x 2^-0.5);
+    # beyond the measured sizes the edge holds
+    assert one.attention_s(1e7, head_dim=16)[0] == pytest.approx(2 * f)
+    assert one.attention_s(1e7, head_dim=32)[0] == pytest.approx(2**0.5 * f)
+    assert one.attention_s(1e7, head_dim=256) == pytest.approx((f, b))
+    assert one.attention_s(1e7, head_dim=8) == pytest.approx((2 * f, 2 * b))
 
 
 def test_missing_dtype_names_the_measured_ones() -> None:

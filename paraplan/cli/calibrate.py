@@ -259,16 +259,21 @@ def plot_calibration(cal: Calibration, folder: Path) -> list[Path]:
         )
         if entry.fit.attention is not None:
             a = entry.fit.attention
-            (al,) = ax_a.loglog(
-                a.dense_fwd_flops, a.fwd_flops_per_s, "o", label=f"{entry.dtype} fwd"
-            )
-            ax_a.loglog(
-                a.dense_fwd_flops,
-                a.bwd_flops_per_s,
-                "s",
-                color=al.get_color(),
-                label=f"{entry.dtype} bwd",
-            )
+            n = len(a.dense_fwd_flops)
+            for i, d in enumerate(a.head_dims):
+                (al,) = ax_a.loglog(
+                    a.dense_fwd_flops,
+                    a.fwd_flops_per_s[i * n : (i + 1) * n],
+                    "o-",
+                    label=f"{entry.dtype} d={d} fwd",
+                )
+                ax_a.loglog(
+                    a.dense_fwd_flops,
+                    a.bwd_flops_per_s[i * n : (i + 1) * n],
+                    "s--",
+                    color=al.get_color(),
+                    label=f"{entry.dtype} d={d} bwd",
+                )
     ax_g.set(xlabel="GEMM FLOPs", ylabel="FLOP/s", title="GEMM forward rate")
     ax_g.legend(fontsize=7)
     ax_a.set(xlabel="dense forward FLOPs", ylabel="FLOP/s", title="causal SDPA")

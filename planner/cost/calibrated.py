@@ -64,14 +64,21 @@ class GemmGrid:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AttentionCurve:
-    """Measured fused attention (causal SDPA) rates against its dense forward FLOPs."""
+    """Measured fused attention (causal SDPA) rates against its dense forward FLOPs, one curve
+    per head size: at equal FLOPs a narrow head runs slower (each score's softmax and masking
+    is amortized over fewer multiply-adds; on this CPU 16-wide heads ran at 31 GFLOP/s, 64-wide
+    at 55, 2026-11-25)."""
 
+    head_dims: tuple[int, ...]
+    """Head sizes measured, ascending."""
     dense_fwd_flops: tuple[float, ...]
-    """Dense (unmasked) forward FLOPs of each measured call, ascending."""
+    """Dense (unmasked) forward FLOPs of each measured call, ascending (the same for every
+    head size)."""
     fwd_flops_per_s: tuple[float, ...]
-    """Dense forward FLOPs over forward seconds, per point."""
+    """Dense forward FLOPs over forward seconds, per (head size, FLOPs) point, head size
+    major."""
     bwd_flops_per_s: tuple[float, ...]
-    """Dense forward FLOPs over backward seconds, per point."""
+    """Dense forward FLOPs over backward seconds, same order."""
 
     def __post_init__(self) -> None:
         n = len(self.dense_fwd_flops)
@@ -80,10 +87,34 @@ class AttentionCurve:
                 "attention curve: dense_fwd_flops must be distinct and ascending; re-run "
                 "paraplan calibrate"
             )
+        dims = self.head_dims
+        if not dims or any(d < 1 for d in dims) or list(dims) != sorted(set(dims)):
+            raise ValueError(
+                f"attention curve: head_dims={dims!r} must be distinct positive sizes in "
+                "ascending order; re-run paraplan calibrate"
+            )
+        size = n * len(dims)
         for name in ("fwd_flops_per_s", "bwd_flops_per_s"):
             rates = getattr(self, name)
-            if len(rates) != n or not all(math.isfinite(r) and r > 0 for r in rates):
-                raise ValueError(f"attention curve: {name} must hold {n} positive rates")
+            if len(rates) != size or not all(math.isfinite(r) and r > 0 for r in rates):
+                raise ValueError(
+                    f"attention curve: {name} must hold {size} positive rates (one per head "
+                    "size and FLOPs point); re-run paraplan calibrate"
+                )
+
+    def rate(self, backward: bool, dense_fwd_flops: float, head_dim: int | None) -> float:
+        """The rate at `dense_fwd_flops` (log-log in FLOPs within a head size, linear in
+        log2(head size) between them, clamped at the ends). `head_dim` None: the measured
+        size nearest 64, the common head size of published models."""
+        rates = self.bwd_flops_per_s if backward else self.fwd_flops_per_s
+        n = len(self.dense_fwd_flops)
+        if head_dim is None:
+            head_dim = min(self.head_dims, key=lambda d: abs(math.log2(d / 64)))
+        log_rate = 0.0
+        for i, w in _axis_weights(self.head_dims, head_dim):
+            row = rates[i * n : (i + 1) * n]
+            log_rate += w * math.log(_curve(self.dense_fwd_flops, row, dense_fwd_flops))
+        return math.exp(log_rate)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -246,9 +277,12 @@ class CalibratedKernels:
         """Seconds to stream `nbytes` (read + written) through memory-bound kernels."""
         return max(0.0, nbytes) / self.fit.elementwise_bw_bytes_per_s * self.time_scale
 
-    def attention_s(self, dense_fwd_flops: float, causal: bool = True) -> tuple[float, float]:
+    def attention_s(
+        self, dense_fwd_flops: float, causal: bool = True, head_dim: int | None = None
+    ) -> tuple[float, float]:
         """(forward, backward) seconds of fused attention of `dense_fwd_flops` (unmasked
-        forward FLOPs). The curve was measured causal; a non-causal call does twice the work."""
+        forward FLOPs) with heads `head_dim` wide. The curve was measured causal; a non-causal
+        call does twice the work."""
         if dense_fwd_flops <= 0:
             return 0.0, 0.0
         curve = self.fit.attention
@@ -256,9 +290,8 @@ class CalibratedKernels:
             rate = self.fit.peak_gemm_flops_per_s()
             f = dense_fwd_flops * (0.5 if causal else 1.0) / rate
             return f * self.time_scale, 2.5 * f * self.time_scale
-        xs = curve.dense_fwd_flops
-        f = dense_fwd_flops / _curve(xs, curve.fwd_flops_per_s, dense_fwd_flops)
-        b = dense_fwd_flops / _curve(xs, curve.bwd_flops_per_s, dense_fwd_flops)
+        f = dense_fwd_flops / curve.rate(False, dense_fwd_flops, head_dim)
+        b = dense_fwd_flops / curve.rate(True, dense_fwd_flops, head_dim)
         work = 1.0 if causal else 2.0
         return f * work * self.time_scale, b * work * self.time_scale
 

@@ -227,8 +227,11 @@ class Kernels(Protocol):
         """(forward, backward) seconds of a GEMM (m x k) @ (k x n) in training."""
         ...
 
-    def attention_s(self, dense_fwd_flops: float, causal: bool = True) -> tuple[float, float]:
-        """(forward, backward) seconds of fused attention of `dense_fwd_flops` (unmasked)."""
+    def attention_s(
+        self, dense_fwd_flops: float, causal: bool = True, head_dim: int | None = None
+    ) -> tuple[float, float]:
+        """(forward, backward) seconds of fused attention of `dense_fwd_flops` (unmasked) with
+        heads `head_dim` wide (None: a typical head size)."""
         ...
 
     def math_attention_s(
@@ -300,9 +303,12 @@ class KernelModel:
         """Seconds to stream `nbytes` through memory-bound kernels."""
         return nbytes / (self.memory_bw_bytes_per_s * MEMORY_EFFICIENCY)
 
-    def attention_s(self, dense_fwd_flops: float, causal: bool = True) -> tuple[float, float]:
+    def attention_s(
+        self, dense_fwd_flops: float, causal: bool = True, head_dim: int | None = None
+    ) -> tuple[float, float]:
         """(forward, backward) seconds of flash attention whose dense (unmasked) forward
-        count is `dense_fwd_flops`."""
+        count is `dense_fwd_flops` (the catalog's attention efficiency is one figure per
+        accelerator, whatever `head_dim`)."""
         executed = dense_fwd_flops * (CAUSAL_FRACTION if causal else 1.0)
         rate = self.peak_flops_per_s * min(1.0, self.attention_efficiency * ATTENTION_SCALE)
         return executed / rate, ATTENTION_BACKWARD_FACTOR * executed / rate

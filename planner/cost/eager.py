@@ -106,7 +106,9 @@ def traced_layer_s(
         av = k.gemm_train_s(m, p.hidden // p.heads, p.seq_len)
         attn_f, attn_b = qk[0] + av[0], qk[1] + av[1]
     elif block:
-        attn_f, attn_b = k.attention_s(x.attn_core_fwd_flops * mbs / (tp * cp))
+        attn_f, attn_b = k.attention_s(
+            x.attn_core_fwd_flops * mbs / (tp * cp), head_dim=p.hidden // p.heads
+        )
     act_bytes = float(train.act_bytes)
     extra_f, extra_b = eager_extra_s(
         x,
