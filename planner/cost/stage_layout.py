@@ -9,7 +9,8 @@ block (recompute, TP degree, sequence parallelism), so layouts that differ in pl
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable
 from functools import cache
 
 from ..model import LayerKind, ModelProfile
@@ -48,83 +49,136 @@ class StageLayouts:
         self.stages = cache(self._stages)
         self.stage_copies = cache(self._stage_copies)
         self._cuts: dict[tuple, list[int]] = {}
+        self._placed: dict[tuple, tuple[tuple[Chunk, ...], list[_Placed]]] = {}
+        self._stage: dict[tuple, Stage] = {}
+        layers = profile.layers
+        blocks = [x.kind == LayerKind.BLOCK for x in layers]
+        # prefix sums over the chain (of ints: a range's sum is exact, as `sum` over it)
+        self._params = _prefix(x.params for x in layers)
+        self._expert = _prefix(x.expert_params for x in layers)
+        self._blocks = _prefix(int(b) for b in blocks)
+        self._moe = _prefix(
+            int(b and bool(x.expert_params)) for x, b in zip(layers, blocks, strict=True)
+        )
+        self._heads = _prefix(int(x.kind == LayerKind.HEAD) for x in layers)
+        self._embeddings = _prefix(int(x.kind == LayerKind.EMBEDDING) for x in layers)
+        # per layer, its parameters if a block, else 0 (a stage's largest block: 0 without)
+        self._block_params = [x.params if b else 0 for x, b in zip(layers, blocks, strict=True)]
+        self._block_expert = [
+            x.expert_params if b else 0 for x, b in zip(layers, blocks, strict=True)
+        ]
+
+    def _placement(self, lay: Layout) -> tuple:
+        """What a layout's chunks depend on: blocks per chunk, stages, V or loop."""
+        n = lay.pp * lay.virtual_stages
+        if self.split == StageSplit.EVEN or lay.pp == 1:
+            counts = block_counts(self.profile.num_blocks, n)
+        else:
+            key = (n, lay.recompute, lay.tp, lay.sequence_parallel)
+            counts = self._cuts.get(key)  # type: ignore[assignment]
+            if counts is None:
+                counts = self._cuts[key] = balanced_cuts(self.unit_costs_s(lay), n)
+        return (tuple(counts), lay.pp, lay.v_shaped)
+
+    def _placed_of(self, lay: Layout) -> tuple[tuple, tuple[tuple[Chunk, ...], list[_Placed]]]:
+        """The layout's placement key, its chunks and each stage's chunks and chain layers
+        (shared by the layouts with the same placement)."""
+        key = self._placement(lay)
+        found = self._placed.get(key)
+        if found is None:
+            counts, pp, v_shaped = key
+            chunks = chunks_from_counts(counts, pp, v_shaped=v_shaped)
+            by_stage: list[list[Chunk]] = [[] for _ in range(pp)]
+            for c in chunks:  # model order within each stage
+                by_stage[c.stage].append(c)
+            per_stage: list[_Placed] = []
+            for mine in by_stage:
+                spans = tuple((c.first_layer, c.last_layer + 1) for c in mine)
+                idx = tuple(i for a, b in spans for i in range(a, b))
+                classes = tuple(self.layer_class[i] for i in idx)
+                per_stage.append((tuple(mine), spans, idx, classes))
+            found = self._placed[key] = (chunks, per_stage)
+        return key, found
 
     def _chunks(self, lay: Layout) -> tuple[Chunk, ...]:
         """Chunks in model order, cut by `balanced_cuts` on the blocks' seconds under the
         layout (or evenly)."""
-        n = lay.pp * lay.virtual_stages
-        v = lay.v_shaped
-        if self.split == StageSplit.EVEN or lay.pp == 1:
-            return chunks_from_counts(block_counts(self.profile.num_blocks, n), lay.pp, v_shaped=v)
-        key = (n, lay.recompute, lay.tp, lay.sequence_parallel)
-        cuts = self._cuts.get(key)
-        if cuts is None:
-            cuts = self._cuts[key] = balanced_cuts(self.unit_costs_s(lay), n)
-        return chunks_from_counts(cuts, lay.pp, v_shaped=v)
+        return self._placed_of(lay)[1][0]
 
-    def _signature(self, idx: tuple[int, ...], st: int, lay: Layout) -> tuple:
+    def _signature(self, classes: tuple[int, ...], st: int, lay: Layout) -> tuple:
         """What makes two stages of a layout cost the same: their layers' costs, whether
         first or last, and under a split backward their index (`Layout.per_stage`)."""
         tag = st if lay.per_stage else -1
-        return (tuple(self.layer_class[i] for i in idx), st == 0, st == lay.pp - 1, tag)
-
-    def _stage_layers(self, lay: Layout) -> list[tuple[tuple[Chunk, ...], tuple[int, ...]]]:
-        """Each stage's chunks and chain layers."""
-        by_stage: list[list[Chunk]] = [[] for _ in range(lay.pp)]
-        for c in self.chunks(lay):  # model order within each stage
-            by_stage[c.stage].append(c)
-        out = []
-        for chunks in by_stage:
-            idx = tuple(i for c in chunks for i in range(c.first_layer, c.last_layer + 1))
-            out.append((tuple(chunks), idx))
-        return out
+        return (classes, st == 0, st == lay.pp - 1, tag)
 
     def _stages(self, lay: Layout) -> tuple[Stage, ...]:
         """The distinct stages of a pp x v layout. Stages with identical layers and position
         (first/middle/last) cost the same, and in-flight micro-batches never grow with the
         stage index but under a split backward (`Layout.per_stage`), so only the first is kept."""
-        p = self.profile
+        key, (_, per_stage) = self._placed_of(lay)
         stages: list[Stage] = []
         seen: set[tuple] = set()
-        for st, (mine, idx) in enumerate(self._stage_layers(lay)):
+        for st, (mine, spans, idx, classes) in enumerate(per_stage):
             if not lay.per_stage:  # else every stage is kept
-                signature = self._signature(idx, st, lay)
+                signature = self._signature(classes, st, lay)
                 if signature in seen:
                     continue
                 seen.add(signature)
-            layers = [p.layers[i] for i in idx]
-            blocks = [x for x in layers if x.kind == LayerKind.BLOCK]
-            dense = float(sum(x.params for x in layers))
-            has_head = any(x.kind == LayerKind.HEAD for x in layers)
-            has_emb = any(x.kind == LayerKind.EMBEDDING for x in layers)
-            if has_head and p.tied_embeddings and not has_emb:
-                dense += p.vocab * p.hidden  # the tied embedding's copy on the last stage
-            stages.append(
-                Stage(
-                    index=st,
-                    layers=idx,
-                    dense_params=dense,
-                    expert_params=float(sum(x.expert_params for x in layers)),
-                    max_block_params=float(max((x.params for x in blocks), default=0)),
-                    max_block_expert_params=float(
-                        max((x.expert_params for x in blocks), default=0)
-                    ),
-                    n_blocks=len(blocks),
-                    n_moe_blocks=sum(1 for x in blocks if x.expert_params),
-                    has_embedding=has_emb,
-                    has_head=has_head,
-                    chunks=mine,
-                )
-            )
+            stage = self._stage.get((key, st))
+            if stage is None:
+                stage = self._stage[(key, st)] = self._build(st, mine, spans, idx)
+            stages.append(stage)
         return tuple(stages)
+
+    def _build(
+        self,
+        st: int,
+        mine: tuple[Chunk, ...],
+        spans: tuple[tuple[int, int], ...],
+        idx: tuple[int, ...],
+    ) -> Stage:
+        """Stage `st` of chunks `mine` (chain ranges `spans`, layers `idx`)."""
+        p = self.profile
+
+        def total(prefix: list[int]) -> int:
+            return sum(prefix[b] - prefix[a] for a, b in spans)
+
+        has_head = total(self._heads) > 0
+        has_emb = total(self._embeddings) > 0
+        dense = float(total(self._params))
+        if has_head and p.tied_embeddings and not has_emb:
+            dense += p.vocab * p.hidden  # the tied embedding's copy on the last stage
+        return Stage(
+            index=st,
+            layers=idx,
+            dense_params=dense,
+            expert_params=float(total(self._expert)),
+            max_block_params=float(max(max(self._block_params[a:b]) for a, b in spans)),
+            max_block_expert_params=float(max(max(self._block_expert[a:b]) for a, b in spans)),
+            n_blocks=total(self._blocks),
+            n_moe_blocks=total(self._moe),
+            has_embedding=has_emb,
+            has_head=has_head,
+            chunks=mine,
+        )
 
     def _stage_copies(self, lay: Layout) -> tuple[tuple[tuple[int, ...], int], ...]:
         """For every pipeline stage: its chain layers and the position in `stages(lay)` of
         the stage it looks exactly like."""
         reps: dict[tuple, int] = {}
         out = []
-        for st, (_, idx) in enumerate(self._stage_layers(lay)):
-            signature = self._signature(idx, st, lay)
+        for st, (_, _, idx, classes) in enumerate(self._placed_of(lay)[1][1]):
+            signature = self._signature(classes, st, lay)
             reps.setdefault(signature, len(reps))
             out.append((idx, reps[signature]))
         return tuple(out)
+
+
+_Placed = tuple[tuple[Chunk, ...], tuple[tuple[int, int], ...], tuple[int, ...], tuple[int, ...]]
+"""One stage of a placement: its chunks, their [first, stop) chain ranges, its chain layers and
+their cost classes (`StageLayouts.layer_class`)."""
+
+
+def _prefix(values: Iterable[int]) -> list[int]:
+    """Prefix sums: entry i is the sum of the first i values."""
+    return [0, *itertools.accumulate(values)]
