@@ -336,7 +336,8 @@ class Search:
         memoized: the rescue and the per-layer bound ask for the same strategies)."""
         bound = self._lb_s.get(s)
         if bound is None:
-            bound = strategy_lower_bound_s(self.ev, s, self._families.coll(s))
+            families = self._families
+            bound = strategy_lower_bound_s(self.ev, s, families.coll(s), families.paths)
             self._lb_s[s] = bound
         return bound
 

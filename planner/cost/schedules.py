@@ -35,7 +35,14 @@ from functools import lru_cache
 
 from ..model import ModelProfile
 from ..solvers.pipeline_replay import SPLIT_BACKWARD, makespan_s
-from ..solvers.replay_table import RATIO_DIGITS, in_flight_peaks, makespan_at
+from ..solvers.replay_table import (
+    RATIO_DIGITS,
+    Path,
+    critical_path,
+    in_flight_peaks,
+    makespan_at,
+    makespan_bound,
+)
 from ..strategy import Schedule
 
 PENDING_W_ACT_FACTOR = 18.0 / 34.0
@@ -129,6 +136,48 @@ def bubble_s(
     m = _reference_m(schedule, pp, num_microbatches)
     unit_bubble = _unit_bubble(schedule, pp, virtual_stages, m, f, 1.0 - f, share)
     return max(0.0, unit_bubble) * total
+
+
+def bubble_bound_s(
+    schedule: Schedule,
+    *,
+    pp: int,
+    virtual_stages: int,
+    num_microbatches: int,
+    forward_s: float,
+    backward_s: float,
+    weight_share: float,
+    paths: dict[tuple, set[Path]],
+) -> float:
+    """A lower bound on `bubble_s` for the search's bounds: from the critical paths of the
+    replays of this schedule's graph already in `paths` (`replay_table.makespan_bound`),
+    without a replay; when `paths` holds none, `bubble_s` itself, and its replay's critical
+    path joins `paths` (the caller's: what a search bounds depends on its own questions)."""
+    total = forward_s + backward_s
+    if total <= 0:
+        return 0.0
+    f = round(forward_s / total, _RATIO_DIGITS)
+    share = round(weight_share, _RATIO_DIGITS)
+    m = _reference_m(schedule, pp, num_microbatches)
+    key = (schedule, pp, virtual_stages, m)
+    known = paths.get(key)
+    if known:
+        span = makespan_bound(known, v=virtual_stages, forward=f, share=share)
+    else:
+        found = critical_path(schedule, pp=pp, v=virtual_stages, m=m, forward=f, share=share)
+        if found is None:  # not a rounded share: the full replay, as `bubble_s`
+            return bubble_s(
+                schedule,
+                pp=pp,
+                virtual_stages=virtual_stages,
+                num_microbatches=num_microbatches,
+                forward_s=forward_s,
+                backward_s=backward_s,
+                weight_share=weight_share,
+            )
+        span, path = found  # `_unit_bubble`'s makespan, bit for bit
+        paths.setdefault(key, set()).add(path)
+    return max(0.0, span - m * (f + (1.0 - f))) * total
 
 
 def fill_slots(
