@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from .calibration_tp import TensorParallelDispatch
 from .cost.calibrated import CalibratedKernels, KernelFit
 from .cost.comm import AxisLink, CollectiveKind, Collectives
 from .cost.data_parallel import OVERLAP_CONTENTION
@@ -83,31 +84,6 @@ class KindLatency:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.latency_s) and self.latency_s >= 0):
             raise ValueError(f"{self.kind}: latency_s={self.latency_s!r} must be >= 0")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TensorParallelDispatch:
-    """What tensor parallelism through DTensor costs on the host, measured on the ranks'
-    mesh: an operator on a DTensor runs sharding propagation in Python before its local
-    kernel, and each module `parallelize_module` wraps dispatches several of them."""
-
-    launch_s: float
-    """Seconds per DTensor operator (half of one op's forward plus backward, as `launch_s`)."""
-    colwise_ops: tuple[int, int]
-    """DTensor operators of a `ColwiseParallel` Linear: (forward, backward)."""
-    rowwise_ops: tuple[int, int]
-    """The same for a `RowwiseParallel` Linear."""
-    sequence_norm_ops: tuple[int, int]
-    """The same for a LayerNorm under `SequenceParallel`."""
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.launch_s) and self.launch_s >= 0):
-            raise ValueError(f"tensor parallel launch_s={self.launch_s!r} must be >= 0")
-        for name in ("colwise_ops", "rowwise_ops", "sequence_norm_ops"):
-            ops = tuple(getattr(self, name))
-            if len(ops) != 2 or any(not isinstance(n, int) or n < 0 for n in ops):
-                raise ValueError(f"tensor parallel {name}={ops!r} must be two counts >= 0")
-            object.__setattr__(self, name, ops)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

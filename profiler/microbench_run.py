@@ -33,11 +33,11 @@ from ..planner.calibration import (
     DeviceKind,
     DtypeKernels,
     KindLatency,
-    TensorParallelDispatch,
     collective_model_s,
     fit_kind_latencies,
     fit_links,
 )
+from ..planner.calibration_tp import TensorParallelDispatch
 from ..planner.cluster import Cluster
 from ..planner.cost.data_parallel import OVERLAP_CONTENTION
 from . import microbench as mb

@@ -1,81 +1,128 @@
-"""Tensor parallelism's host cost on the ranks' mesh (`paraplan calibrate`, more than one
-rank): DTensor operators cost sharding propagation in Python on top of their kernel."""
+"""Tensor parallelism's and FSDP2's host cost on the ranks' mesh (`paraplan calibrate`, more
+than one rank): DTensor operators cost sharding propagation in Python on top of their kernel."""
 
 from __future__ import annotations
+
+import importlib
+import statistics
+import time
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    ParallelStyle,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.distributed.tensor.parallel import parallelize_module
 
-from ..planner.calibration import TensorParallelDispatch
-from .microbench import CHAIN_OPS, Timer
+from ..planner.calibration_tp import TensorParallelBlock, TensorParallelDispatch
+from .microbench import Timer
+
+TP_HEAD_DIM = 16
+"""Head size of the tensor-parallel benchmark blocks (two heads per rank)."""
+TP_TOKENS_PER_RANK = 8
+"""Sequence positions per rank: small, so the kernels are cheap beside the host work."""
+TP_REPEATS = 9
+"""Timed calls per measurement (thread CPU time jitters less than wall time, but a block's
+forward is only a few milliseconds)."""
 
 
 def tensor_parallel_dispatch(timer: Timer) -> TensorParallelDispatch:
-    """DTensor's host cost on the default group as a 1-D mesh: seconds per operator on a
-    DTensor (a chain of multiplies, forward and backward, as `dispatch_s`), and how many
-    DTensor operators the wrapped modules paraplan's executor uses dispatch (counted by a
-    dispatch mode over a tiny module's forward and backward)."""
+    """DTensor's host cost on the default group as a 1-D mesh: for a plain (GPT-2) and a gated
+    (Llama) block of the executor, with and without sequence parallelism, the calling thread's
+    CPU seconds of the block wrapped by the executor's TP plan less the same block unwrapped,
+    forward and backward (`calibration_tp`). The collectives' waiting is not in the calling
+    thread's CPU time; the links price it."""
     dev = timer.device
-    mesh = init_device_mesh(dev.type, (dist.get_world_size(),))
-    w = torch.ones(8, 8, device=dev, requires_grad=True)
-
-    def chain() -> None:
-        y: torch.Tensor = DTensor.from_local(w, mesh, [Shard(0)])
-        for _ in range(CHAIN_OPS):
-            y = y * 1.0
-        assert isinstance(y, DTensor)
-        y.to_local().sum().backward()
-
-    launch_s = timer(chain) / (2 * CHAIN_OPS)
-    h, world = 8 * dist.get_world_size(), dist.get_world_size()
-    local = (2, 4, h)
-    col = _dtensor_ops(nn.Linear(h, h, device=dev), ColwiseParallel(), mesh, local)
-    row = _dtensor_ops(nn.Linear(h, h, device=dev), RowwiseParallel(), mesh, (2, 4, h // world))
-    norm = _dtensor_ops(nn.LayerNorm(h, device=dev), SequenceParallel(), mesh, local)
-    return TensorParallelDispatch(
-        launch_s=launch_s, colwise_ops=col, rowwise_ops=row, sequence_norm_ops=norm
-    )
-
-
-class _DTensorOps(TorchDispatchMode):
-    """Counts operators that reach the dispatcher with a DTensor argument."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        if any(isinstance(t, DTensor) for t in tree_leaves((args, kwargs))):
-            self.ops += 1
-        return func(*args, **(kwargs or {}))
+    world = dist.get_world_size()
+    mesh = init_device_mesh(dev.type, (world,))
+    blocks = []
+    for gated in (False, True):
+        for sp in (False, True):
+            plain, _, hidden = _executor_block(gated, world, dev)
+            wrapped, plan_fn, _ = _executor_block(gated, world, dev)
+            parallelize_module(wrapped, mesh, plan_fn(sp))
+            if sp and hasattr(wrapped, "seq_shards"):
+                cast(Any, wrapped).seq_shards = world  # as executor.tensor_parallel.apply_tp
+            tokens = TP_TOKENS_PER_RANK * world
+            x = torch.randn(1, tokens, hidden, device=dev, requires_grad=True)
+            local = torch.randn(1, tokens // world if sp else tokens, hidden, device=dev)
+            local.requires_grad_()
+            f0, t0 = _thread_s(timer, plain, x)
+            f1, t1 = _thread_s(timer, wrapped, local)
+            blocks.append(
+                TensorParallelBlock(
+                    gated=gated,
+                    sequence_parallel=sp,
+                    fwd_s=max(0.0, f1 - f0),
+                    bwd_s=max(0.0, (t1 - f1) - (t0 - f0)),
+                )
+            )
+    return TensorParallelDispatch(blocks=tuple(blocks))
 
 
-def _dtensor_ops(
-    module: nn.Module, style: ParallelStyle, mesh: DeviceMesh, shape: tuple[int, ...]
-) -> tuple[int, int]:
-    """(forward, backward) DTensor operators of `module` wrapped in `style`."""
-    parallelize_module(module, mesh, style)
-    x = torch.randn(shape, device=mesh.device_type, requires_grad=True)
-    forward = _DTensorOps()
-    with forward:
-        y = module(x)
-    local = y.to_local() if isinstance(y, DTensor) else y
-    backward = _DTensorOps()
-    with backward:
-        local.sum().backward()
-    return forward.ops, backward.ops
+def _executor_block(gated: bool, world: int, dev: torch.device) -> tuple[nn.Module, Any, int]:
+    """(block, its TP plan function, hidden size) of the executor's Llama (gated) or GPT-2
+    chain, built from a one-layer Hugging Face model with two heads per rank. The executor is
+    imported here, when a calibration runs (the profiler does not import it otherwise)."""
+    import transformers
+
+    heads = 2 * world
+    hidden = TP_HEAD_DIM * heads
+    if gated:
+        cfg = transformers.LlamaConfig(
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=1,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+            vocab_size=64,
+            max_position_embeddings=64,
+        )
+        cfg._attn_implementation = "sdpa"  # what the executor requires (no mask)
+        models = importlib.import_module("paraplan.executor.models.llama")
+        chain = models.llama_chain_module(transformers.LlamaForCausalLM(cfg))
+        plan_fn = models.llama_tp_plan
+    else:
+        gcfg = transformers.GPT2Config(
+            n_layer=1,
+            n_embd=hidden,
+            n_head=heads,
+            vocab_size=64,
+            n_positions=64,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+        models = importlib.import_module("paraplan.executor.models.gpt2")
+        chain = models.gpt2_chain_module(transformers.GPT2LMHeadModel(gcfg))
+        plan_fn = models.gpt2_tp_plan
+    block = next(iter(chain.blocks.values())).to(dev)
+    return block, plan_fn, hidden
+
+
+def _thread_s(timer: Timer, block: nn.Module, x: torch.Tensor) -> tuple[float, float]:
+    """(forward, forward + backward) median CPU seconds of the calling thread (the ranks in
+    lockstep: a barrier before each measurement; CUDA synchronized after each call)."""
+    out = []
+    for train in (False, True):
+
+        def call(train: bool = train) -> None:
+            y = block(x)
+            if train:
+                y.sum().backward()
+
+        call()
+        timer._sync()
+        if timer.group:
+            dist.barrier()
+        times = []
+        for _ in range(TP_REPEATS):
+            start = time.thread_time()
+            call()
+            timer._sync()
+            times.append(time.thread_time() - start)
+        out.append(statistics.median(times))
+    return out[0], out[1]
 
 
 FSDP_UNITS = 4

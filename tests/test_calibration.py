@@ -326,10 +326,13 @@ def test_closed_loop_on_two_gloo_ranks(tmp_path: Path) -> None:
     assert "GEMM peak" in done.stdout and "links (fitted on" in done.stdout
     calibrated = load_cluster_file(cal)
     assert calibrated.calibration is not None and calibrated.calibration.world_size == 2
-    # a DTensor operator runs sharding propagation in Python: dearer than a plain one
+    # the executor's TP wrappers run DTensor's sharding propagation and redistributions in
+    # Python on every wrapped module: a block of each kind pays far more than a few plain
+    # operators, forward and backward
     tp = calibrated.calibration.tensor_parallel
     plain_s = calibrated.calibration.kernels("fp32").fit.launch_s
-    assert tp is not None and tp.launch_s > plain_s and min(tp.colwise_ops) >= 1
+    assert tp is not None and len(tp.blocks) == 4
+    assert all(min(b.fwd_s, b.bwd_s) > 20 * plain_s for b in tp.blocks), tp
     # an AdamW step over DTensor parameters (FSDP2, TP) dispatches each operator through
     # DTensor: dearer per tensor than ADAMW_OPS_PER_TENSOR plain operators
     assert calibrated.calibration.dtensor_adamw_tensor_s > 10 * plain_s

@@ -20,7 +20,7 @@ passes over the states they stream.
 
 from __future__ import annotations
 
-from ..calibration import TensorParallelDispatch
+from ..calibration_tp import TensorParallelDispatch
 from ..config import TrainConfig
 from ..model import LayerCost, LayerKind, ModelProfile
 from .calibrated import CalibratedKernels
@@ -134,25 +134,16 @@ def tensor_parallel_host_s(
     x: LayerCost,
     tp: int,
     td: TensorParallelDispatch | None,
+    sequence_parallel: bool = True,
 ) -> tuple[float, float]:
     """(forward, backward) host seconds DTensor adds to a block under tensor parallelism:
-    the executor wraps q, k, v and the MLP's up (and gate) projections in `ColwiseParallel`,
-    the attention output and MLP down projections in `RowwiseParallel`, and both norms in
-    `SequenceParallel`; each wrapped module dispatches the DTensor operators `paraplan
-    calibrate` counted, at the measured DTensor cost beyond a plain operator's (already
-    charged as traced)."""
+    what `paraplan calibrate` measured on the executor's own block of the same kind (a gated
+    MLP or not; with or without sequence parallelism), wrapped less unwrapped
+    (`calibration_tp`). The host work does not grow with the block's width (DTensor's sharding
+    propagation and redistribution logic run once per operator, whatever its size)."""
     if tp == 1 or td is None or x.kind != LayerKind.BLOCK:
         return 0.0, 0.0
     gemms = layer_gemms(p, x, tp)
     gated = gemms is not None and len(gemms) == 4 and gemms[2].n * tp == 2 * p.ffn
-    cols, rows, norms = 3 + (2 if gated else 1), 2, 2
-    extra_s = max(0.0, td.launch_s * k.time_scale - k.launch_s)
-    out = []
-    for phase in (0, 1):
-        ops = (
-            cols * td.colwise_ops[phase]
-            + rows * td.rowwise_ops[phase]
-            + norms * td.sequence_norm_ops[phase]
-        )
-        out.append(ops * extra_s)
-    return out[0], out[1]
+    f, b = td.block_s(gated=gated, sequence_parallel=sequence_parallel)
+    return f * k.time_scale, b * k.time_scale
