@@ -42,6 +42,7 @@ from ..planner.cluster import Cluster
 from ..planner.cost.data_parallel import OVERLAP_CONTENTION
 from . import microbench as mb
 from .host_memory import live_resident_bytes
+from .microbench_cache import gemm_cache_bytes
 from .microbench_checkpoint import checkpoint_region_s
 from .microbench_tp import (
     FSDP_UNIT_BYTES,
@@ -171,11 +172,16 @@ def _measure(
         # runtime a first step initializes lazily is there too
         warm_training_runtime()
         runtime = live_resident_bytes()
+    # before any other GEMM: what each dtype's matmuls keep resident per new shape
+    caches = {key: gemm_cache_bytes(mb.DTYPES[key], device) for key in dtypes}
     fits = []
     for key in dtypes:
         fit, _ = mb.kernel_fit(timer, key, budget, partial(_tick_part, tick, key))
         fit = dataclasses.replace(
-            fit, checkpoint_region_s=checkpoint_region_s(timer, mb.DTYPES[key])
+            fit,
+            checkpoint_region_s=checkpoint_region_s(timer, mb.DTYPES[key]),
+            gemm_cache_init_bytes=caches[key][0],
+            gemm_shape_bytes=caches[key][1],
         )
         fits.append((key, fit))
     copy = mb.copy_bytes_per_s(timer)

@@ -158,6 +158,14 @@ class KernelFit:
     checkpoint_region_s: float = 0.0
     """Host seconds one activation-checkpoint region adds beyond its recomputed forward
     (`profiler/microbench_checkpoint.py`; 0: not measured)."""
+    gemm_cache_init_bytes: float = 0.0
+    """Resident bytes the first GEMMs of this dtype leave behind, once per process (the BLAS's
+    or oneDNN's runtime, beyond what `runtime_overhead_bytes` measured after an fp32 step;
+    `profiler/microbench_cache.py`)."""
+    gemm_shape_bytes: float = 0.0
+    """Resident bytes each further distinct GEMM shape leaves behind: the kernel oneDNN
+    generates and keeps per shape in its primitive cache (~550 KiB for a bf16 matmul on this
+    CPU, ~30 KiB for fp32 through MKL; 0 on a GPU)."""
 
     def __post_init__(self) -> None:
         if len(self.stream_tensor_bytes) != len(self.stream_bw_bytes_per_s) or list(
@@ -169,7 +177,12 @@ class KernelFit:
             )
         if not all(math.isfinite(b) and b > 0 for b in self.stream_bw_bytes_per_s):
             raise ValueError("stream_bw_bytes_per_s must hold positive rates")
-        for name in ("raw_dispatch_s", "checkpoint_region_s"):
+        for name in (
+            "raw_dispatch_s",
+            "checkpoint_region_s",
+            "gemm_cache_init_bytes",
+            "gemm_shape_bytes",
+        ):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0")
         if not (math.isfinite(self.launch_s) and self.launch_s >= 0):
