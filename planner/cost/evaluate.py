@@ -265,7 +265,7 @@ class Evaluator:
         at least the average of the forward and backward compute plus the TP collectives every
         block and the embedding and head run (2 + 2 per block; all on the fastest link, no
         latency: `lower_bound_coll`)."""
-        sm, p = self.stage_model, self.profile
+        sm = self.stage_model
         total = sm.total_compute_s(s.tp, s.cp, s.ep, s.micro_batch_size)
         if s.tp > 1:
             act = s.micro_batch_size * sm.block_output_seq_bytes / s.cp
@@ -274,7 +274,7 @@ class Evaluator:
                 self.lower_bound_coll.all_reduce(act, ideal),
                 2 * self.lower_bound_coll.all_gather(act, ideal),
             )
-            total += (4 * p.num_blocks + 2) * unit
+            total += (4 * self.num_blocks + 2) * unit
         return total / s.pp
 
     def compute_lower_bound_s(self, s: Strategy) -> float:

@@ -44,11 +44,13 @@ class StageLayouts:
         )
         """Per chain layer, the first layer that costs the same (equal `layer_keys`)."""
         self.unit_costs_s = unit_costs_s
-        """Seconds per sequence of each block under a layout (what the split balances)."""
+        """Seconds per sequence of each block under a layout (what the split balances): it
+        reads the layout's recompute, TP degree and sequence parallelism only."""
         self.chunks = cache(self._chunks)
         self.stages = cache(self._stages)
         self.stage_copies = cache(self._stage_copies)
         self._cuts: dict[tuple, list[int]] = {}
+        self._costs: dict[tuple, list[float]] = {}  # by (recompute, tp, sequence parallel)
         self._placed: dict[tuple, tuple[tuple[Chunk, ...], list[_Placed]]] = {}
         self._stage: dict[tuple, Stage] = {}
         layers = profile.layers
@@ -77,7 +79,11 @@ class StageLayouts:
             key = (n, lay.recompute, lay.tp, lay.sequence_parallel)
             counts = self._cuts.get(key)  # type: ignore[assignment]
             if counts is None:
-                counts = self._cuts[key] = balanced_cuts(self.unit_costs_s(lay), n)
+                weights = key[1:]  # what `unit_costs_s` reads of the layout
+                costs = self._costs.get(weights)
+                if costs is None:
+                    costs = self._costs[weights] = self.unit_costs_s(lay)
+                counts = self._cuts[key] = balanced_cuts(costs, n)
         return (tuple(counts), lay.pp, lay.v_shaped)
 
     def _placed_of(self, lay: Layout) -> tuple[tuple, tuple[tuple[Chunk, ...], list[_Placed]]]:
