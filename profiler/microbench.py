@@ -38,6 +38,11 @@ ELEMENTWISE_BYTES = 32 * 2**20
 STREAM_REPEATS = 31
 """Timed calls of each elementwise measurement (cheap; a fresh output's page faults make
 single calls jitter)."""
+MIN_SPAN_S = 0.005
+"""Seconds the timed calls of one measurement span at least (a 10 us GEMM measured 5 times
+jittered by 1.5x between calibrations on this shared VM)."""
+MAX_REPEATS = 101
+"""Most timed calls per measurement."""
 MIN_RATE = 1e6
 """Floor of a measured rate (FLOP/s): a GEMM no slower than its dispatch still has a rate."""
 
@@ -98,6 +103,15 @@ class Timer:
         self.repeats = repeats
         self.group = group
 
+    def _repeats_for(self, warm_s: float) -> int:
+        """Timed calls for a call that took `warm_s` (its warm-up, an upper bound)."""
+        count = max(self.repeats, min(MAX_REPEATS, math.ceil(MIN_SPAN_S / max(warm_s, 1e-7))))
+        if self.group:  # the most any rank wants
+            t = torch.tensor([count], dtype=torch.int64, device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            count = int(t.item())
+        return count
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -105,13 +119,18 @@ class Timer:
     def __call__(
         self, fn: Callable[[], object], repeats: int | None = None, *, mean: bool = False
     ) -> float:
-        """Median (or `mean`) seconds of one call of `fn` (one untimed warm-up first)."""
+        """Median (or `mean`) seconds of one call of `fn` (one untimed warm-up first). Without
+        `repeats`: at least `self.repeats` calls, more for a short call, so that the timed
+        calls span `MIN_SPAN_S` (agreed over the ranks: a collective needs as many calls on
+        each)."""
+        start = time.perf_counter()
         fn()
         self._sync()
+        count = repeats or self._repeats_for(time.perf_counter() - start)
         if self.group:
             dist.barrier()
         times = []
-        for _ in range(repeats or self.repeats):
+        for _ in range(count):
             start = time.perf_counter()
             fn()
             self._sync()
