@@ -78,10 +78,9 @@ def data_parallel_kind(plan: Plan) -> DataParallelKind:
     """FSDP2 for ZeRO >= 2 or offload; DDP for ZeRO-0/1 without TP/PP, else `replicate`
     (ZeRO-1's sharded optimizer states are `optim.py`'s, beside either)."""
     par = plan.parallelism
-    ranks = par.dp * par.cp  # the data-parallel group (context-parallel ranks included)
-    if par.offload_optimizer or par.offload_params or (ranks > 1 and par.zero_stage >= 2):
+    if plan.strategy().fsdp_wrapped:  # one rule with the planner's capabilities and prices
         return DataParallelKind.FSDP
-    if ranks == 1:
+    if par.dp * par.cp == 1:  # the data-parallel group (context-parallel ranks included)
         return DataParallelKind.NONE
     if par.tp == 1 and par.pp == 1:
         return DataParallelKind.DDP
