@@ -324,6 +324,7 @@ def test_closed_loop_on_two_gloo_ranks(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "GEMM peak" in done.stdout and "links (fitted on" in done.stdout
+    assert "DTensor host per TP block" in done.stdout and "per GEMM shape" in done.stdout
     calibrated = load_cluster_file(cal)
     assert calibrated.calibration is not None and calibrated.calibration.world_size == 2
     # the executor's TP wrappers run DTensor's sharding propagation and redistributions in

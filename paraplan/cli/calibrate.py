@@ -188,7 +188,7 @@ def format_calibration(cluster: Cluster) -> str:
         f"{cal.time_scale:.3f} ({cal.refit_runs} run reports)",
         "",
         f"{'dtype':<6}{'GEMM peak':>13}{'GEMM 64^3':>13}{'attention':>13}{'elementwise':>14}"
-        f"{'per op':>11}",
+        f"{'per op':>11}{'per GEMM shape':>16}",
     ]
     for entry in cal.dtype_kernels:
         fit = entry.fit
@@ -197,6 +197,7 @@ def format_calibration(cluster: Cluster) -> str:
             f"{entry.dtype:<6}{_si(fit.peak_gemm_flops_per_s(), 'FLOP/s'):>13}"
             f"{_si(fit.gemm.fwd_flops_per_s[0], 'FLOP/s'):>13}{_si(attn, 'FLOP/s'):>13}"
             f"{_si(fit.elementwise_bw_bytes_per_s, 'B/s'):>14}{fit.launch_s * 1e6:>8.1f} us"
+            f"{_si(fit.gemm_shape_bytes, 'B'):>16}"
         )
     lines += [
         "",
@@ -205,6 +206,18 @@ def format_calibration(cluster: Cluster) -> str:
         f"{acc.intra_node_latency_s * 1e6:.1f} us per step; runtime memory per rank "
         f"{_si(acc.runtime_overhead_bytes, 'B')}",
     ]
+    if cal.tensor_parallel is not None:
+        per_block = ", ".join(
+            f"{'gated' if b.gated else 'plain'} MLP{' + SP' if b.sequence_parallel else ''} "
+            f"{b.fwd_s * 1e3:.1f}/{b.bwd_s * 1e3:.1f} ms"
+            for b in cal.tensor_parallel.blocks
+        )
+        lines.append(f"DTensor host per TP block (forward/backward): {per_block}")
+    if cal.world_size > 1:
+        lines.append(
+            f"FSDP2 host per unit {cal.fsdp_unit_host_s * 1e3:.2f} ms; AdamW per DTensor "
+            f"parameter {cal.dtensor_adamw_tensor_s * 1e6:.0f} us"
+        )
     kinds = sorted({p.kind for p in cal.collectives})
     own = cal.kind_latency_s()
     for kind in kinds:
