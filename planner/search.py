@@ -9,6 +9,8 @@ returns the same optimum as `brute_force`.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -23,7 +25,7 @@ from .cost.memory import MemoryBreakdown
 from .cost.options import has_options, option_problem
 from .cost.rules import Rule, Violation
 from .pins import Pins
-from .search_blocks import Block, keep_best
+from .search_blocks import PER_LAYER, RESCUE, Block, Task, keep_best, least_memory
 from .search_bounds import FamilyBounds, strategy_lower_bound_s
 from .search_space import mesh_orders, space_blocks
 from .strategy import LOCALITY_RANK, MeshAxis, Recompute, Schedule, Strategy
@@ -77,6 +79,11 @@ class Search:
         """Rank only strategies the executor runs (`capabilities.py`; the API and CLI ask for it
         unless told `any_engine`); False: the whole space the cost model prices."""
         self._unrunnable: str | None = None
+        self._min_mem: tuple[float, Strategy] | None = None
+        """The least peak memory seen by `run`, and its strategy."""
+        # Offloading only adds time when the host streams no faster than HBM (true of every
+        # catalog entry; a calibration could break it, and then offload is never pruned).
+        self._offload_slower = ev.acc.memory_bw_bytes_per_s >= HOST_OPTIMIZER_BYTES_PER_S
         self._lb_s: dict[Strategy, float] = {}
         """Step-time lower bounds already computed (`_time_lower_bound_s`)."""
         self._families = FamilyBounds(ev, consent.any)
@@ -114,28 +121,28 @@ class Search:
     def run(self, top_k: int = 3, progress: Callable[[float], None] | None = None) -> SearchResult:
         """The best `top_k + 1` feasible strategies, exactly, by best-first branch and bound:
         blocks are visited in order of their compute lower bound and the search stops when a
-        block's bound is slower than the K-th best found."""
+        block's bound is slower than the K-th best found. Once K are found, the costly work on
+        one strategy (its per-layer recompute solve, its offload rescues, its time in every
+        mesh order) waits in the same queue, keyed by a lower bound on its time, so that it is
+        done only if the K-th best has not fallen below that bound by its turn."""
         ev = self.ev
         pinned = bool(self.pins.pinned())
         keep = top_k + 1
         heap: list[tuple] = []  # min-heap whose top is the worst kept (negated rank key)
         evaluated = 0
-        min_mem: tuple[float, Block, tuple] | None = None
         violations: Counter[Rule] = Counter()
         examples: dict[Rule, Violation] = {}
+        self._min_mem = None
 
         def note(broken: Violation, count: int = 1) -> None:
             violations[broken.rule] += count
             examples.setdefault(broken.rule, broken)
 
-        # Offloading only adds time when the host streams no faster than HBM (true of every
-        # catalog entry; a calibration could break it, and then offload is never pruned).
-        offload_slower = ev.acc.memory_bw_bytes_per_s >= HOST_OPTIMIZER_BYTES_PER_S
-
         def worst_s() -> float:
             return -heap[0][0] if len(heap) == keep else float("inf")
 
-        blocks: list[tuple[float, int, Block]] = []
+        # (lower bound, order, what): blocks, then the work deferred (`Task`)
+        queue: list[tuple[float, int, Block | Task]] = []
         for block in self.blocks():
             broken = ev.violation(block.probe())
             bound = (
@@ -145,13 +152,21 @@ class Search:
                     options.optimistic(self.pins, self.consent, block.base)
                 )
             )
-            blocks.append((bound, len(blocks), block))
-        blocks.sort(key=lambda b: b[:2])
-        for done, (bound, _, block) in enumerate(blocks):
-            if progress is not None:
-                progress(done / len(blocks))
+            queue.append((bound, len(queue), block))
+        heapq.heapify(queue)
+        order = itertools.count(len(queue))
+        num_blocks, done = len(queue), 0
+        while queue:
+            bound, _, item = heapq.heappop(queue)
             if bound > worst_s():
-                break  # every later block is slower still
+                break  # everything left is slower still
+            if isinstance(item, Task):
+                self._task(item, heap, keep)
+                continue
+            block = item
+            if progress is not None:
+                progress(done / num_blocks)
+            done += 1
             for sched, v in block.schedules:
                 probe = replace(block.probe(), schedule=sched, virtual_stages=v)
                 probe_rule = ev.violation(probe)
@@ -172,6 +187,7 @@ class Search:
                     evaluated += len(block.rest) - len(rest)
                 totals = ev.memory_totals(probe, rest)
                 fitted: list[tuple[bool, int, bool, int]] = []  # (sp, zero, offload, rc)
+                deferred: dict[tuple[bool, int], Task] = {}  # per-layer solves by (sp, zero)
                 for (sp, zero, off, rc), total in zip(rest, totals, strict=True):
                     s = block.strategy(sched, v, sp, zero, off, rc)
                     if pinned:
@@ -180,45 +196,42 @@ class Search:
                             note(broken)
                             continue
                     evaluated += 1
-                    if not runnable and len(heap) == keep and self.runnable_only and self._gap(s):
+                    full = len(heap) == keep
+                    if not runnable and full and self.runnable_only and self._gap(s):
                         # Neither it nor its offload rescues run (`_rescue_runs_only_if`): it
                         # cannot rank, so neither its per-layer solve nor its rescue is needed.
                         # With the heap full the search cannot end empty, so the error message
                         # that names an unrunnable strategy is not needed either.
                         continue
                     if total is None:  # per_layer: solve it only if it could make the top k
-                        if len(heap) == keep and not self.consent.any:  # never faster than rc=none
+                        if full and not self.consent.any:  # never faster than rc=none
                             plain = block.strategy(sched, v, sp, zero, off, Recompute.NONE)
                             if self._slower(plain, worst_s()):
                                 continue
-                        if len(heap) == keep and self._states_overflow(s):
+                        if full and self._states_overflow(s):
                             continue  # no recompute policy fits it: no need to solve
+                        if full and not self.consent.any:  # solved in its turn, with its
+                            task = deferred.get((sp, zero))  # (sp, zero) siblings in order
+                            if task is None:
+                                task = deferred[(sp, zero)] = Task(
+                                    PER_LAYER, [], block, fitted, runnable
+                                )
+                            key = self._time_lower_bound_s(plain)
+                            if key < task.key:
+                                task.key = key
+                                heapq.heappush(queue, (key, next(order), task))
+                            task.strategies.append(s)
+                            continue
                         total = ev.memory(s)[0].total_bytes
-                    if min_mem is None or total < min_mem[0]:
-                        min_mem = (total, block, (sched, v, sp, zero, off, rc))
-                    if total > ev.capacity_bytes:  # offload may make it fit (options.py)
-                        self._rescue(s, heap, keep)
+                    if not full or total <= ev.capacity_bytes or not self._rescuable(s):
+                        self._fitted(s, total, block, fitted, runnable, heap, keep)
                         continue
-                    if self.runnable_only and not runnable and self._gap(s):
-                        continue  # fits, but the executor cannot run it
-                    rc_rank = _RECOMPUTE_RANK[rc]
-                    if any(
-                        f[0] == sp
-                        and f[1] == zero
-                        and f[2] <= off
-                        and f[3] <= rc_rank
-                        and (f[2] == off or offload_slower)
-                        and (rc != Recompute.PER_LAYER or f[3] == 0)
-                        and not block.base.offload_activations  # recompute cuts its PCIe
-                        for f in fitted
-                    ):
-                        continue  # only adds recompute/offload to a faster strategy that fits
-                    fitted.append((sp, zero, off, rc_rank))
-                    self._offer(options.fit_variants(s, self.pins, self.consent), heap, keep)
-                    if len(heap) == keep and self._slower(s, worst_s()):
-                        continue
-                    memory, peak_stage = ev.memory(s)
-                    keep_best(heap, keep, self._best_order(s, memory, peak_stage))
+                    self._note_memory(s, total)
+                    if self._slower(s, worst_s()):
+                        continue  # as would its rescues, which only add offload
+                    key = self._time_lower_bound_s(s)
+                    task = Task(RESCUE, [s], block, fitted, runnable, key)
+                    heapq.heappush(queue, (key, next(order), task))  # rescued in its turn
         if progress is not None:
             progress(1.0)
         if evaluated == 0 and not heap:
@@ -239,11 +252,76 @@ class Search:
                 f"executor cannot run, e.g. {self._unrunnable}; plan with --any-engine to see "
                 "the fastest of them anyway"
             )
-        least = None if min_mem is None else self._estimate(min_mem[1].strategy(*min_mem[2]))
+        least = None if self._min_mem is None else self._estimate(self._min_mem[1])
         if not heap:
-            least = self._least_memory(least)
+            least = least_memory(ev, list(self.blocks()), least)
         ranked = tuple(e[3] for e in sorted(heap, key=lambda e: e[:3], reverse=True))
         return SearchResult(ranked=ranked, evaluated=evaluated, min_memory=least)
+
+    def _note_memory(self, s: Strategy, total: float) -> None:
+        """Remember `s` if it needs the least memory seen yet."""
+        if self._min_mem is None or total < self._min_mem[0]:
+            self._min_mem = (total, s)
+
+    def _rescuable(self, s: Strategy) -> bool:
+        """Whether `_rescue` may offer anything for `s` (its cheap checks)."""
+        rescued = s.recompute in options.RESCUED_RECOMPUTE
+        return rescued and options.rescuable(self.ev, s, self.pins)
+
+    def _fitted(
+        self,
+        s: Strategy,
+        total: float,
+        block: Block,
+        fitted: list[tuple[bool, int, bool, int]],
+        runnable: bool,
+        heap: list[tuple],
+        keep: int,
+    ) -> None:
+        """What follows the peak memory `total` of a strategy of `block`: its offload rescues
+        when it does not fit; else, unless it only adds recompute or offload to a faster
+        strategy of its schedule that fits (`fitted`), its variants and itself, in its best
+        mesh order, if it could rank."""
+        self._note_memory(s, total)
+        if total > self.ev.capacity_bytes:  # offload may make it fit (options.py)
+            self._rescue(s, heap, keep)
+            return
+        if self.runnable_only and not runnable and self._gap(s):
+            return  # fits, but the executor cannot run it
+        rc_rank = _RECOMPUTE_RANK[s.recompute]
+        sp, zero, off, rc = s.sequence_parallel, s.zero_stage, s.offload_optimizer, s.recompute
+        if any(
+            f[0] == sp
+            and f[1] == zero
+            and f[2] <= off
+            and f[3] <= rc_rank
+            and (f[2] == off or self._offload_slower)
+            and (rc != Recompute.PER_LAYER or f[3] == 0)
+            and not block.base.offload_activations  # recompute cuts its PCIe
+            for f in fitted
+        ):
+            return  # only adds recompute/offload to a faster strategy that fits
+        fitted.append((sp, zero, off, rc_rank))
+        self._offer(options.fit_variants(s, self.pins, self.consent), heap, keep)
+        if len(heap) == keep and self._slower(s, -heap[0][0]):
+            return
+        memory, peak_stage = self.ev.memory(s)
+        keep_best(heap, keep, self._best_order(s, memory, peak_stage))
+
+    def _task(self, task: Task, heap: list[tuple], keep: int) -> None:
+        """Deferred work (`run`), with the K-th best as it stands now."""
+        if task.done:
+            return  # queued twice, under a lower bound the second time
+        task.done = True
+        if task.kind == RESCUE:
+            self._rescue(task.strategies[0], heap, keep)
+        else:  # per-layer solves of one (sp, zero), in the order the block lists them
+            for s in task.strategies:
+                plain = replace(s, recompute=Recompute.NONE)
+                if self._slower(plain, -heap[0][0]):
+                    continue
+                total = self.ev.memory(s)[0].total_bytes
+                self._fitted(s, total, task.block, task.fitted, task.runnable, heap, keep)
 
     def _rescue(self, s: Strategy, heap: list[tuple], keep: int) -> bool:
         """Offer the offload variants of `s`, which does not fit (`options.rescues`), unless
@@ -377,28 +455,6 @@ class Search:
         ]
         tb, so = min(timed, key=lambda x: (x[0].step_time_s, x[1].sort_key()))
         return ev.finish(so, memory, peak_stage, tb)
-
-    def _least_memory(self, found: Estimate | None) -> Estimate | None:
-        """When nothing fits: the exact least-memory valid strategy. Memory grows with the
-        micro-batch size, so each block's smallest micro-batch is enough to look at."""
-        ev, best = self.ev, found
-        smallest: dict[tuple, int] = {}
-        blocks = list(self.blocks())
-        for block in blocks:
-            b = block.base
-            key = (b.tp, b.cp, b.pp, b.ep, b.dp)
-            smallest[key] = min(smallest.get(key, b.micro_batch_size), b.micro_batch_size)
-        for block in blocks:
-            b = block.base
-            if b.micro_batch_size != smallest[(b.tp, b.cp, b.pp, b.ep, b.dp)]:
-                continue
-            for s in block.strategies():
-                if s.recompute == Recompute.PER_LAYER or ev.violation(s) is not None:
-                    continue  # per_layer falls back to the least-memory uniform policy
-                memory, stage = ev.memory(s)
-                if best is None or memory.total_bytes < best.memory.total_bytes:
-                    best = ev.finish(s, memory, stage, ev.time(s))
-        return best
 
 
 def rank_key(e: Estimate) -> tuple:

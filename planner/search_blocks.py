@@ -1,5 +1,6 @@
-"""The pieces of the outer search (`search.py`): the block, its unit of branch and bound, and
-the heap of the best strategies found."""
+"""The pieces of the outer search (`search.py`): the block, its unit of branch and bound, the
+heap of the best strategies found, the work it defers, and the least-memory strategy when
+nothing fits."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from .cost.evaluate import Estimate
+from .cost.evaluate import Estimate, Evaluator
 from .strategy import Recompute, Schedule, Strategy
 
 STRATEGY_FIELDS = tuple(f.name for f in fields(Strategy))
@@ -89,3 +90,53 @@ def keep_best(heap: list[tuple], keep: int, est: Estimate) -> None:
         heapq.heappush(heap, entry)
     elif entry[:3] > heap[0][:3]:
         heapq.heapreplace(heap, entry)
+
+
+RESCUE, PER_LAYER = range(2)
+"""Kinds of the work `Search.run` defers (`Task`)."""
+
+
+@dataclass(slots=True)
+class Task:
+    """Work on strategies of one schedule of a block that `Search.run` defers until the K-th
+    best is known better: the offload rescues of one that does not fit (`RESCUE`) or the
+    per-layer recompute solves of those of one (sp, ZeRO stage) (`PER_LAYER`, in the block's
+    order: a later one may only add offload to an earlier one that fits)."""
+
+    kind: int
+    """`RESCUE` or `PER_LAYER`."""
+    strategies: list[Strategy]
+    """The strategies, in the block's order."""
+    block: Block
+    """Their block."""
+    fitted: list[tuple[bool, int, bool, int]]
+    """The strategies of their schedule that fit (`Search._fitted`), shared with it."""
+    runnable: bool
+    """Whether their schedule's choices were already filtered to those the executor runs."""
+    key: float = float("inf")
+    """The lowest lower bound it is queued under."""
+    done: bool = False
+    """Whether it was done (it may be queued again under a lower bound)."""
+
+
+def least_memory(ev: Evaluator, blocks: list[Block], found: Estimate | None) -> Estimate | None:
+    """When nothing fits: the exact least-memory valid strategy of `blocks` (or `found`, if
+    it needs less). Memory grows with the micro-batch size, so each block's smallest
+    micro-batch is enough to look at."""
+    best = found
+    smallest: dict[tuple, int] = {}
+    for block in blocks:
+        b = block.base
+        key = (b.tp, b.cp, b.pp, b.ep, b.dp)
+        smallest[key] = min(smallest.get(key, b.micro_batch_size), b.micro_batch_size)
+    for block in blocks:
+        b = block.base
+        if b.micro_batch_size != smallest[(b.tp, b.cp, b.pp, b.ep, b.dp)]:
+            continue
+        for s in block.strategies():
+            if s.recompute == Recompute.PER_LAYER or ev.violation(s) is not None:
+                continue  # per_layer falls back to the least-memory uniform policy
+            memory, stage = ev.memory(s)
+            if best is None or memory.total_bytes < best.memory.total_bytes:
+                best = ev.finish(s, memory, stage, ev.time(s))
+    return best
