@@ -414,8 +414,7 @@ class Search:
         memoized: the rescue and the per-layer bound ask for the same strategies)."""
         bound = self._lb_s.get(s)
         if bound is None:
-            families = self._families
-            bound = strategy_lower_bound_s(self.ev, s, families.coll(s), families.paths)
+            bound = strategy_lower_bound_s(self.ev, s, self._families.coll(s))
             self._lb_s[s] = bound
         return bound
 

@@ -19,7 +19,9 @@ ZeRO's per-micro-batch share, the once-per-step tail, the optimizer step. So
   stage, at least `fill_slots` times that maximum;
 - a split-backward schedule's bubble is its replayed unit bubble at the slow stage's
   forward share times the slow stage's slot (`cost/schedules.py`): at least the least unit
-  bubble over the stages' forward shares times that maximum.
+  bubble over the stages' forward shares times that maximum, and each unit bubble at least
+  what a chain of the replay's graph takes beyond the micro-batches' work
+  (`schedules.bubble_bound_s`: no replay).
 
 A split-backward layout keeps every stage (`Layout.per_stage`: their in-flight memory differs);
 their seconds do not, except by the rounding of sums over different positions of the chain,
@@ -50,11 +52,9 @@ from .cost.schedules import bubble_bound_s, is_split_backward
 from .cost.stage_core import stage_core
 from .search_blocks import Block
 from .search_space import mesh_orders
-from .solvers.replay_table import RATIO_DIGITS, Path
+from .solvers.replay_table import RATIO_DIGITS
 from .strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
 
-Paths = dict[tuple, set[Path]]
-"""Critical paths per (schedule, pp, v, m) (`cost/schedules.bubble_bound_s`)."""
 SAFETY = 1e-9
 """Relative margin taken off the bound: its sums run in another order than the step time's."""
 _SHARE_NUDGE = 1e-9
@@ -86,13 +86,10 @@ def placement_bound(ev: Evaluator, s: Strategy) -> PlacementBound:
     return PlacementBound(ev.acc, ev.coll, ev.lower_bound_coll, links, ("placement", *key))
 
 
-def family_lower_bound_s(
-    ev: Evaluator, s: Strategy, coll: Collectives, paths: Paths | None = None
-) -> float:
+def family_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float:
     """A step time no member of `s`'s family (any ZeRO stage, offload, PowerSGD, HSDP shard,
     mesh order; per_layer for none) beats, with `coll` the lower-bound collectives (see the
-    module docstring for why) and `paths` the critical paths known (`least_bubble_s`). `s`
-    should be a `family_key`."""
+    module docstring for why). `s` should be a `family_key`."""
     lay = ev.stage_model.layout_of(s)
     if lay.per_stage:  # a split backward keeps every stage: bound on the distinct ones
         sm, merged = ev.stage_model, replace(lay, per_stage=False)
@@ -103,12 +100,10 @@ def family_lower_bound_s(
     slot = max(c.per_microbatch_s for c in cores)
     m = ev.num_microbatches(s)
     shares = [(c.compute.fwd_s, c.compute.bwd_s) for c in cores]
-    return (m * slot + least_bubble_s(ev, s, slot, shares, paths)) * (1.0 - SAFETY)
+    return (m * slot + least_bubble_s(ev, s, slot, shares)) * (1.0 - SAFETY)
 
 
-def strategy_lower_bound_s(
-    ev: Evaluator, s: Strategy, coll: Collectives, paths: Paths | None = None
-) -> float:
+def strategy_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float:
     """A step time no mesh order of `s` beats, with `coll` a `placement_bound` of `s` (or the
     fastest link with no latency): its stage times on ideal links, the slowest stage's slot,
     the largest once-per-step tail, and the bubble of the slowest slot at the least unit
@@ -119,22 +114,16 @@ def strategy_lower_bound_s(
     tail = max(x.tail_comm_s + x.optimizer_s for x in stages)
     m = ev.num_microbatches(s)
     shares = [(x.fwd_s, x.bwd_s) for x in stages]
-    return (m * slot + least_bubble_s(ev, s, slot, shares, paths) + tail) * (1.0 - SAFETY)
+    return (m * slot + least_bubble_s(ev, s, slot, shares) + tail) * (1.0 - SAFETY)
 
 
 def least_bubble_s(
-    ev: Evaluator,
-    s: Strategy,
-    slot: float,
-    shares: list[tuple[float, float]],
-    paths: Paths | None = None,
+    ev: Evaluator, s: Strategy, slot: float, shares: list[tuple[float, float]]
 ) -> float:
     """A bound on the fill and drain of `s` whose slowest slot is at least `slot`: `fill_slots`
     slots, or for a split backward the least unit bubble over the forward shares of the
-    (forward, backward) seconds in `shares` (one per stage) times `slot`, each bounded by the
-    critical paths in `paths` when it holds some for the schedule (`bubble_bound_s`: no
-    replay), else replayed (its path then joins `paths`)."""
-    paths = {} if paths is None else paths
+    (forward, backward) seconds in `shares` (one per stage), each bounded without a replay
+    (`bubble_bound_s`), times `slot`."""
     if not is_split_backward(s.schedule):
         return ev.fill_slots(s) * slot
     nudged: set[float] = set()
@@ -160,7 +149,6 @@ def least_bubble_s(
             forward_s=fwd,
             backward_s=1.0 - fwd,
             weight_share=ev.weight_share,
-            paths=paths,
         )
         for _, fwd in least.values()
     )
@@ -194,8 +182,6 @@ class FamilyBounds:
         strategy they vary, so `all_slower` never prunes."""
         self._bound_s: dict[tuple, float] = {}
         self._placement: dict[tuple, PlacementBound] = {}
-        self.paths: Paths = {}
-        """Critical paths of the replays this search's bounds asked for (`least_bubble_s`)."""
 
     def coll(self, s: Strategy) -> PlacementBound:
         """`placement_bound` of `s` (memoized by degrees and HSDP shard)."""
@@ -224,7 +210,7 @@ class FamilyBounds:
         bound = self._bound_s.get(key)
         if bound is None:
             key_s = family_key(s)
-            bound = family_lower_bound_s(self.ev, key_s, self.coll(key_s), self.paths)
+            bound = family_lower_bound_s(self.ev, key_s, self.coll(key_s))
             self._bound_s[key] = bound
         return bound
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from paraplan.planner.cost.schedules import bubble_bound_s, bubble_s
+from paraplan.planner.cost.schedules import _reference_m, bubble_bound_s, bubble_s, fill_chain
 from paraplan.planner.solvers.pipeline_replay import makespan_s, simulate_pipeline
 from paraplan.planner.solvers.replay_table import (
-    critical_path,
     in_flight_peaks,
     makespan_at,
     makespan_bound,
@@ -68,33 +67,34 @@ def test_in_flight_peaks_equal_the_timeline(schedule, pp, v, m, pending):
     assert in_flight_peaks(schedule, pp, v, m, f, b, share, pending) == want
 
 
-@pytest.mark.parametrize(("schedule", "pp", "v", "m"), SHAPES)
-@pytest.mark.parametrize("share", [0.0, 0.5, 0.667])
-def test_critical_paths_bound_the_makespan_at_every_share(schedule, pp, v, m, share):
-    """A critical path found at one forward share bounds the makespan at every other one
-    (the search's bubble bounds), and at its own share it is the makespan (to the margin)."""
-    paths = set()
-    for f in FORWARDS:
-        found = critical_path(schedule, pp=pp, v=v, m=m, forward=f, share=share)
-        assert found is not None
-        span, path = found
-        assert span == makespan_at(schedule, pp=pp, v=v, m=m, forward=f, share=share)
-        assert span * (1 - 1e-10) <= makespan_bound([path], v=v, forward=f, share=share) <= span
-        paths.add(path)
-    for f in [*FORWARDS, 0.1, 0.3, 0.6, 0.9]:
-        exact = makespan_at(schedule, pp=pp, v=v, m=m, forward=f, share=share)
-        assert makespan_bound(paths, v=v, forward=f, share=share) <= exact
+SPLIT = [
+    (schedule, pp, v)
+    for schedule, pps, vs in (
+        (Schedule.INTERLEAVED_ZB, (2, 3, 4, 8, 16), (1, 2, 3)),
+        (Schedule.ZBV, (2, 3, 4, 8, 16), (2,)),
+        (Schedule.DUALPIPEV, (2, 3, 4, 8, 16), (2,)),
+    )
+    for pp in pps
+    for v in vs
+]
+
+
+@pytest.mark.parametrize(("schedule", "pp", "v"), SPLIT)
+def test_fill_chain_bounds_the_makespan(schedule, pp, v):
+    """The chain the search's bubble bound prices is one of the graph's: its length never
+    exceeds the replayed makespan, at any F:B:W, for any micro-batch count replayed."""
+    for m in sorted({_reference_m(schedule, pp, k * pp) for k in (1, 2, 3, 4)}):
+        chain = fill_chain(pp, v, m)
+        for share in (0.0, 0.5, 0.667, 1.0):
+            for f in [*FORWARDS, 0.1, 0.7]:
+                exact = makespan_at(schedule, pp=pp, v=v, m=m, forward=f, share=share)
+                assert makespan_bound([chain], v=v, forward=f, share=share) <= exact
 
 
 def test_bubble_bound_is_below_the_bubble():
-    """`bubble_bound_s` replays only when the search knows no path of the schedule, and is
-    then the bubble itself; otherwise it is at most the bubble."""
-    paths: dict = {}
-    kw = dict(pp=8, virtual_stages=2, num_microbatches=32, weight_share=0.5)
-    first = bubble_bound_s(Schedule.DUALPIPEV, forward_s=0.3, backward_s=0.7, paths=paths, **kw)
-    assert first == bubble_s(Schedule.DUALPIPEV, forward_s=0.3, backward_s=0.7, **kw)
-    assert len(paths) == 1
-    for fwd in (0.2, 0.3, 0.31, 0.45):
-        got = bubble_bound_s(Schedule.DUALPIPEV, forward_s=fwd, backward_s=1.0, paths=paths, **kw)
-        assert got <= bubble_s(Schedule.DUALPIPEV, forward_s=fwd, backward_s=1.0, **kw)
-    assert len(paths[next(iter(paths))]) == 1  # no replay once a path is known
+    for schedule, pp, v in SPLIT:
+        for m in (pp, 2 * pp, 4 * pp):
+            kw = dict(pp=pp, virtual_stages=v, num_microbatches=m, weight_share=0.5)
+            for fwd in (0.2, 0.3, 0.31, 0.45):
+                got = bubble_bound_s(schedule, forward_s=fwd, backward_s=1.0, **kw)
+                assert 0.0 <= got <= bubble_s(schedule, forward_s=fwd, backward_s=1.0, **kw)

@@ -38,7 +38,6 @@ from ..solvers.pipeline_replay import SPLIT_BACKWARD, makespan_s
 from ..solvers.replay_table import (
     RATIO_DIGITS,
     Path,
-    critical_path,
     in_flight_peaks,
     makespan_at,
     makespan_bound,
@@ -147,37 +146,28 @@ def bubble_bound_s(
     forward_s: float,
     backward_s: float,
     weight_share: float,
-    paths: dict[tuple, set[Path]],
 ) -> float:
-    """A lower bound on `bubble_s` for the search's bounds: from the critical paths of the
-    replays of this schedule's graph already in `paths` (`replay_table.makespan_bound`),
-    without a replay; when `paths` holds none, `bubble_s` itself, and its replay's critical
-    path joins `paths` (the caller's: what a search bounds depends on its own questions)."""
+    """A lower bound on `bubble_s`, without a replay (for the search's bounds): the makespan
+    is at least the length of `fill_chain`."""
     total = forward_s + backward_s
     if total <= 0:
         return 0.0
     f = round(forward_s / total, _RATIO_DIGITS)
     share = round(weight_share, _RATIO_DIGITS)
     m = _reference_m(schedule, pp, num_microbatches)
-    key = (schedule, pp, virtual_stages, m)
-    known = paths.get(key)
-    if known:
-        span = makespan_bound(known, v=virtual_stages, forward=f, share=share)
-    else:
-        found = critical_path(schedule, pp=pp, v=virtual_stages, m=m, forward=f, share=share)
-        if found is None:  # not a rounded share: the full replay, as `bubble_s`
-            return bubble_s(
-                schedule,
-                pp=pp,
-                virtual_stages=virtual_stages,
-                num_microbatches=num_microbatches,
-                forward_s=forward_s,
-                backward_s=backward_s,
-                weight_share=weight_share,
-            )
-        span, path = found  # `_unit_bubble`'s makespan, bit for bit
-        paths.setdefault(key, set()).add(path)
+    chain = fill_chain(pp, virtual_stages, m)
+    span = makespan_bound([chain], v=virtual_stages, forward=f, share=share)
     return max(0.0, span - m * (f + (1.0 - f))) * total
+
+
+def fill_chain(pp: int, v: int, m: int) -> Path:
+    """A chain of operations the graph of every split-backward schedule holds (replayed with
+    m micro-batches of v chunks per stage): the first micro-batch's forward through the
+    chunks of the first pp - 1 stages, then everything the last stage runs (its first
+    operation waits for that forward), as operations per phase (`replay_table.Path`; a
+    backward split in two counted whole: same seconds). Its length less the micro-batches'
+    work is (pp - 1) forward chunks, the fill of ZB-H1 and the zero-bubble schedules."""
+    return (pp - 1 + m * v, m * v, 0, 0)
 
 
 def fill_slots(

@@ -131,13 +131,6 @@ def _makespan_once(
     schedule: Schedule, pp: int, v: int, m: int, forward: float, backward: float, share: float
 ) -> float:
     """`makespan_s`: the end of the last operation of one replay (its loop, on `op_graph`)."""
-    return _replay_path(schedule, pp, v, m, forward, backward, share)[0]
-
-
-def _replay_path(
-    schedule: Schedule, pp: int, v: int, m: int, forward: float, backward: float, share: float
-) -> tuple[float, Path]:
-    """`_makespan_once` and the operations per phase of the critical path it found."""
     graph = op_graph(schedule, pp, m, v)
     seconds = (forward / v, backward / v, backward * (1 - share) / v, backward * share / v)
     ends: list[float] = []
@@ -146,43 +139,21 @@ def _replay_path(
         if dep >= 0 and ends[dep] > start:  # max(start, ends[dep]), without the call
             start = ends[dep]
         ends.append(start + seconds[phase])
-    span = max(ends)
-    # walk the critical path back from the last end: each operation started at the end of
-    # its stage's previous operation or of the one it waited for, whichever ended later
-    counts = [0, 0, 0, 0]
-    at = ends.index(span)
-    while at >= 0:
-        counts[graph.phase[at]] += 1
-        prev, dep = graph.prev[at], graph.dep[at]
-        start = ends[prev] if prev >= 0 else 0.0
-        at = dep if dep >= 0 and ends[dep] > start else prev
-    return span, (counts[0], counts[1], counts[2], counts[3])
+    return max(ends)
 
 
 Path = tuple[int, int, int, int]
 """Operations of a chain per phase (forward, backward, input gradient, weight gradient)."""
 _PATH_MARGIN = 1e-11
-"""Relative margin on a path's length priced by counts: the replay sums the same seconds one
+"""Relative margin on a chain's length priced by counts: the replay sums the same seconds one
 operation at a time (a few thousand additions, each within half an ulp)."""
 
 
-@lru_cache(maxsize=4096)
-def critical_path(
-    schedule: Schedule, *, pp: int, v: int, m: int, forward: float, share: float
-) -> tuple[float, Path] | None:
-    """`makespan_at(...)` and its critical path's operations per phase (for
-    `makespan_bound`); None when `forward` is not a rounded share."""
-    k = round(forward * _STEPS)
-    if not 0 <= k <= _STEPS or k / _STEPS != forward or not 0.0 <= share <= 1.0:
-        return None
-    return _replay_path(schedule, pp, v, m, forward, 1.0 - forward, share)
-
-
 def makespan_bound(paths: Iterable[Path], *, v: int, forward: float, share: float) -> float:
-    """A lower bound on the makespan of a replay with these seconds whose graph holds the
-    chains `paths` (`critical_path`s of earlier replays of the same (schedule, pp, v, m)):
-    any chain of operations, each waiting for the one before, takes at least the sum of
-    their seconds, at any F:B:W; less a rounding margin."""
+    """A lower bound on the makespan of a replay with these seconds (forward `forward`,
+    backward `1 - forward`, `share` of it weight gradient) whose graph holds the chains
+    `paths`: a chain of operations, each waiting for the one before, takes at least the sum
+    of their seconds; less a rounding margin."""
     backward = 1.0 - forward
     f, b = forward / v, backward / v
     bi, bw = backward * (1 - share) / v, backward * share / v
