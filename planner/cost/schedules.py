@@ -200,7 +200,8 @@ def in_flight_microbatches(
     torch order with m' = min(m, 2p): the peak no longer grows past it)."""
     m = _reference_m(schedule, pp, num_microbatches)
     share = round(weight_share, _RATIO_DIGITS)
-    _, pending = _replayed(schedule, pp, virtual_stages, m, 1.0 / 3.0, 2.0 / 3.0, share)
+    f, b = 1.0 / 3.0, 2.0 / 3.0  # `_replayed`'s second half, without its first
+    pending = in_flight_peaks(schedule, pp, virtual_stages, m, f, b, share, PENDING_W_ACT_FACTOR)
     return pending[stage]
 
 
