@@ -26,7 +26,7 @@ from .cost.options import has_options, option_problem
 from .cost.rules import Rule, Violation
 from .pins import Pins
 from .search_blocks import PER_LAYER, RESCUE, Block, Task, keep_best, least_memory
-from .search_bounds import FamilyBounds, strategy_lower_bound_s
+from .search_bounds import FamilyBounds, per_layer_lower_bound_s, strategy_lower_bound_s
 from .search_space import mesh_orders, space_blocks
 from .strategy import LOCALITY_RANK, MeshAxis, Recompute, Schedule, Strategy
 
@@ -320,6 +320,10 @@ class Search:
                 plain = replace(s, recompute=Recompute.NONE)
                 if self._slower(plain, -heap[0][0]):
                     continue
+                if not has_options(s):  # its recompute bounded before it is solved
+                    coll = self._families.coll(s)
+                    if per_layer_lower_bound_s(self.ev, s, coll) > -heap[0][0]:
+                        continue
                 total = self.ev.memory(s)[0].total_bytes
                 self._fitted(s, total, task.block, task.fitted, task.runnable, heap, keep)
 

@@ -117,6 +117,21 @@ def strategy_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> flo
     return (m * slot + least_bubble_s(ev, s, slot, shares) + tail) * (1.0 - SAFETY)
 
 
+def per_layer_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float:
+    """`strategy_lower_bound_s` of a `per_layer` strategy without options, without solving
+    its recompute: the stage times of its `none` sibling (the same layout; recompute only
+    adds seconds and redone collectives) with each stage's `recompute_lower_bounds_s` added
+    to its slot."""
+    plain = replace(s, recompute=Recompute.NONE)
+    stages = ev.stage_times(plain, ev.ideal_links(plain), coll)
+    extra = ev.per_layer.recompute_lower_bounds_s(s)
+    slot = max(x.per_microbatch_s + r for x, r in zip(stages, extra, strict=True))
+    tail = max(x.tail_comm_s + x.optimizer_s for x in stages)
+    m = ev.num_microbatches(s)
+    shares = [(x.fwd_s, x.bwd_s) for x in stages]
+    return (m * slot + least_bubble_s(ev, s, slot, shares) + tail) * (1.0 - SAFETY)
+
+
 def least_bubble_s(
     ev: Evaluator, s: Strategy, slot: float, shares: list[tuple[float, float]]
 ) -> float:

@@ -13,7 +13,7 @@ from ..model import LayerKind
 from ..strategy import DEFAULT_MESH_ORDER, Recompute, Strategy
 from .layout import Stage
 from .memory import in_flight_microbatches, layer_act_bytes
-from .recompute import LayerChoice, StageProblem, solve_stage
+from .recompute import LayerChoice, StageProblem, least_recompute_s, solve_stage
 from .stages import StageCompute, StageModel
 
 
@@ -26,6 +26,7 @@ class PerLayerRecompute:
         self._layer_choices = cache(self._layer_choices_uncached)
         self._stage_rc = cache(self._stage_rc_uncached)
         self._solve_stage = cache(solve_stage)
+        self._problems = cache(self._problems_uncached)
 
     def policies(self, s: Strategy) -> tuple[Recompute, ...]:
         """The recompute policy of every chain layer: the strategy's uniform policy on the
@@ -58,28 +59,8 @@ class PerLayerRecompute:
         most micro-batches, so they fit too and take no longer. A stage nothing fits takes the
         least-memory uniform policy."""
         sm = self.sm
-        s = key
-        p, mbs, v = sm.profile, s.micro_batch_size, s.virtual_stages
-        choice, kept_none, tmp = self._layer_choices(s.tp, s.sequence_parallel, s.cp, s.ep, mbs)
-        boundary = 2 * v * sm.boundary_bytes(s) if s.pp > 1 else 0.0
-        m = sm.num_microbatches(s)
         solved: list[tuple[Recompute, ...]] = []
-        lay = sm.layout_of(s)
-        for stage in sm.stages(lay):
-            static = sm.static_memory(
-                stage, s.tp, s.ep, s.dp * s.cp, s.zero_stage, s.offload_optimizer, s.dp_replicate
-            ).total_bytes
-            layers = stage.layers
-            problem = StageProblem(
-                choices=tuple(choice[i] for i in layers),
-                fixed_bytes=sum(kept_none[i] for i in layers if choice[i] is None),
-                inflight=in_flight_microbatches(
-                    s.schedule, pp=s.pp, stage=stage.index, num_microbatches=m, virtual_stages=v
-                ),
-                transient_bytes=max(tmp[i] for i in layers),
-                head_bytes=kept_none[-1] if stage.has_head else 0.0,
-                budget_bytes=(sm.capacity_bytes - static - boundary) / mbs,
-            )
+        for problem in self._problems(key):
             picks = self._solve_stage(problem)
             if picks is None:
                 uniform = [
@@ -88,11 +69,47 @@ class PerLayerRecompute:
                 ]
                 picks = min(uniform, key=problem.bytes_of)
             solved.append(picks)
-        out = [Recompute.NONE] * len(p.layers)
-        for idx, rep in sm.stage_copies(lay):
+        out = [Recompute.NONE] * len(sm.profile.layers)
+        for idx, rep in sm.stage_copies(sm.layout_of(key)):
             for i, pick in zip(idx, solved[rep], strict=True):
                 out[i] = pick
         return tuple(out)
+
+    def problems(self, s: Strategy) -> tuple[StageProblem, ...]:
+        """The recompute problem of each distinct stage of `s` (`StageModel.stages` of its
+        layout), as `policies` solves them (memoized: the search bounds them first)."""
+        return self._problems(_solver_key(s))
+
+    def _problems_uncached(self, s: Strategy) -> tuple[StageProblem, ...]:
+        sm = self.sm
+        mbs, v = s.micro_batch_size, s.virtual_stages
+        choice, kept_none, tmp = self._layer_choices(s.tp, s.sequence_parallel, s.cp, s.ep, mbs)
+        boundary = 2 * v * sm.boundary_bytes(s) if s.pp > 1 else 0.0
+        m = sm.num_microbatches(s)
+        out = []
+        for stage in sm.stages(sm.layout_of(s)):
+            static = sm.static_memory(
+                stage, s.tp, s.ep, s.dp * s.cp, s.zero_stage, s.offload_optimizer, s.dp_replicate
+            ).total_bytes
+            layers = stage.layers
+            out.append(
+                StageProblem(
+                    choices=tuple(choice[i] for i in layers),
+                    fixed_bytes=sum(kept_none[i] for i in layers if choice[i] is None),
+                    inflight=in_flight_microbatches(
+                        s.schedule, pp=s.pp, stage=stage.index, num_microbatches=m, virtual_stages=v
+                    ),
+                    transient_bytes=max(tmp[i] for i in layers),
+                    head_bytes=kept_none[-1] if stage.has_head else 0.0,
+                    budget_bytes=(sm.capacity_bytes - static - boundary) / mbs,
+                )
+            )
+        return tuple(out)
+
+    def recompute_lower_bounds_s(self, s: Strategy) -> tuple[float, ...]:
+        """Per distinct stage of a `per_layer` strategy, a bound on the recompute seconds per
+        micro-batch its solution adds, without solving (`recompute.least_recompute_s`)."""
+        return tuple(least_recompute_s(problem) for problem in self.problems(s))
 
     def _layer_choices_uncached(
         self, tp: int, sp: bool, cp: int, ep: int, mbs: int

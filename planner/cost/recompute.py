@@ -45,6 +45,9 @@ go to the dynamic program."""
 POLICIES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 _REL = 1e-12
 """Relative slack for float comparisons against the budget."""
+_LP_MARGIN = 1e-6
+"""Relative margin on `least_recompute_s`: the closed form accepts a shortfall of 1e-9 of a
+block's saving (`_identical`), and the sums run in another order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +143,63 @@ def solve_stage(problem: StageProblem) -> tuple[Recompute, ...] | None:
         if best is None or key < best[0]:
             best = (key, picks)
     return None if best is None else best[1]
+
+
+def least_recompute_s(problem: StageProblem) -> float:
+    """A lower bound on the recompute seconds of `solve_stage`'s answer when it has one: the
+    linear relaxation of its knapsack (each block may recompute a fraction of its selective
+    or full saving, at the lower convex hull of the two; the transient at its least, T0, and
+    `full` allowed on every block), solved greedily by seconds per byte saved. 0 when even
+    that cannot free enough (the solver then finds nothing either)."""
+    if problem.inflight <= 0:
+        return 0.0
+    slack = _REL * max(1.0, abs(problem.budget_bytes))
+    transient = max(0.0, problem.transient_bytes)
+    room = (problem.budget_bytes + slack - transient) / problem.inflight - problem.fixed_bytes
+    counts = Counter(id(c) for c in problem.choices if c is not None)
+    by_id = {id(c): c for c in problem.choices if c is not None}
+    need = sum(by_id[k].none_bytes * n for k, n in counts.items()) - room
+    if need <= 0:
+        return 0.0
+    segments: list[tuple[float, float, int]] = []  # (seconds per byte, bytes, blocks)
+    for k, n in counts.items():
+        c = by_id[k]
+        sel = (c.none_bytes - c.selective_bytes, c.selective_s)
+        full = (c.none_bytes - c.full_bytes, c.full_s)
+        least: dict[float, float] = {}  # seconds of each saving (the cheaper of equal ones)
+        for saved, secs in (sel, full):
+            if saved > 0 and secs < least.get(saved, float("inf")):
+                least[saved] = secs
+        points = sorted(least.items())
+        at = (0.0, 0.0)
+        for saved, secs in _hull(points):
+            segments.append(((secs - at[1]) / (saved - at[0]), saved - at[0], n))
+            at = (saved, secs)
+    total = 0.0
+    for rate, saved, n in sorted(segments):
+        take = min(need, saved * n)
+        total += rate * take
+        need -= take
+        if need <= 0:
+            return total * (1.0 - _LP_MARGIN)
+    return 0.0
+
+
+def _hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The lower convex hull from (0, 0) through `points` (bytes saved, seconds), sorted by
+    bytes: the options a fractional choice would mix."""
+    hull: list[tuple[float, float]] = []
+    for p in points:
+        while hull:
+            a = hull[-2] if len(hull) > 1 else (0.0, 0.0)
+            b = hull[-1]
+            # drop b when it lies on or above the line from a to p
+            if (b[1] - a[1]) * (p[0] - a[0]) >= (p[1] - a[1]) * (b[0] - a[0]):
+                hull.pop()
+            else:
+                break
+        hull.append(p)
+    return [p for p in hull if p[1] >= 0.0]
 
 
 def _groups(problem: StageProblem, idx: list[int]) -> tuple[list[int], list[int]]:
