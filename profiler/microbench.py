@@ -117,12 +117,17 @@ class Timer:
             torch.cuda.synchronize(self.device)
 
     def __call__(
-        self, fn: Callable[[], object], repeats: int | None = None, *, mean: bool = False
+        self,
+        fn: Callable[[], object],
+        repeats: int | None = None,
+        *,
+        mean: bool = False,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> float:
         """Median (or `mean`) seconds of one call of `fn` (one untimed warm-up first). Without
         `repeats`: at least `self.repeats` calls, more for a short call, so that the timed
         calls span `MIN_SPAN_S` (agreed over the ranks: a collective needs as many calls on
-        each)."""
+        each). `clock`: wall time, or `time.thread_time` for the calling thread's CPU time."""
         start = time.perf_counter()
         fn()
         self._sync()
@@ -131,10 +136,10 @@ class Timer:
             dist.barrier()
         times = []
         for _ in range(count):
-            start = time.perf_counter()
+            start = clock()
             fn()
             self._sync()
-            times.append(time.perf_counter() - start)
+            times.append(clock() - start)
         return statistics.mean(times) if mean else statistics.median(times)
 
 

@@ -4,7 +4,6 @@ than one rank): DTensor operators cost sharding propagation in Python on top of 
 from __future__ import annotations
 
 import importlib
-import statistics
 import time
 from typing import Any, cast
 
@@ -101,28 +100,18 @@ def _executor_block(gated: bool, world: int, dev: torch.device) -> tuple[nn.Modu
 
 
 def _thread_s(timer: Timer, block: nn.Module, x: torch.Tensor) -> tuple[float, float]:
-    """(forward, forward + backward) median CPU seconds of the calling thread (the ranks in
-    lockstep: a barrier before each measurement; CUDA synchronized after each call)."""
-    out = []
-    for train in (False, True):
+    """(forward, forward + backward) median CPU seconds of the calling thread."""
 
-        def call(train: bool = train) -> None:
-            y = block(x)
-            if train:
-                y.sum().backward()
+    def forward() -> None:
+        block(x)
 
-        call()
-        timer._sync()
-        if timer.group:
-            dist.barrier()
-        times = []
-        for _ in range(TP_REPEATS):
-            start = time.thread_time()
-            call()
-            timer._sync()
-            times.append(time.thread_time() - start)
-        out.append(statistics.median(times))
-    return out[0], out[1]
+    def train() -> None:
+        block(x).sum().backward()
+
+    return (
+        timer(forward, TP_REPEATS, clock=time.thread_time),
+        timer(train, TP_REPEATS, clock=time.thread_time),
+    )
 
 
 FSDP_UNITS = 4
