@@ -101,7 +101,7 @@ class Task:
     """Work on strategies of one schedule of a block that `Search.run` defers until the K-th
     best is known better: the offload rescues of one that does not fit (`RESCUE`) or the
     per-layer recompute solves of those of one (sp, ZeRO stage) (`PER_LAYER`, in the block's
-    order: a later one may only add offload to an earlier one that fits)."""
+    order)."""
 
     kind: int
     """`RESCUE` or `PER_LAYER`."""

@@ -116,6 +116,7 @@ class StageModel:
         self.stage_copies = self.layouts.stage_copies
         self.layer_times = cache(self._layer_times)
         self.stage_compute = cache(self._stage_compute)
+        self._compute_of: dict[tuple, StageCompute] = {}  # by (id(stage), tp, cp, ep, mbs)
         self.static_memory = cache(self._static_memory)
         self.static_totals = cache(self._static_totals)
         self.uniform = cache(self._uniform)
@@ -297,6 +298,13 @@ class StageModel:
         sel, attn = t.selective_recompute_s, t.attention_fwd_s
         out = []
         for stage in self.stages(lay):
+            # layouts that share a placement share their Stage objects (`StageLayouts`), which
+            # live as long as this model: their ids key the sums
+            key = (id(stage), tp, cp, ep, mbs)
+            known = self._compute_of.get(key)
+            if known is not None:
+                out.append(known)
+                continue
             # each the sum over chunks of `LayerTimes.span`, without building the spans
             chunks = stage.chunks
             if len(chunks) == 1:  # the sum of one term is that term
@@ -310,15 +318,14 @@ class StageModel:
                 fr = sum(full[j] - full[i] for i, j in spans)
                 sr = sum(sel[j] - sel[i] for i, j in spans)
                 at = sum(attn[j] - attn[i] for i, j in spans)
-            out.append(
-                StageCompute(
-                    fwd_s=f,
-                    bwd_s=b,
-                    full_recompute_s=fr,
-                    selective_recompute_s=sr,
-                    attention_fwd_s=at,
-                )
+            known = self._compute_of[key] = StageCompute(
+                fwd_s=f,
+                bwd_s=b,
+                full_recompute_s=fr,
+                selective_recompute_s=sr,
+                attention_fwd_s=at,
             )
+            out.append(known)
         return tuple(out)
 
     def total_compute_s(self, tp: int, cp: int, ep: int, mbs: int) -> float:
