@@ -28,6 +28,7 @@ from .compute import (
     layer_gemms,
 )
 from .eager import traced_layer_s
+from .kernel_cache import gemm_kernel_cache_bytes
 from .layout import (
     Layout,
     Stage,
@@ -360,7 +361,7 @@ class StageModel:
                     count, shard_ranks=ranks, zero_stage=zero, train=t, offload_optimizer=offload
                 )
                 states = [x + y for x, y in zip(states, part, strict=True)]
-        other = float(self.acc.runtime_overhead_bytes)
+        other = float(self.acc.runtime_overhead_bytes) + self._kernel_cache_bytes(stage, tp)
         if zero == 3 and dpcp > 1:
             # FSDP keeps the current and the prefetched block unsharded, plus one block's
             # unsharded gradients before reduce-scatter (Zhao et al. 2023, PyTorch FSDP §3.2).
@@ -375,6 +376,18 @@ class StageModel:
             optimizer_bytes=states[2],
             other_bytes=other,
         )
+
+    def _kernel_cache_bytes(self, stage: Stage, tp: int) -> float:
+        """What the GEMM library keeps resident for the stage's layers on a calibrated CPU
+        (`kernel_cache.py`; 0 elsewhere)."""
+        if not isinstance(self.kernels, CalibratedKernels):
+            return 0.0
+        layers = [
+            self.profile.layers[i]
+            for c in stage.chunks
+            for i in range(c.first_layer, c.last_layer + 1)
+        ]
+        return gemm_kernel_cache_bytes(self.profile, layers, tp, self.kernels.fit)
 
     def _static_totals(
         self, lay: Layout, tp: int, ep: int, dpcp: int, zero: int, offload: bool, replicate: int
