@@ -60,14 +60,19 @@ SAMPLES = 150
 ORDERS = list(itertools.permutations(DEFAULT_MESH_ORDER))
 
 
-@pytest.mark.parametrize("name", list(SPACES))
-def test_family_bound_is_below_every_member(name):
+def _space_evaluator(name: str) -> Evaluator:
+    """The evaluator of one of `SPACES`."""
     model, cluster, batch, seq, gpn = SPACES[name]
-    ev = Evaluator(
+    return Evaluator(
         parse_model(model).to_profile(seq_len=seq),
         parse_cluster(cluster, gpus_per_node=gpn),
         TrainConfig(global_batch=batch, seq_len=seq),
     )
+
+
+@pytest.mark.parametrize("name", list(SPACES))
+def test_family_bound_is_below_every_member(name):
+    ev = _space_evaluator(name)
     blocks = list(Search(ev).blocks())
     rng = random.Random(16)
     checked = 0
@@ -182,12 +187,7 @@ def test_makespan_rejects_what_the_replay_rejects():
 def test_placement_bound_is_below_every_orders_collectives(name):
     """Each collective priced by `PlacementBound` is at most the real one on the links every
     mesh order gives each group."""
-    model, cluster, batch, seq, gpn = SPACES[name]
-    ev = Evaluator(
-        parse_model(model).to_profile(seq_len=seq),
-        parse_cluster(cluster, gpus_per_node=gpn),
-        TrainConfig(global_batch=batch, seq_len=seq),
-    )
+    ev = _space_evaluator(name)
     blocks = list(Search(ev).blocks())
     rng = random.Random(7)
     for block in rng.sample(blocks, min(40, len(blocks))):

@@ -130,9 +130,7 @@ def bubble_s(
     total = forward_s + backward_s
     if total <= 0:
         return 0.0
-    f = round(forward_s / total, _RATIO_DIGITS)
-    share = round(weight_share, _RATIO_DIGITS)
-    m = _reference_m(schedule, pp, num_microbatches)
+    f, share, m = _unit_shape(schedule, pp, num_microbatches, forward_s / total, weight_share)
     unit_bubble = _unit_bubble(schedule, pp, virtual_stages, m, f, 1.0 - f, share)
     return max(0.0, unit_bubble) * total
 
@@ -152,12 +150,22 @@ def bubble_bound_s(
     total = forward_s + backward_s
     if total <= 0:
         return 0.0
-    f = round(forward_s / total, _RATIO_DIGITS)
-    share = round(weight_share, _RATIO_DIGITS)
-    m = _reference_m(schedule, pp, num_microbatches)
+    f, share, m = _unit_shape(schedule, pp, num_microbatches, forward_s / total, weight_share)
     chain = fill_chain(pp, virtual_stages, m)
     span = makespan_bound([chain], v=virtual_stages, forward=f, share=share)
     return max(0.0, span - m * (f + (1.0 - f))) * total
+
+
+def _unit_shape(
+    schedule: Schedule, pp: int, num_microbatches: int, forward_share: float, weight_share: float
+) -> tuple[float, float, int]:
+    """(forward share, weight-gradient share, micro-batches) a unit replay is keyed by: the
+    shares rounded to `_RATIO_DIGITS`, the micro-batches at their reference count."""
+    return (
+        round(forward_share, _RATIO_DIGITS),
+        round(weight_share, _RATIO_DIGITS),
+        _reference_m(schedule, pp, num_microbatches),
+    )
 
 
 def fill_chain(pp: int, v: int, m: int) -> Path:

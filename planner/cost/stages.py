@@ -216,14 +216,14 @@ class StageModel:
             sel = x.attn_core_fwd_flops * mbs / (tp * cp) / self.flops_per_s if block else 0.0
             return f, b, f if block else 0.0, sel, sel
         gemms = layer_gemms(self.profile, x, tp) if self.kernels is not None else None
-        if gemms is None and self.op_by_op(x):  # no GEMM of a known shape: at peak rate
-            assert isinstance(self.kernels, CalibratedKernels)
-            rate = self.kernels.fit.peak_gemm_flops_per_s() / self.kernels.time_scale
+        traced = self.op_by_op_kernels(x)
+        if gemms is None and traced is not None:  # no GEMM of a known shape: at peak rate
+            rate = traced.fit.peak_gemm_flops_per_s() / traced.time_scale
             dense = (x.fwd_flops - x.attn_core_fwd_flops) * mbs / (tp * cp)
             dense_b = max(0.0, x.bwd_flops - 2 * x.attn_core_fwd_flops) * mbs / (tp * cp)
             gemm_s = (dense / rate, dense_b / rate)
             return traced_layer_s(
-                self.kernels,
+                traced,
                 self.profile,
                 self.train,
                 self.act_scale,
@@ -247,10 +247,9 @@ class StageModel:
             gf, gb = k.gemm_train_s(max(1, round(tokens * g.per_token)), g.n, g.k)
             f, b = f + gf, b + gb
         core_bytes = x.act_attn_core_bytes * self.act_scale * mbs / (tp * cp)
-        if self.op_by_op(x):
-            assert isinstance(k, CalibratedKernels)
+        if traced is not None:
             return traced_layer_s(
-                k, p, self.train, self.act_scale, x, tp, cp, mbs, (f, b), self.tp_dispatch
+                traced, p, self.train, self.act_scale, x, tp, cp, mbs, (f, b), self.tp_dispatch
             )
         if block and is_math_attention(p, x):
             heads = max(1, mbs * p.heads // tp)
@@ -281,14 +280,13 @@ class StageModel:
             )
         return f, b, f if block else 0.0, sel, attn_f
 
-    def op_by_op(self, x: LayerCost) -> bool:
-        """Whether `x` is priced from its traced operators (`eager.py`): a traced layer on
-        a calibrated device running eager PyTorch."""
-        return (
-            isinstance(self.kernels, CalibratedKernels)
-            and x.fwd_ops > 0
-            and not self.train.runtime.fused_elementwise
-        )
+    def op_by_op_kernels(self, x: LayerCost) -> CalibratedKernels | None:
+        """The calibrated kernels when `x` is priced from its traced operators (`eager.py`):
+        a traced layer on a calibrated device running eager PyTorch; else None."""
+        k = self.kernels
+        if isinstance(k, CalibratedKernels) and x.fwd_ops > 0:
+            return None if self.train.runtime.fused_elementwise else k
+        return None
 
     def _stage_compute(
         self, lay: Layout, tp: int, cp: int, ep: int, mbs: int
