@@ -302,7 +302,7 @@ def fit_links(points: Sequence[CollectivePoint]) -> tuple[float, float]:
         lo_bw, hi_bw = c_bw - span_bw, c_bw + span_bw
         lo_lat, hi_lat = c_lat - span_lat, c_lat + span_lat
     inv_bw, lat = _gauss_newton(rows, *best)
-    return 1.0 / inv_bw, max(lat, 1e-9)
+    return 1.0 / max(inv_bw, 1e-14), max(lat, 1e-9)  # the grid's fastest link at most
 
 
 def _gauss_newton(

@@ -15,6 +15,7 @@ import importlib
 import os
 import queue as queue_mod
 import socket
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -266,6 +267,32 @@ def calibrate(
     budget = mb.QUICK if quick else mb.FULL
     load = machine_load()
     total = steps_total(budget, wanted, world)
+    try:
+        result = _run_ranks(world, use_cuda, quick, wanted, total, progress)
+    except CalibrationRankError as err:  # once: see CalibrationRankError
+        print(f"paraplan: warning: {err}; measuring again on a new port", file=sys.stderr)
+        result = _run_ranks(world, use_cuda, quick, wanted, total, progress)
+    return dataclasses.replace(
+        _calibration(result, cluster, device, world, wanted), load_average=round(load, 2)
+    )
+
+
+class CalibrationRankError(RuntimeError):
+    """A calibration rank failed or ended without a result; names the rank's error. A rank can
+    fail for a reason outside the measurement (the free port taken by another process between
+    choosing and binding it, a rank killed by the OS), so `calibrate` warns and measures again
+    once; a second failure is raised."""
+
+
+def _run_ranks(
+    world: int,
+    use_cuda: bool,
+    quick: bool,
+    wanted: tuple[str, ...],
+    total: int,
+    progress: Progress | None,
+) -> _RankResult:
+    """Start the ranks on a fresh port, forward their progress, return rank 0's result."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = mp.start_processes(
@@ -276,29 +303,42 @@ def calibrate(
         start_method="spawn",
     )
     done, result = 0, None
-    while result is None:
-        try:
-            kind, payload = out.get(timeout=1.0)
-        except queue_mod.Empty:
+    try:
+        while result is None:
             try:
+                kind, payload = out.get(timeout=1.0)
+            except queue_mod.Empty:
                 if procs.join(timeout=0.01):  # every rank ended without a result
                     break
-            except mp.ProcessExitedException as err:
-                raise RuntimeError(f"a calibration rank failed: {err}") from None
-            continue
-        if kind == "tick":
-            done += 1
-            if progress is not None:
-                progress(done, total, str(payload))
-        else:
-            result = payload
-    while not procs.join(timeout=_JOIN_TIMEOUT_S):
-        pass
+                continue
+            if kind == "tick":
+                done += 1
+                if progress is not None:
+                    progress(min(done, total), total, str(payload))
+            else:
+                result = payload
+        while not procs.join(timeout=_JOIN_TIMEOUT_S):
+            pass
+    except mp.ProcessRaisedException as err:  # the rank's traceback is its message
+        lines = [line for line in str(err).strip().splitlines() if line.strip()]
+        _stop(procs)
+        raise CalibrationRankError(
+            f"a calibration rank failed: {lines[-1] if lines else err}"
+        ) from None
+    except mp.ProcessExitedException as err:
+        _stop(procs)
+        raise CalibrationRankError(f"a calibration rank failed: {err}") from None
     if result is None:
-        raise RuntimeError("the calibration ranks ended without a result; see their output above")
-    return dataclasses.replace(
-        _calibration(result, cluster, device, world, wanted), load_average=round(load, 2)
-    )
+        raise CalibrationRankError("the calibration ranks ended without a result")
+    return result
+
+
+def _stop(procs: Any) -> None:
+    """End the ranks still running after another failed (they would wait on it forever)."""
+    for proc in procs.processes:
+        if proc.is_alive():
+            proc.terminate()
+        proc.join(timeout=10)
 
 
 def _calibration(

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .common import EXIT_OK, add_no_progress_arg, progress_bar
+from .common import EXIT_FAILED, EXIT_OK, add_no_progress_arg, progress_bar
 
 if TYPE_CHECKING:
     from ..planner.calibration import Calibration, RunSample
@@ -68,7 +68,16 @@ def execute(args: argparse.Namespace) -> int:
     if out.suffix.lower() not in (".json", ".yaml", ".yml"):
         raise ValueError(f"--output {args.output!r}: use a .yaml, .yml or .json file name")
     cluster = parse_cluster(args.cluster)
-    calibrated = _refit(cluster, args.from_run) if args.from_run else _measure(cluster, args)
+    if args.from_run:
+        calibrated = _refit(cluster, args.from_run)
+    else:
+        from ..profiler.microbench_run import CalibrationRankError
+
+        try:
+            calibrated = _measure(cluster, args)
+        except CalibrationRankError as err:
+            print(f"paraplan: error: {err} (twice); nothing written", file=sys.stderr)
+            return EXIT_FAILED
     save_cluster_file(calibrated, out)
     print(format_calibration(calibrated))
     if args.plot:

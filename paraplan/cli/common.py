@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 EXIT_OK = 0
 """The command did what was asked."""
+EXIT_FAILED = 1
+"""The input was good but the work failed (a calibration rank crashed twice): one line on
+stderr names the failure."""
 EXIT_BAD_INPUT = 2
 """Bad input, or nothing fits (the message on stderr says why and what to change); argparse
 uses the same status for arguments it rejects."""

@@ -1,0 +1,63 @@
+"""`paraplan calibrate` when a rank fails (the notebook 04 CI failure of 2026-11-25, whose
+cause the notebook did not print): the rank's own error reaches the user in one line, a first
+failure is measured again on a new port, a second exits 1 and writes nothing. The failure is
+real: rank 0's store cannot listen on a port another socket holds."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from paraplan.cli import main
+from paraplan.profiler import microbench_run
+
+QUICK_FP32 = ["--quick", "--dtypes", "fp32", "--no-progress"]
+
+
+@pytest.fixture
+def held_port() -> Iterator[int]:
+    """A local port with a listening socket on it for the test's duration."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
+
+
+@pytest.mark.multiprocess
+def test_a_rank_failing_twice_exits_1_names_the_error_and_writes_nothing(
+    tmp_path: Path,
+    held_port: int,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(microbench_run, "_free_port", lambda: held_port)
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--cluster", "2xcpu", "-o", str(out), *QUICK_FP32]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("paraplan")]
+    assert len(err) == 2, err
+    assert err[0].startswith("paraplan: warning: a calibration rank failed: ")
+    assert err[1].startswith("paraplan: error: a calibration rank failed: ")
+    assert "address already in use" in err[1] and err[1].endswith("(twice); nothing written")
+    assert not out.exists()
+
+
+@pytest.mark.multiprocess
+def test_a_rank_failing_once_is_measured_again(
+    held_port: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from paraplan.planner.cluster import parse_cluster
+
+    free = microbench_run._free_port
+    ports = itertools.chain([held_port], iter(free, None))
+    monkeypatch.setattr(microbench_run, "_free_port", lambda: next(ports))
+    cal = microbench_run.calibrate(parse_cluster("2xcpu"), quick=True, dtypes=["fp32"])
+    assert cal.world_size == 2 and cal.dtypes == ("fp32",) and cal.collectives
+    err = capsys.readouterr().err
+    assert "paraplan: warning: a calibration rank failed: " in err
+    assert "address already in use" in err and "measuring again on a new port" in err
