@@ -85,6 +85,8 @@ class Search:
         # catalog entry; a calibration could break it, and then offload is never pruned).
         self._offload_slower = ev.acc.memory_bw_bytes_per_s >= HOST_OPTIMIZER_BYTES_PER_S
         self._lb_s: dict[Strategy, float] = {}
+        self._runs: dict[tuple, tuple[tuple[bool, int, bool, Recompute], ...]] = {}
+        """`_runnable` answers, by block shape and schedule."""
         """Step-time lower bounds already computed (`_time_lower_bound_s`)."""
         self._families = FamilyBounds(ev, consent.any)
         """Bounds shared by a strategy's ZeRO and offload variants (`search_bounds.py`)."""
@@ -168,13 +170,8 @@ class Search:
                 progress(done / num_blocks)
             done += 1
             for sched, v in block.schedules:
-                probe = replace(block.probe(), schedule=sched, virtual_stages=v)
+                probe = replace(block.base, schedule=sched, virtual_stages=v)
                 probe_rule = ev.violation(probe)
-                optimist = options.optimistic(self.pins, self.consent, probe)
-                if probe_rule is None and ev.schedule_lower_bound_s(optimist) > worst_s():
-                    continue
-                if probe_rule is None and self._families.all_slower(block, sched, v, worst_s()):
-                    continue  # every member is slower than the K-th best: nothing to do
                 # With nothing pinned, only the probe's rules can fail (the options exclude sp
                 # without TP and offload without ZeRO); with pins, each strategy is checked.
                 if probe_rule is not None and not pinned:
@@ -182,9 +179,18 @@ class Search:
                     continue
                 rest = block.rest
                 runnable = len(heap) == keep and self.runnable_only and not pinned
-                if runnable:  # every choice left runs
-                    rest = self._runnable(block, sched, v)
-                    evaluated += len(block.rest) - len(rest)
+                if runnable:  # every choice left runs; asked first, as it is cheaper
+                    rest = self._runnable(block, sched, v)  # than the bounds (and often
+                    evaluated += len(block.rest) - len(rest)  # leaves nothing to bound)
+                    if not rest:
+                        continue
+                optimist = options.optimistic(self.pins, self.consent, probe)
+                if probe_rule is None and ev.schedule_lower_bound_s(optimist) > worst_s():
+                    continue
+                if probe_rule is None and self._families.all_slower(
+                    block, sched, v, rest, worst_s()
+                ):
+                    continue  # every member is slower than the K-th best: nothing to do
                 totals = ev.memory_totals(probe, rest)
                 fitted: list[tuple[bool, int, bool, int]] = []  # (sp, zero, offload, rc)
                 deferred: dict[tuple[bool, int], Task] = {}  # per-layer solves by (sp, zero)
@@ -374,9 +380,14 @@ class Search:
         """The choices of `block.rest` under this schedule that the executor runs. What it
         runs depends on neither sequence parallelism nor the recompute policy (the search's
         `Job` carries no per-block decisions), so each (ZeRO stage, optimizer offload) pair is
-        asked once. A choice it does not run cannot rank, nor can its offload rescues (they
-        only add offload, which no capability admits more readily), so once the heap is full
-        it needs neither memory nor time."""
+        asked once; nor on the micro-batch size, so blocks that differ only by it share the
+        answer (`Block.shape`). A choice it does not run cannot rank, nor can its offload
+        rescues (they only add offload, which no capability admits more readily), so once the
+        heap is full it needs neither memory nor time."""
+        key = (block.shape, sched, v)
+        found = self._runs.get(key)
+        if found is not None:
+            return found
         runs: dict[tuple[int, bool], bool] = {}
         out = []
         for choice in block.rest:
@@ -386,7 +397,8 @@ class Search:
                 ok = runs[(zero, off)] = not self._gap(block.strategy(sched, v, sp, zero, off, rc))
             if ok:
                 out.append(choice)
-        return tuple(out)
+        found = self._runs[key] = tuple(out)
+        return found
 
     def _states_overflow(self, s: Strategy) -> bool:
         """Whether what some stage of `s` holds whatever its activations (model states and

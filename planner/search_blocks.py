@@ -30,9 +30,15 @@ class Block:
     """The base's fields as keywords: building a candidate from them takes half the time of
     `dataclasses.replace`, and the search builds hundreds of thousands."""
 
+    shape: tuple = field(init=False, compare=False, repr=False)
+    """The base's fields but the micro-batch size and, for blocks with the same `rest`, what
+    only it changes (the executor's capability checks do not read it: `Search._runnable`)."""
+
     def __post_init__(self) -> None:
         kwargs = {name: getattr(self.base, name) for name in STRATEGY_FIELDS}
         object.__setattr__(self, "_fields", kwargs)
+        shape = tuple(v for k, v in kwargs.items() if k != "micro_batch_size")
+        object.__setattr__(self, "shape", (shape, self.rest))
 
     def probe(self) -> Strategy:
         """A representative for the block-level structural checks."""

@@ -229,14 +229,22 @@ class FamilyBounds:
             self._bound_s[key] = bound
         return bound
 
-    def all_slower(self, block: Block, sched: Schedule, v: int, worst_s: float) -> bool:
-        """Whether every strategy of `block` under this schedule is slower than `worst_s`,
-        whatever its ZeRO stage and offloads."""
+    def all_slower(
+        self,
+        block: Block,
+        sched: Schedule,
+        v: int,
+        rest: tuple[tuple[bool, int, bool, Recompute], ...],
+        worst_s: float,
+    ) -> bool:
+        """Whether every strategy of `block` under this schedule with a (sp, ZeRO, offload,
+        recompute) choice in `rest` is slower than `worst_s`, whatever its ZeRO stage and
+        offloads."""
         if worst_s == float("inf") or self.options_offered:
             return False
         # One member per family, the likeliest to be fast first (it ends the loop when one
         # is not slower; the others are then computed only if their members need them).
-        families = {(sp, _FAMILY_RC[rc]) for sp, _, _, rc in block.rest}
+        families = {(sp, _FAMILY_RC[rc]) for sp, _, _, rc in rest}
         for sp, rc in sorted(families, key=_FAMILY_ORDER.__getitem__):
             if self.bound_s(block.strategy(sched, v, sp, 0, False, rc)) <= worst_s:
                 return False

@@ -65,6 +65,15 @@ def test_runnable_depends_on_neither_sp_nor_recompute(experts: int) -> None:
 
 
 @pytest.mark.parametrize("experts", [0, 8])
+def test_runnable_does_not_depend_on_the_micro_batch_size(experts: int) -> None:
+    """`Search._runnable` shares its answer between blocks that differ only by it."""
+    for s in _strategies():
+        want = _gaps(s, experts)
+        for mbs in (2, 3, 8):
+            assert _gaps(replace(s, micro_batch_size=mbs), experts) == want
+
+
+@pytest.mark.parametrize("experts", [0, 8])
 def test_offload_rescues_of_an_unrunnable_strategy_are_unrunnable(experts: int) -> None:
     """The search drops an unrunnable strategy before pricing it, rescues included."""
     for s in _strategies():
