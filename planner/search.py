@@ -187,10 +187,12 @@ class Search:
                 optimist = options.optimistic(self.pins, self.consent, probe)
                 if probe_rule is None and ev.schedule_lower_bound_s(optimist) > worst_s():
                     continue
-                if probe_rule is None and self._families.all_slower(
-                    block, sched, v, rest, worst_s()
-                ):
-                    continue  # every member is slower than the K-th best: nothing to do
+                if probe_rule is None:  # the members of families slower than the K-th best
+                    fast = self._families.fast_choices(block, sched, v, rest, worst_s())
+                    evaluated += len(rest) - len(fast)  # need neither memory nor time
+                    if not fast:
+                        continue
+                    rest = fast
                 totals = ev.memory_totals(probe, rest)
                 fitted: list[tuple[bool, int, bool, int]] = []  # (sp, zero, offload, rc)
                 deferred: dict[tuple[bool, int], Task] = {}  # per-layer solves by (sp, zero)

@@ -229,23 +229,31 @@ class FamilyBounds:
             self._bound_s[key] = bound
         return bound
 
-    def all_slower(
+    def fast_choices(
         self,
         block: Block,
         sched: Schedule,
         v: int,
         rest: tuple[tuple[bool, int, bool, Recompute], ...],
         worst_s: float,
-    ) -> bool:
-        """Whether every strategy of `block` under this schedule with a (sp, ZeRO, offload,
-        recompute) choice in `rest` is slower than `worst_s`, whatever its ZeRO stage and
-        offloads."""
+    ) -> tuple[tuple[bool, int, bool, Recompute], ...]:
+        """The (sp, ZeRO, offload, recompute) choices of `rest` under this schedule of `block`
+        less those whose family is found slower than `worst_s` (none while nothing is found,
+        or when options are offered): empty when every member is slower. Families are asked
+        the likeliest to be fast first, up to the first that is not slower (the others are
+        bounded later only if their members need it). A choice left out cannot rank, whatever
+        its ZeRO stage, offloads and per-layer solve, nor can its offload rescues (they only
+        add offload, which its family bound covers)."""
         if worst_s == float("inf") or self.options_offered:
-            return False
-        # One member per family, the likeliest to be fast first (it ends the loop when one
-        # is not slower; the others are then computed only if their members need them).
+            return rest
         families = {(sp, _FAMILY_RC[rc]) for sp, _, _, rc in rest}
+        slower: set[tuple[bool, Recompute]] = set()
         for sp, rc in sorted(families, key=_FAMILY_ORDER.__getitem__):
             if self.bound_s(block.strategy(sched, v, sp, 0, False, rc)) <= worst_s:
-                return False
-        return True
+                break
+            slower.add((sp, rc))
+        else:
+            return ()
+        if not slower:
+            return rest
+        return tuple(c for c in rest if (c[0], _FAMILY_RC[c[3]]) not in slower)
