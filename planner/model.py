@@ -79,6 +79,12 @@ class LayerCost:
     without FLOPs that allocates its output (views excluded), transcendentals apart."""
     bwd_stream_bytes: float = 0.0
     """The same in backward."""
+    fwd_written_bytes: float = 0.0
+    """Of those bytes and the transcendentals', the bytes written to freshly allocated
+    outputs, per sequence (in-place results excluded): on a CPU, an output at or past the C
+    allocator's mmap threshold page-faults on first touch (`cost/calibrated.py`)."""
+    bwd_written_bytes: float = 0.0
+    """The same in backward."""
     fwd_special: tuple[OpElements, ...] = ()
     """Transcendental operators of the forward, with their output elements per sequence."""
     bwd_special: tuple[OpElements, ...] = ()

@@ -22,7 +22,7 @@ from .jsonio import (
 from .model import ModelProfile
 
 _AGAIN = "profile the model again with paraplan profile -o"
-PROFILE_SCHEMA_VERSION = 3
+PROFILE_SCHEMA_VERSION = 4
 """Bumped on any incompatible change of the profile JSON."""
 
 

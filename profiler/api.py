@@ -287,6 +287,8 @@ def _layer(
         bwd_ops=st.ops[BWD],
         fwd_stream_bytes=st.stream_bytes[FWD] / b,
         bwd_stream_bytes=st.stream_bytes[BWD] / b,
+        fwd_written_bytes=st.written_bytes[FWD] / b,
+        bwd_written_bytes=st.written_bytes[BWD] / b,
         fwd_special=_special(st.special[FWD], b),
         bwd_special=_special(st.special[BWD], b),
         param_tensors=st.param_tensors,

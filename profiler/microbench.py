@@ -22,22 +22,22 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..planner.calibration import CollectiveKind, CollectivePoint
-from ..planner.cost.calibrated import AttentionCurve, GemmGrid, KernelFit, OpRate
-from .microbench_cold import ColdOperands, ColdPool
-from .tracer import SPECIAL_OPS
+from ..planner.cost.calibrated import AttentionCurve, GemmGrid, KernelFit
+from .microbench_cold import ColdPool
+from .microbench_stream import (
+    ELEMENTWISE_BYTES,
+    STREAM_SIZES_BYTES,
+    _rotating,
+    bandwidth_bytes_per_s,
+    page_fault_s_per_byte,
+    special_rates,
+    stream_curve,
+)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 """Planner dtype keys -> torch dtypes."""
 CHAIN_OPS = 64
 """Tiny ops in the chain that times per-op dispatch."""
-STREAM_SIZES_BYTES = (2**16, 2**18, 2**20, 2**22, 2**24)
-"""Tensor sizes of the elementwise bandwidth curve: 64 KiB (L2) to 16 MiB (beyond L3 of a
-small VM's share)."""
-ELEMENTWISE_BYTES = 32 * 2**20
-"""Tensor size of the bandwidth benchmark: far beyond the caches."""
-STREAM_REPEATS = 31
-"""Timed calls of each elementwise measurement (cheap; a fresh output's page faults make
-single calls jitter)."""
 MIN_SPAN_S = 0.005
 """Seconds the timed calls of one measurement span at least (a 10 us GEMM measured 5 times
 jittered by 1.5x between calibrations on this shared VM)."""
@@ -168,71 +168,6 @@ def dispatch_s(timer: Timer, dtype: torch.dtype) -> tuple[float, float]:
     return raw, trained
 
 
-def bandwidth_bytes_per_s(timer: Timer, dtype: torch.dtype, raw_s: float) -> float:
-    """Bytes read plus written per second by an elementwise op on a large tensor."""
-    elems = ELEMENTWISE_BYTES // torch.finfo(dtype).bits * 8
-    x = torch.ones(elems, dtype=dtype, device=timer.device)
-    out = torch.empty_like(x)
-    seconds = timer(lambda: torch.mul(x, 1.0001, out=out))
-    return 2 * x.numel() * x.element_size() / max(seconds - raw_s, 1e-9)
-
-
-def stream_curve(
-    timer: Timer, dtype: torch.dtype, raw_s: float, sizes: tuple[int, ...], pool: ColdPool
-) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(tensor bytes, bytes read + written per second) of an elementwise op on tensors of
-    each size, its input coming from memory and its output freshly allocated, as in a
-    training step (`microbench_cold`): small tensors still stream faster (latency hidden,
-    output in the caches)."""
-    rates = []
-    for nbytes in sizes:
-        elems = max(1, nbytes * 8 // torch.finfo(dtype).bits)
-        ops = pool.operands([(elems,)])
-        seconds = timer(partial(_rotating, _scaled, ops), STREAM_REPEATS)
-        rates.append(2 * elems * pool.buffer.element_size() / max(seconds - raw_s, 1e-9))
-    return tuple(float(n) for n in sizes), tuple(rates)
-
-
-def special_rates(
-    timer: Timer, dtype: torch.dtype, raw_s: float, pool: ColdPool
-) -> tuple[OpRate, ...]:
-    """Elements per second of each transcendental operator the profiler records
-    (`tracer.SPECIAL_OPS`), on an activation-sized (256 x 1024) tensor from memory."""
-    aten = torch.ops.aten
-    shape = (256, 1024)
-    one, two = pool.operands([shape]), pool.operands([shape, shape])
-
-    def unary(op: Callable[..., object], *args: object) -> Callable[[], object]:
-        return lambda: op(one.next()[0], *args)
-
-    def binary(op: Callable[..., object], *args: object) -> Callable[[], object]:
-        return lambda: op(*two.next(), *args)
-
-    calls: dict[str, Callable[[], object]] = {
-        "aten.tanh": unary(aten.tanh),
-        "aten.exp": unary(aten.exp),
-        "aten.erf": unary(aten.erf),
-        "aten.sigmoid": unary(aten.sigmoid),
-        "aten.silu": unary(aten.silu),
-        "aten.gelu": unary(aten.gelu),
-        "aten.gelu_backward": binary(aten.gelu_backward),
-        "aten.silu_backward": binary(aten.silu_backward),
-        "aten._softmax": unary(aten._softmax, -1, False),
-        "aten._log_softmax": unary(aten._log_softmax, -1, False),
-        "aten._log_softmax_backward_data": binary(aten._log_softmax_backward_data, -1, dtype),
-        "aten.sin": unary(aten.sin),
-        "aten.cos": unary(aten.cos),
-        "aten.log": unary(aten.log),  # the pool holds ones: log is defined
-    }
-    if missing := SPECIAL_OPS - set(calls):  # a traced operator this benchmark does not time
-        raise RuntimeError(f"no calibration benchmark for {sorted(missing)}: add one here")
-    elems = shape[0] * shape[1]
-    return tuple(
-        OpRate(op=op, elems_per_s=elems / max(timer(call, STREAM_REPEATS) - raw_s, 1e-9))
-        for op, call in sorted(calls.items())
-    )
-
-
 def copy_bytes_per_s(timer: Timer) -> float:
     """Host<->device bandwidth (CUDA: pinned host to device), or on a CPU the bandwidth of a
     plain copy (what offloading to host memory costs there)."""
@@ -280,16 +215,6 @@ def gemm_grid(
         fwd_flops_per_s=tuple(_filled(fwd, s) for s in grid),
         bwd_flops_per_s=tuple(_filled(bwd, s) for s in grid),
     )
-
-
-def _rotating(fn: Callable[..., object], ops: ColdOperands) -> object:
-    """`fn` on the next slot of `ops` (operands from memory)."""
-    return fn(*ops.next())
-
-
-def _scaled(x: torch.Tensor) -> torch.Tensor:
-    """The elementwise op of the bandwidth curve (a fresh output, as in eager training)."""
-    return torch.mul(x, 1.0001)
 
 
 def _gemm_forward(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -397,6 +322,7 @@ def kernel_fit(
         stream_bw_bytes_per_s=stream_bw,
         special_rates=special,
         raw_dispatch_s=raw_s,
+        page_fault_s_per_byte=page_fault_s_per_byte(timer),
     )
     return fit, raw_s
 

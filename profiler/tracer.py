@@ -60,6 +60,9 @@ class SegmentStats:
     stream_bytes: list[float] = field(default_factory=lambda: [0.0, 0.0])
     """Bytes read and written by memory-bound operators (no FLOPs, not a view, not a
     transcendental) in forward, backward."""
+    written_bytes: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    """Bytes of the fresh outputs of those operators and of the transcendentals, forward,
+    backward (what page-faults past the allocator's mmap threshold)."""
     special: list[dict[str, float]] = field(default_factory=lambda: [{}, {}])
     """Output elements of transcendental operators by overload packet, forward, backward."""
     expert_params: int = 0
@@ -128,11 +131,13 @@ def _count_traffic(
         return
     name = str(func._overloadpacket)
     outs = _tensors(out)
+    out_bytes = sum(_nbytes(t) for t in outs)
+    if returns and all(r.alias_info is None for r in returns):  # fresh outputs, not in place
+        seg.written_bytes[phase] += out_bytes
     if name in SPECIAL_OPS:
         special = seg.special[phase]
         special[name] = special.get(name, 0.0) + sum(t.numel() for t in outs)
         return
-    out_bytes = sum(_nbytes(t) for t in outs)
     if name in _INDEX_OPS:
         seg.stream_bytes[phase] += 2.0 * out_bytes
         return

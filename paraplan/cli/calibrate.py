@@ -187,6 +187,7 @@ def _calibration_of(cluster: Cluster) -> Calibration:
 def format_calibration(cluster: Cluster) -> str:
     """The measured figures and the fit as a short table."""
     from ..planner.calibration import collective_model_s
+    from ..planner.cost.calibrated import MMAP_THRESHOLD_BYTES
 
     cal = _calibration_of(cluster)
     acc = cluster.accelerator
@@ -215,6 +216,13 @@ def format_calibration(cluster: Cluster) -> str:
         f"{acc.intra_node_latency_s * 1e6:.1f} us per step; runtime memory per rank "
         f"{_si(acc.runtime_overhead_bytes, 'B')}",
     ]
+    fault = max(entry.fit.page_fault_s_per_byte for entry in cal.dtype_kernels)
+    if fault > 0:
+        size = _si(MMAP_THRESHOLD_BYTES, "B")
+        lines.append(
+            f"fresh pages (outputs of {size} or more): {fault * 1e9:.2f} ns per byte to first "
+            f"touch, {fault * MMAP_THRESHOLD_BYTES * 1e3:.1f} ms per {size} output"
+        )
     if cal.tensor_parallel is not None:
         per_block = ", ".join(
             f"{'gated' if b.gated else 'plain'} MLP{' + SP' if b.sequence_parallel else ''} "

@@ -166,6 +166,11 @@ class KernelFit:
     """Resident bytes each further distinct GEMM shape leaves behind: the kernel oneDNN
     generates and keeps per shape in its primitive cache (~550 KiB for a bf16 matmul on this
     CPU, ~30 KiB for fp32 through MKL; 0 on a GPU)."""
+    page_fault_s_per_byte: float = 0.0
+    """Seconds per byte of first touching freshly mapped memory, beyond writing memory the
+    process already holds: the kernel's page fault and zeroing of each page
+    (`profiler/microbench_stream.py`; 0.39 ns per byte on this VM, 13 ms for a 32 MiB output;
+    0 on a GPU, whose caching allocator keeps freed blocks)."""
 
     def __post_init__(self) -> None:
         if len(self.stream_tensor_bytes) != len(self.stream_bw_bytes_per_s) or list(
@@ -182,6 +187,7 @@ class KernelFit:
             "checkpoint_region_s",
             "gemm_cache_init_bytes",
             "gemm_shape_bytes",
+            "page_fault_s_per_byte",
         ):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be >= 0")
@@ -208,6 +214,16 @@ def _axis_weights(axis: Sequence[int], x: float) -> tuple[tuple[int, float], ...
     lo = hi - 1
     w = (lx - logs[lo]) / (logs[hi] - logs[lo])
     return ((lo, 1.0 - w), (hi, w))
+
+
+MMAP_THRESHOLD_BYTES = 32 * 2**20
+"""glibc malloc's largest mmap threshold on 64-bit systems (`DEFAULT_MMAP_THRESHOLD_MAX`,
+mallopt(3)): an allocation this large or larger that the heap cannot serve from a free block
+is mapped fresh from the OS and unmapped when freed, so it page-faults on first touch; below
+it freed memory is reused. In a training step it is the fresh case: the fp32 loss tensors of
+a GPT-2-small-sized head (1024 tokens x 8192 vocabulary, 32 MiB) were written at 2.1-2.6 GB/s
+in the step where the same ops into reused memory stream at 25-45 GB/s (torch profiler,
+2026-11-25)."""
 
 
 def _curve(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
@@ -266,8 +282,9 @@ class CalibratedKernels:
 
     def stream_s(self, nbytes: float, tensor_bytes: float) -> float:
         """Seconds to stream `nbytes` (read + written) through elementwise ops on tensors of
-        about `tensor_bytes` each: the measured bandwidth at that size (log-log interpolated),
-        or the large-tensor bandwidth when no curve was measured."""
+        about `tensor_bytes` each into reused memory: the measured bandwidth at that size
+        (log-log interpolated; the first touch of fresh pages past the mmap threshold is
+        `fresh_output_s`), or the large-tensor bandwidth when no curve was measured."""
         if nbytes <= 0:
             return 0.0
         fit = self.fit
@@ -276,15 +293,28 @@ class CalibratedKernels:
         bw = _curve(fit.stream_tensor_bytes, fit.stream_bw_bytes_per_s, max(tensor_bytes, 1.0))
         return nbytes / bw * self.time_scale
 
+    def fresh_output_s(self, nbytes: float, tensor_bytes: float) -> float:
+        """Seconds of first touching `nbytes` of fresh outputs of about `tensor_bytes` each,
+        beyond streaming them (`stream_s`): 0 below the allocator's mmap threshold, where
+        freed memory is handed out again; past it every page of every output faults, at the
+        measured `KernelFit.page_fault_s_per_byte`."""
+        if nbytes <= 0 or tensor_bytes < MMAP_THRESHOLD_BYTES:
+            return 0.0
+        return nbytes * self.fit.page_fault_s_per_byte * self.time_scale
+
     def special_s(self, op: str, elems: float, elem_bytes: float, tensor_bytes: float) -> float:
         """Seconds of a transcendental operator over `elems` output elements: its measured
-        rate, or streaming its input and output when it was not measured."""
+        rate (taken on an activation-sized tensor), but no faster than streaming one input and
+        its output at `tensor_bytes` (a roofline: a log-softmax over a head's logits, 32 MiB
+        or more, is bound by the fresh output's page faults, not by its exp and log; 17.7 ms
+        measured for 1024 x 8192 fp32 elements on this CPU where its rate gives 5.5 ms)."""
         if elems <= 0:
             return 0.0
+        stream_s = self.stream_s(2 * elems * elem_bytes, tensor_bytes)
         for rate in self.fit.special_rates:
             if rate.op == op:
-                return elems / rate.elems_per_s * self.time_scale
-        return self.stream_s(2 * elems * elem_bytes, tensor_bytes)
+                return max(elems / rate.elems_per_s * self.time_scale, stream_s)
+        return stream_s
 
     def elementwise_s(self, nbytes: float) -> float:
         """Seconds to stream `nbytes` (read + written) through memory-bound kernels."""

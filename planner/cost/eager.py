@@ -35,6 +35,14 @@ ADAMW_STREAMED_VALUES = 21
 """Parameter-sized values those operators read and write per parameter: mul_ 2, lerp_ 3,
 mul_ 2, addcmul_ 4, sqrt 2, div 2, add_ 2, addcdiv_ 4."""
 
+LOSS_BYTES = 4.0
+"""Bytes per logit of the loss's memory-bound work: the loss runs in fp32 whatever the
+compute precision (Hugging Face's `ForCausalLMLoss` upcasts with `logits.float()`, torchtitan's
+`cross_entropy_loss` with `.float()`), so a head's log-softmax, its backward and the zeroed
+gradient stream fp32 tensors of tokens x vocabulary (per TP rank under a vocabulary-parallel
+loss); their size sets the bandwidth (`CalibratedKernels.stream_s`), past the allocator's mmap
+threshold with page faults (`profiler/microbench_stream.py`)."""
+
 
 def eager_extra_s(
     x: LayerCost,
@@ -47,16 +55,18 @@ def eager_extra_s(
     tensor_bytes: float,
 ) -> tuple[float, float]:
     """(forward, backward) seconds of one micro-batch's non-GEMM, non-attention work in a
-    traced layer: operator dispatch, memory-bound traffic and transcendentals. `share` is
+    traced layer: operator dispatch, memory-bound traffic, the first touch of fresh outputs
+    past the allocator's mmap threshold, and transcendentals. `share` is
     the part of the layer's activations one rank holds (1 / (tp * cp)); `tensor_bytes` the
     size of one activation on the rank (what sets the streaming bandwidth)."""
     seqs = mbs * share
     out = []
-    for ops, stream, special in (
-        (x.fwd_ops, x.fwd_stream_bytes, x.fwd_special),
-        (x.bwd_ops, x.bwd_stream_bytes, x.bwd_special),
+    for ops, stream, written, special in (
+        (x.fwd_ops, x.fwd_stream_bytes, x.fwd_written_bytes, x.fwd_special),
+        (x.bwd_ops, x.bwd_stream_bytes, x.bwd_written_bytes, x.bwd_special),
     ):
         t = k.launch_s * ops + k.stream_s(stream * seqs * act_scale, tensor_bytes)
+        t += k.fresh_output_s(written * seqs * act_scale, tensor_bytes)
         for o in special:
             t += k.special_s(o.op, o.elems * seqs, elem_bytes, tensor_bytes)
         out.append(t)
@@ -110,14 +120,19 @@ def traced_layer_s(
             x.attn_core_fwd_flops * mbs / (tp * cp), head_dim=p.hidden // p.heads
         )
     act_bytes = float(train.act_bytes)
+    tokens = mbs * p.seq_len / cp
+    if x.kind == LayerKind.HEAD:  # its memory-bound work is on the rank's logits, in fp32
+        elem_bytes, tensor_bytes = LOSS_BYTES, tokens * p.vocab / tp * LOSS_BYTES
+    else:
+        elem_bytes, tensor_bytes = act_bytes, tokens * p.hidden * act_bytes
     extra_f, extra_b = eager_extra_s(
         x,
         k,
         share=1.0 / (tp * cp),
         mbs=mbs,
         act_scale=act_scale,
-        elem_bytes=act_bytes,
-        tensor_bytes=mbs * p.seq_len / cp * p.hidden * act_bytes,
+        elem_bytes=elem_bytes,
+        tensor_bytes=tensor_bytes,
     )
     dt_f, dt_b = tensor_parallel_host_s(k, p, x, tp, tp_dispatch)
     f = gemm_s[0] + attn_f + extra_f + dt_f
