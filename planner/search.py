@@ -13,7 +13,7 @@ import heapq
 import itertools
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TypeVar
 
 from . import options
@@ -25,39 +25,21 @@ from .cost.memory import MemoryBreakdown
 from .cost.options import has_options, option_problem
 from .cost.rules import Rule, Violation
 from .pins import Pins
-from .search_blocks import PER_LAYER, RESCUE, Block, Task, keep_best, least_memory
+from .search_blocks import (
+    PER_LAYER,
+    RECOMPUTE_RANK,
+    RESCUE,
+    Block,
+    SearchResult,
+    Task,
+    keep_best,
+    least_memory,
+)
 from .search_bounds import FamilyBounds, per_layer_lower_bound_s, strategy_lower_bound_s
 from .search_space import mesh_orders, space_blocks
 from .strategy import LOCALITY_RANK, MeshAxis, Recompute, Schedule, Strategy
 
 _T = TypeVar("_T")
-_RECOMPUTE_RANK = {
-    Recompute.NONE: 0,
-    Recompute.SELECTIVE: 1,
-    Recompute.FULL: 2,
-    Recompute.PER_LAYER: 3,
-}
-"""Order of recompute policies by added time when several fit. `per_layer` is never slower
-than a uniform policy that fits except through TP/EP collectives redone, so only `none`
-fitting dominates it (the solver then picks `none` everywhere)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SearchResult:
-    """What the search found."""
-
-    ranked: tuple[Estimate, ...]
-    """The fastest memory-feasible strategies, best first (at most top_k + 1)."""
-    evaluated: int
-    """Structurally valid strategies considered (each mesh order counted once)."""
-    min_memory: Estimate | None
-    """When nothing fits: the valid strategy needing the least memory per GPU (exact). When
-    something fits: the least-memory strategy among those the search visited."""
-
-    @property
-    def best(self) -> Estimate | None:
-        """The winner, if anything fits."""
-        return self.ranked[0] if self.ranked else None
 
 
 class Search:
@@ -163,6 +145,12 @@ class Search:
             if bound > worst_s():
                 break  # everything left is slower still
             if isinstance(item, Task):
+                if not item.exact:  # queued under its family's bound: now under its own
+                    item.exact = True
+                    item.key = min(self._plain_lower_bound_s(s) for s in item.strategies)
+                    if item.key > bound:
+                        heapq.heappush(queue, (item.key, next(order), item))
+                        continue
                 self._task(item, heap, keep)
                 continue
             block = item
@@ -212,19 +200,18 @@ class Search:
                         # that names an unrunnable strategy is not needed either.
                         continue
                     if total is None:  # per_layer: solve it only if it could make the top k
-                        if full and not self.consent.any:  # never faster than rc=none
-                            plain = block.strategy(sched, v, sp, zero, off, Recompute.NONE)
-                            if self._slower(plain, worst_s()):
-                                continue
                         if full and self._states_overflow(s):
                             continue  # no recompute policy fits it: no need to solve
-                        if full and not self.consent.any:  # solved in its turn, with its
-                            task = deferred.get((sp, zero))  # (sp, zero) siblings in order
-                            if task is None:
+                        if full and not self.consent.any:  # never faster than rc=none
+                            plain = block.strategy(sched, v, sp, zero, off, Recompute.NONE)
+                            key = self._families.bound_s(plain)  # its own bound: in its turn
+                            if key > worst_s():
+                                continue
+                            task = deferred.get((sp, zero))  # solved in its turn, with its
+                            if task is None:  # (sp, zero) siblings in order
                                 task = deferred[(sp, zero)] = Task(
-                                    PER_LAYER, [], block, fitted, runnable
+                                    PER_LAYER, [], block, fitted, runnable, exact=False
                                 )
-                            key = self._time_lower_bound_s(plain)
                             if key < task.key:
                                 task.key = key
                                 heapq.heappush(queue, (key, next(order), task))
@@ -235,10 +222,10 @@ class Search:
                         self._fitted(s, total, block, fitted, runnable, heap, keep)
                         continue
                     self._note_memory(s, total)
-                    if self._slower(s, worst_s()):
+                    key = self._families.bound_s(s)  # its own bound waits for its turn
+                    if key > worst_s():
                         continue  # as would its rescues, which only add offload
-                    key = self._time_lower_bound_s(s)
-                    task = Task(RESCUE, [s], block, fitted, runnable, key)
+                    task = Task(RESCUE, [s], block, fitted, runnable, key, exact=False)
                     heapq.heappush(queue, (key, next(order), task))  # rescued in its turn
         if progress is not None:
             progress(1.0)
@@ -296,7 +283,7 @@ class Search:
             return
         if self.runnable_only and not runnable and self._gap(s):
             return  # fits, but the executor cannot run it
-        rc_rank = _RECOMPUTE_RANK[s.recompute]
+        rc_rank = RECOMPUTE_RANK[s.recompute]
         sp, zero, off, rc = s.sequence_parallel, s.zero_stage, s.offload_optimizer, s.recompute
         if any(
             f[0] == sp
@@ -425,6 +412,13 @@ class Search:
         if self._families.bound_s(s) > worst_s:
             return True
         return self._time_lower_bound_s(s) > worst_s
+
+    def _plain_lower_bound_s(self, s: Strategy) -> float:
+        """`_time_lower_bound_s` of `s`, or of its rc=none sibling when it is per_layer (what
+        its per-layer solve can be no faster than)."""
+        if s.recompute == Recompute.PER_LAYER:
+            s = replace(s, recompute=Recompute.NONE)
+        return self._time_lower_bound_s(s)
 
     def _time_lower_bound_s(self, s: Strategy) -> float:
         """A step time no mesh order of `s` beats: each collective at the least time of its

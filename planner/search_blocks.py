@@ -14,6 +14,15 @@ from .strategy import Recompute, Schedule, Strategy
 
 STRATEGY_FIELDS = tuple(f.name for f in fields(Strategy))
 """`Strategy`'s field names, for building candidates from keywords."""
+RECOMPUTE_RANK = {
+    Recompute.NONE: 0,
+    Recompute.SELECTIVE: 1,
+    Recompute.FULL: 2,
+    Recompute.PER_LAYER: 3,
+}
+"""Order of recompute policies by added time when several fit. `per_layer` is never slower
+than a uniform policy that fits except through TP/EP collectives redone, so only `none`
+fitting dominates it (the solver then picks `none` everywhere)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +75,24 @@ class Block:
         for sched, v in self.schedules:
             for sp, zero, off, rc in self.rest:
                 yield self.strategy(sched, v, sp, zero, off, rc)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SearchResult:
+    """What the search found."""
+
+    ranked: tuple[Estimate, ...]
+    """The fastest memory-feasible strategies, best first (at most top_k + 1)."""
+    evaluated: int
+    """Structurally valid strategies considered (each mesh order counted once)."""
+    min_memory: Estimate | None
+    """When nothing fits: the valid strategy needing the least memory per GPU (exact). When
+    something fits: the least-memory strategy among those the search visited."""
+
+    @property
+    def best(self) -> Estimate | None:
+        """The winner, if anything fits."""
+        return self.ranked[0] if self.ranked else None
 
 
 class Neg:
@@ -123,6 +150,10 @@ class Task:
     """The lowest lower bound it is queued under."""
     done: bool = False
     """Whether it was done (it may be queued again under a lower bound)."""
+    exact: bool = True
+    """Whether `key` is its strategy's own bound; a rescue is first queued under its
+    family's (`FamilyBounds.bound_s`, shared and already known), and its own bound is
+    computed only if the search reaches it (then it is queued again under that)."""
 
 
 def least_memory(ev: Evaluator, blocks: list[Block], found: Estimate | None) -> Estimate | None:
