@@ -39,10 +39,11 @@ STRATEGIES = {
     "DP+full recompute": "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=full",
 }
 """The acceptance's strategies, pinned (PP: 4 micro-batches of 2)."""
-STEPS = {"tiny": (12, 4), "small": (5, 2)}
+STEPS = {"tiny": (12, 4), "small": (7, 2)}
 """(steps, warm-up) per config: the median is over the rest."""
-STEPS_SLOW = (3, 1)
-"""bf16 on a CPU without bf16 matmul units runs GEMMs ~30x slower than fp32: fewer steps."""
+TIMED_BUDGET_S = 12.0
+"""Predicted seconds of timed steps per run at most: a slow combination (bf16 on a CPU
+without bf16 units runs GEMMs ~30x slower than fp32) times fewer steps, never under 3."""
 
 
 def paraplan(*args: str) -> subprocess.CompletedProcess[str]:
@@ -127,11 +128,9 @@ def rows_from_folder(folder: Path, dtypes: list[str], configs: list[str]) -> lis
 def run_one(row: dict, folder: Path) -> dict:
     """Train under one plan with `paraplan run`; the run report's figures."""
     path, _ = CONFIGS[row["config"]]
-    steps, warm = (
-        STEPS_SLOW
-        if row["dtype"] == "bf16" and row["config"] == "small"
-        else (STEPS[row["config"]])
-    )
+    steps, warm = STEPS[row["config"]]
+    timed = max(3, min(steps - warm, int(TIMED_BUDGET_S / row["predicted_step_time_s"])))
+    steps = warm + timed
     report = folder / (Path(row["plan_file"]).stem + "-report.json")
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
