@@ -15,6 +15,8 @@ chunk without a send.
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -103,64 +105,122 @@ def _parts_needed(costs: Sequence[float], bound: float, max_units: int) -> int:
     return parts
 
 
+def _greedy_trace(costs: Sequence[float], bound: float, max_units: int) -> tuple[int, float, float]:
+    """`_parts_needed`, with the interval of bounds over which its answer holds: every
+    comparison of a running sum with the bound goes the same way for any bound from the
+    largest sum found within it to the least sum found over it (excluded), so the greedy
+    takes the same steps and counts the same parts there. (count, from, to)."""
+    parts, running, units = 1, 0.0, 0
+    below, above = -math.inf, math.inf
+    for c in costs:
+        x = running + c
+        if x > bound:
+            if x < above:
+                above = x
+            parts, running, units = parts + 1, c, 1
+        else:
+            if x > below:
+                below = x
+            if units == max_units:
+                parts, running, units = parts + 1, c, 1
+            else:
+                running, units = x, units + 1
+    return parts, below, above
+
+
+class BalancedCuts:
+    """`balanced_cuts` of one cost vector for any chunk count: the search asks it for many
+    counts of the same blocks' seconds. The bisection for the bottleneck asks the greedy
+    (`_parts_needed`, with every unit allowed in a part) at many bounds, and its answer is a
+    step function of the bound: each answer is kept with the interval of bounds it holds for
+    (`_greedy_trace`), and a bound inside a known interval is answered without a pass. So
+    the bisection takes the very steps `_parts_needed` would, bit for bit."""
+
+    def __init__(self, unit_costs_s: Sequence[float]) -> None:
+        self.costs = [float(c) for c in unit_costs_s]
+        self._starts: list[float] = []
+        """Sorted lower ends of the known intervals (with their `_ends`, `_parts`)."""
+        self._ends: list[float] = []
+        self._parts: list[int] = []
+
+    def _parts_needed(self, bound: float) -> int:
+        """`_parts_needed(costs, bound, len(costs))`."""
+        i = bisect.bisect_right(self._starts, bound) - 1
+        if i >= 0 and bound < self._ends[i]:
+            return self._parts[i]
+        parts, below, above = _greedy_trace(self.costs, bound, len(self.costs))
+        if below < above:  # holds on [below, above), bound included
+            j = bisect.bisect_right(self._starts, below)
+            self._starts.insert(j, below)
+            self._ends.insert(j, above)
+            self._parts.insert(j, parts)
+        return parts
+
+    def cuts(self, num_chunks: int) -> list[int]:
+        """`balanced_cuts(unit_costs_s, num_chunks)`."""
+        costs = self.costs
+        n = len(costs)
+        even = block_counts(n, num_chunks)
+        if num_chunks == 1 or any(c < 0 for c in costs) or sum(costs) <= 0:
+            return even
+        if num_chunks == n:  # one unit per chunk: the only split
+            return even
+        lo, hi = max(costs), sum(costs)
+        for _ in range(_BISECTIONS):
+            if hi - lo <= _REL * hi:
+                break
+            mid = (lo + hi) / 2
+            if self._parts_needed(mid) <= num_chunks:
+                hi = mid
+            else:
+                lo = mid
+        bound = hi * (1 + _REL)
+        low_k, high_k = -(-n // num_chunks), n  # the fewest units the largest chunk can hold
+        while low_k < high_k:
+            mid_k = (low_k + high_k) // 2
+            if _parts_needed(costs, bound, mid_k) <= num_chunks:
+                high_k = mid_k
+            else:
+                low_k = mid_k + 1
+        most = low_k
+        # reach[p]: end of the largest part starting at p under both limits (two pointers);
+        # suffix_parts[p]: fewest parts the units p.. need (greedy from p is optimal)
+        reach_of, end, running = [0] * n, 0, 0.0
+        for p in range(n):
+            if end < p:
+                end, running = p, 0.0
+            while end < n and end - p < most and running + costs[end] <= bound:
+                running += costs[end]
+                end += 1
+            reach_of[p] = max(end, p + 1)
+            running -= costs[p] if end > p else 0.0
+        suffix_parts = [0] * (n + 1)
+        for p in range(n - 1, -1, -1):
+            suffix_parts[p] = 1 + suffix_parts[reach_of[p]]
+        cuts, start, even_end = [], 0, 0
+        for c in range(num_chunks - 1):
+            even_end += even[c]
+            left = num_chunks - c - 1  # chunks still to place after this one
+            reach = reach_of[start]
+            # the cut must leave `left` non-empty chunks that meet both limits
+            feasible = [
+                e for e in range(start + 1, reach + 1) if n - e >= left and suffix_parts[e] <= left
+            ]
+            if not feasible:  # cannot happen (the optimum is reachable); keep the even split
+                return even
+            end = min(feasible, key=lambda e: (abs(e - even_end), e))
+            cuts.append(end - start)
+            start = end
+        cuts.append(n - start)
+        return cuts
+
+
 def balanced_cuts(unit_costs_s: Sequence[float], num_chunks: int) -> list[int]:
     """Units per chunk for `num_chunks` contiguous, non-empty chunks minimizing the largest
     chunk's seconds; among those, the largest chunk's unit count (so the stages that do not
     bound the time share the blocks evenly); then each cut as close as it can be to the even
-    split's (`block_counts`)."""
-    costs = [float(c) for c in unit_costs_s]
-    n = len(costs)
-    even = block_counts(n, num_chunks)
-    if num_chunks == 1 or any(c < 0 for c in costs) or sum(costs) <= 0:
-        return even
-    lo, hi = max(costs), sum(costs)
-    for _ in range(_BISECTIONS):
-        if hi - lo <= _REL * hi:
-            break
-        mid = (lo + hi) / 2
-        if _parts_needed(costs, mid, n) <= num_chunks:
-            hi = mid
-        else:
-            lo = mid
-    bound = hi * (1 + _REL)
-    low_k, high_k = -(-n // num_chunks), n  # the fewest units the largest chunk can hold
-    while low_k < high_k:
-        mid_k = (low_k + high_k) // 2
-        if _parts_needed(costs, bound, mid_k) <= num_chunks:
-            high_k = mid_k
-        else:
-            low_k = mid_k + 1
-    most = low_k
-    # reach[p]: end of the largest part starting at p under both limits (two pointers);
-    # suffix_parts[p]: fewest parts the units p.. need (greedy from p is optimal)
-    reach_of, end, running = [0] * n, 0, 0.0
-    for p in range(n):
-        if end < p:
-            end, running = p, 0.0
-        while end < n and end - p < most and running + costs[end] <= bound:
-            running += costs[end]
-            end += 1
-        reach_of[p] = max(end, p + 1)
-        running -= costs[p] if end > p else 0.0
-    suffix_parts = [0] * (n + 1)
-    for p in range(n - 1, -1, -1):
-        suffix_parts[p] = 1 + suffix_parts[reach_of[p]]
-    cuts, start, even_end = [], 0, 0
-    for c in range(num_chunks - 1):
-        even_end += even[c]
-        left = num_chunks - c - 1  # chunks still to place after this one
-        reach = reach_of[start]
-        # the cut must leave `left` non-empty chunks that meet both limits
-        feasible = [
-            e for e in range(start + 1, reach + 1) if n - e >= left and suffix_parts[e] <= left
-        ]
-        if not feasible:  # cannot happen (the optimum is reachable); keep the even split
-            return even
-        end = min(feasible, key=lambda e: (abs(e - even_end), e))
-        cuts.append(end - start)
-        start = end
-    cuts.append(n - start)
-    return cuts
+    split's (`block_counts`). `BalancedCuts` answers it for many chunk counts at once."""
+    return BalancedCuts(unit_costs_s).cuts(num_chunks)
 
 
 def chunk_stage(chunk: int, pp: int, v_shaped: bool) -> int:

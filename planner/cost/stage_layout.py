@@ -15,11 +15,11 @@ from functools import cache
 
 from ..model import LayerKind, ModelProfile
 from .layout import (
+    BalancedCuts,
     Chunk,
     Layout,
     Stage,
     StageSplit,
-    balanced_cuts,
     block_counts,
     chunks_from_counts,
 )
@@ -50,7 +50,7 @@ class StageLayouts:
         self.stages = cache(self._stages)
         self.stage_copies = cache(self._stage_copies)
         self._cuts: dict[tuple, list[int]] = {}
-        self._costs: dict[tuple, list[float]] = {}  # by (recompute, tp, sequence parallel)
+        self._costs: dict[tuple, BalancedCuts] = {}  # by (recompute, tp, sequence parallel)
         self._placed: dict[tuple, tuple[tuple[Chunk, ...], list[_Placed]]] = {}
         self._stage: dict[tuple, Stage] = {}
         layers = profile.layers
@@ -80,10 +80,10 @@ class StageLayouts:
             counts = self._cuts.get(key)  # type: ignore[assignment]
             if counts is None:
                 weights = key[1:]  # what `unit_costs_s` reads of the layout
-                costs = self._costs.get(weights)
-                if costs is None:
-                    costs = self._costs[weights] = self.unit_costs_s(lay)
-                counts = self._cuts[key] = balanced_cuts(costs, n)
+                table = self._costs.get(weights)
+                if table is None:
+                    table = self._costs[weights] = BalancedCuts(self.unit_costs_s(lay))
+                counts = self._cuts[key] = table.cuts(n)
         return (tuple(counts), lay.pp, lay.v_shaped)
 
     def _placed_of(self, lay: Layout) -> tuple[tuple, tuple[tuple[Chunk, ...], list[_Placed]]]:
@@ -107,8 +107,8 @@ class StageLayouts:
         return key, found
 
     def _chunks(self, lay: Layout) -> tuple[Chunk, ...]:
-        """Chunks in model order, cut by `balanced_cuts` on the blocks' seconds under the
-        layout (or evenly)."""
+        """Chunks in model order, cut by `balanced_cuts` (`BalancedCuts`) on the blocks'
+        seconds under the layout (or evenly)."""
         return self._placed_of(lay)[1][0]
 
     def _signature(self, classes: tuple[int, ...], st: int, lay: Layout) -> tuple:
