@@ -194,21 +194,22 @@ class BalancedCuts:
                 end += 1
             reach_of[p] = max(end, p + 1)
             running -= costs[p] if end > p else 0.0
-        suffix_parts = [0] * (n + 1)
+        # -suffix_parts[p]: the fewest parts the units p.. need, negated; `reach_of` never
+        # decreases, so neither does this (greedy from a later unit needs no more parts)
+        neg_parts = [0] * (n + 1)
         for p in range(n - 1, -1, -1):
-            suffix_parts[p] = 1 + suffix_parts[reach_of[p]]
+            neg_parts[p] = neg_parts[reach_of[p]] - 1
         cuts, start, even_end = [], 0, 0
         for c in range(num_chunks - 1):
             even_end += even[c]
             left = num_chunks - c - 1  # chunks still to place after this one
-            reach = reach_of[start]
-            # the cut must leave `left` non-empty chunks that meet both limits
-            feasible = [
-                e for e in range(start + 1, reach + 1) if n - e >= left and suffix_parts[e] <= left
-            ]
-            if not feasible:  # cannot happen (the optimum is reachable); keep the even split
+            # the cut e must leave `left` non-empty chunks that meet both limits: e in
+            # (start, reach], e <= n - left and at most `left` parts from e, an interval
+            first = max(start + 1, bisect.bisect_left(neg_parts, -left))
+            last = min(reach_of[start], n - left)
+            if first > last:  # cannot happen (the optimum is reachable); keep the even split
                 return even
-            end = min(feasible, key=lambda e: (abs(e - even_end), e))
+            end = min(max(even_end, first), last)  # the cut nearest the even split's
             cuts.append(end - start)
             start = end
         cuts.append(n - start)
