@@ -35,7 +35,13 @@ from .search_blocks import (
     keep_best,
     least_memory,
 )
-from .search_bounds import FamilyBounds, per_layer_lower_bound_s, strategy_lower_bound_s
+from .search_bounds import (
+    FamilyBounds,
+    compute_lower_bound_s,
+    per_layer_lower_bound_s,
+    schedule_lower_bound_s,
+    strategy_lower_bound_s,
+)
 from .search_space import mesh_orders, space_blocks
 from .strategy import LOCALITY_RANK, MeshAxis, Recompute, Schedule, Strategy
 
@@ -132,8 +138,8 @@ class Search:
             bound = (
                 float("inf")
                 if broken
-                else ev.compute_lower_bound_s(
-                    options.optimistic(self.pins, self.consent, block.base)
+                else compute_lower_bound_s(
+                    ev, options.optimistic(self.pins, self.consent, block.base)
                 )
             )
             queue.append((bound, len(queue), block))
@@ -173,7 +179,7 @@ class Search:
                     if not rest:
                         continue
                 optimist = options.optimistic(self.pins, self.consent, probe)
-                if probe_rule is None and ev.schedule_lower_bound_s(optimist) > worst_s():
+                if probe_rule is None and schedule_lower_bound_s(ev, optimist) > worst_s():
                     continue
                 if probe_rule is None:  # the members of families slower than the K-th best
                     fast = self._families.fast_choices(block, sched, v, rest, worst_s())
@@ -181,7 +187,7 @@ class Search:
                     if not fast:
                         continue
                     rest = fast
-                totals = ev.memory_totals(probe, rest)
+                totals = ev.memory_totals(probe, rest, fit_only=len(heap) == keep)
                 fitted: list[tuple[bool, int, bool, int]] = []  # (sp, zero, offload, rc)
                 deferred: dict[tuple[bool, int], Task] = {}  # per-layer solves by (sp, zero)
                 for (sp, zero, off, rc), total in zip(rest, totals, strict=True):

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .cost.comm import Collectives
+from .cost.comm import Collectives, Links
 from .cost.evaluate import Evaluator
 from .cost.placement import PlacementBound
 from .cost.schedules import bubble_bound_s, is_split_backward
@@ -60,6 +60,41 @@ SAFETY = 1e-9
 _SHARE_NUDGE = 1e-9
 """A forward share this close to a rounding boundary of the replay cache is tried on both
 sides, so the bound never reads a neighbouring bin the step time did not."""
+
+
+def _slot_lower_bound_s(ev: Evaluator, s: Strategy) -> float:
+    """A bound on one pipeline slot of the busiest stage for these degrees and micro-batch
+    size, whatever the layout, ZeRO stage, recompute or mesh order: the busiest stage does
+    at least the average of the forward and backward compute plus the TP collectives every
+    block and the embedding and head run (2 + 2 per block; all on the fastest link, no
+    latency: `lower_bound_coll`)."""
+    sm = ev.stage_model
+    total = sm.total_compute_s(s.tp, s.cp, s.ep, s.micro_batch_size)
+    if s.tp > 1:
+        act = s.micro_batch_size * sm.block_output_seq_bytes / s.cp
+        ideal = Links.ideal_of(s.tp)
+        unit = min(
+            ev.lower_bound_coll.all_reduce(act, ideal),
+            2 * ev.lower_bound_coll.all_gather(act, ideal),
+        )
+        total += (4 * ev.num_blocks + 2) * unit
+    return total / s.pp
+
+
+def compute_lower_bound_s(ev: Evaluator, s: Strategy) -> float:
+    """A bound no layout, schedule, ZeRO stage, recompute policy or mesh order beats for
+    these degrees and micro-batch size: m slots plus the fill and drain of the most
+    interleaved schedule possible, each at least `_slot_lower_bound_s`."""
+    v_max = max(1, ev.num_blocks // s.pp)
+    slots = ev.num_microbatches(s) + (0 if s.async_pipeline else (s.pp - 1) / v_max)
+    return slots * _slot_lower_bound_s(ev, s)
+
+
+def schedule_lower_bound_s(ev: Evaluator, s: Strategy) -> float:
+    """Like `compute_lower_bound_s` for a pipeline shape: (m + (pp-1)/v) slots."""
+    fill = 0.0 if is_split_backward(s.schedule) else ev.fill_slots(s)
+    slots = ev.num_microbatches(s) + fill  # split backward: 0, a bound whatever F:B:W
+    return slots * _slot_lower_bound_s(ev, s)
 
 
 def family_key(s: Strategy) -> Strategy:

@@ -26,7 +26,7 @@ from .data_parallel import (
 from .eager import unfused_adamw_s
 from .estimate import Estimate, StageTime, TimeBreakdown
 from .layout import Layout, Stage, StageSplit
-from .memory import MemoryBreakdown, in_flight_microbatches
+from .memory import MIN_SPLIT_IN_FLIGHT, MemoryBreakdown, in_flight_microbatches
 from .options import OptionModel, has_options, option_problem
 from .per_layer import PerLayerRecompute
 from .rules import Assignment, ProblemShape, Violation, violation
@@ -188,12 +188,19 @@ class Evaluator:
         return found
 
     def memory_totals(
-        self, s: Strategy, choices: tuple[tuple[bool, int, bool, Recompute], ...]
+        self,
+        s: Strategy,
+        choices: tuple[tuple[bool, int, bool, Recompute], ...],
+        *,
+        fit_only: bool = False,
     ) -> list[float | None]:
         """Peak memory (`memory(...)[0].total_bytes`) of `s` under each (sp, zero, offload,
         recompute) choice, computed together: the search's fast path. A `per_layer` choice
         is None (left to the caller, as it needs the recompute solver) unless `none` fits with
-        the same sharding, which makes it that strategy."""
+        the same sharding, which makes it that strategy. With `fit_only`, a total that does
+        not fit may be a lower bound on it (still above the capacity): a split-backward
+        schedule's in-flight counts (a replay) are then read only for the choices that fit
+        with `MIN_SPLIT_IN_FLIGHT` micro-batches in flight."""
         sm = self.stage_model
         if has_options(s):  # the options' terms live in `memory` (options.py): the slow path
             return [
@@ -206,10 +213,12 @@ class Evaluator:
                 )[0].total_bytes
                 for sp, z, o, rc in choices
             ]
-        m, mbs, v = self.num_microbatches(s), s.micro_batch_size, s.virtual_stages
-        dpcp = s.dp * s.cp
+        v, dpcp = s.virtual_stages, s.dp * s.cp
+        cap = self.stage_model.capacity_bytes
+        lazy = fit_only and split_schedules.is_split_backward(s.schedule)
         static: dict[tuple[int, bool, Layout], tuple[float, ...]] = {}
-        acts: dict[tuple[bool, Recompute], list[float]] = {}
+        acts: dict[tuple[bool, Recompute], list[float]] = {}  # lazy: at the least in flight
+        exact: dict[tuple[bool, Recompute], list[float]] = {}  # lazy: as replayed
         none_totals: dict[tuple[bool, int, bool], float] = {}
         out: list[float | None] = []
         shapes: dict[tuple[bool, Recompute], tuple[Layout, tuple[Stage, ...]]] = {}
@@ -224,20 +233,9 @@ class Evaluator:
                     lay, s.tp, s.ep, dpcp, zero, off, s.dp_replicate
                 )
             if (sp, rc) not in acts and rc != Recompute.PER_LAYER:
-                sums = sm.stage_activations(lay, s.tp, sp, s.cp, rc)
-                boundary = self.pipeline_buffer_bytes(s, sp)
-                table = self.in_flight(s.schedule, s.pp, m, v)
-                inflight = [table[st.index] for st in stages]
-                acts[(sp, rc)] = [
-                    (a.kept_bytes * inflight[i] + a.transient_bytes) * mbs + boundary
-                    for i, a in enumerate(sums)
-                ]
+                acts[(sp, rc)] = self._act_totals(s, sp, rc, lay, stages, lazy)
             plain = none_totals.get((sp, zero, off))
-            if (
-                rc == Recompute.PER_LAYER
-                and plain is not None
-                and plain <= self.stage_model.capacity_bytes
-            ):
+            if rc == Recompute.PER_LAYER and plain is not None and plain <= cap:
                 # `none` fits: the solver keeps everything, so this is that strategy (or one
                 # recomputing more where `none` fits only by the single-pass timeline).
                 out.append(plain)
@@ -253,44 +251,42 @@ class Evaluator:
             else:
                 pairs = zip(static[(zero, off, lay)], acts[(sp, rc)], strict=True)
                 total = max(x + y for x, y in pairs)
+                if lazy and total <= cap:  # it may fit: the replayed counts decide
+                    if (sp, rc) not in exact:
+                        exact[(sp, rc)] = self._act_totals(s, sp, rc, lay, stages, False)
+                    pairs = zip(static[(zero, off, lay)], exact[(sp, rc)], strict=True)
+                    total = max(x + y for x, y in pairs)
             if rc == Recompute.NONE:
                 none_totals[(sp, zero, off)] = total
             out.append(total)
         return out
 
+    def _act_totals(
+        self,
+        s: Strategy,
+        sp: bool,
+        rc: Recompute,
+        lay: Layout,
+        stages: tuple[Stage, ...],
+        least: bool,
+    ) -> list[float]:
+        """Per stage of `stages`, its activations under (sp, rc) for every micro-batch in
+        flight and the pipeline buffers (`memory_totals`); with `least`, a lower bound on them
+        with `MIN_SPLIT_IN_FLIGHT` micro-batches in flight (split-backward schedules)."""
+        sums = self.stage_model.stage_activations(lay, s.tp, sp, s.cp, rc)
+        boundary = self.pipeline_buffer_bytes(s, sp)
+        if least:
+            inflight = [MIN_SPLIT_IN_FLIGHT] * len(stages)
+        else:
+            table = self.in_flight(s.schedule, s.pp, self.num_microbatches(s), s.virtual_stages)
+            inflight = [table[st.index] for st in stages]
+        mbs = s.micro_batch_size
+        return [
+            (a.kept_bytes * inflight[i] + a.transient_bytes) * mbs + boundary
+            for i, a in enumerate(sums)
+        ]
+
     # ---- time -----------------------------------------------------------------------------
-    def _slot_lower_bound_s(self, s: Strategy) -> float:
-        """A bound on one pipeline slot of the busiest stage for these degrees and micro-batch
-        size, whatever the layout, ZeRO stage, recompute or mesh order: the busiest stage does
-        at least the average of the forward and backward compute plus the TP collectives every
-        block and the embedding and head run (2 + 2 per block; all on the fastest link, no
-        latency: `lower_bound_coll`)."""
-        sm = self.stage_model
-        total = sm.total_compute_s(s.tp, s.cp, s.ep, s.micro_batch_size)
-        if s.tp > 1:
-            act = s.micro_batch_size * sm.block_output_seq_bytes / s.cp
-            ideal = Links.ideal_of(s.tp)
-            unit = min(
-                self.lower_bound_coll.all_reduce(act, ideal),
-                2 * self.lower_bound_coll.all_gather(act, ideal),
-            )
-            total += (4 * self.num_blocks + 2) * unit
-        return total / s.pp
-
-    def compute_lower_bound_s(self, s: Strategy) -> float:
-        """A bound no layout, schedule, ZeRO stage, recompute policy or mesh order beats for
-        these degrees and micro-batch size: m slots plus the fill and drain of the most
-        interleaved schedule possible, each at least `_slot_lower_bound_s`."""
-        v_max = max(1, self.num_blocks // s.pp)
-        slots = self.num_microbatches(s) + (0 if s.async_pipeline else (s.pp - 1) / v_max)
-        return slots * self._slot_lower_bound_s(s)
-
-    def schedule_lower_bound_s(self, s: Strategy) -> float:
-        """Like `compute_lower_bound_s` for a pipeline shape: (m + (pp-1)/v) slots."""
-        fill = 0.0 if split_schedules.is_split_backward(s.schedule) else self.fill_slots(s)
-        slots = self.num_microbatches(s) + fill  # split backward: 0, a bound whatever F:B:W
-        return slots * self._slot_lower_bound_s(s)
-
     def links(self, s: Strategy) -> Links:
         """The link each communication group uses under the strategy's mesh order."""
         return self._links(s.pp, s.dp, s.cp, s.tp, s.ep, s.mesh_order, s.dp_shard)

@@ -80,6 +80,15 @@ def layer_act_bytes(layer: LayerCost, *, tp: int, sp: bool, cp: int, recompute: 
     return (tp_part / tp + layer.act_replicated_bytes / rep_div) / cp
 
 
+MIN_SPLIT_IN_FLIGHT = 1.0
+"""Micro-batches a stage of a split-backward schedule holds at its peak, at the least
+(`in_flight_microbatches` never counts fewer): the first micro-batch runs its forward through
+every chunk of the model before any of its backward (each chunk's waits for the next
+chunk's), and a chunk keeps its activations from its forward's start to the end of its
+backward or weight gradient, so when that micro-batch starts its forward on a stage's last
+chunk the stage holds it on all of its chunks (tests/test_search_memory_bound.py)."""
+
+
 def in_flight_microbatches(
     schedule: Schedule, *, pp: int, stage: int, num_microbatches: int, virtual_stages: int
 ) -> float:
