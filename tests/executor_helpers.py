@@ -168,10 +168,12 @@ def _numerics_one(path: str) -> dict[str, object]:
     pm = parallelize(model, plan, timeout_s=60)
     opt = Optimizers(pm, lr=lr, name="sgd")  # the plan's sharding of states (ZeRO-1)
     losses, grad_err, checked = [], {}, []
+    counter = _Collectives()
     for step in range(2):
         x, y = synthetic_batch(plan, step)
         opt.zero_grad()
-        loss = pm.forward_backward(pm.local_batch(x), pm.local_batch(y))
+        with counter if step == 0 else contextlib.nullcontext():
+            loss = pm.forward_backward(pm.local_batch(x), pm.local_batch(y))
         losses.append(_global_loss(pm, loss))
         if step == 0:
             chain = pm.chains[0]
@@ -188,7 +190,34 @@ def _numerics_one(path: str) -> dict[str, object]:
         "grad_rel_err": grad_err,
         "layout": dict(_layout(pm), optimizer=type(opt.optimizers[0]).__name__),
         "checked": checked,
+        "collectives": counter.calls,
     }
+
+
+class _Collectives:
+    """The functional collectives one forward and backward run (DTensor's redistributions),
+    as [operator, elements of the first input], read from the torch profiler's events."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self._prof = torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
+        )
+
+    def __enter__(self) -> _Collectives:
+        self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._prof.__exit__(*exc)
+        for event in self._prof.events():
+            name = event.name
+            if name.startswith("_c10d_functional::") and not name.endswith("wait_tensor"):
+                shape = event.input_shapes[0] if event.input_shapes else []
+                numel = 1
+                for d in shape:
+                    numel *= d
+                self.calls.append((name.split("::", 1)[1], numel))
 
 
 def _layout(pm: object) -> dict[str, object]:

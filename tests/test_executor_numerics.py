@@ -20,6 +20,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from tests.executor_helpers import launch, make_plan, tiny_model, write_plans
+from tests.executor_plans import HIDDEN, LAYERS, SEQ_LEN
 
 FP32_GRAD_RTOL = 1e-5
 """Largest |g - g_ref| / max|g_ref| per parameter (fp32 reductions in another order)."""
@@ -158,6 +159,26 @@ def _check(results: dict[int, dict], specs: dict[str, dict]) -> None:
             assert worst[1] <= grad_rtol, (name, rank, worst)
             checked |= set(r["checked"])
         assert sorted(checked) == HF_NAMES[kw.get("family", "gpt2")], name  # every gradient
+        if kw.get("sp") and kw.get("tp", 1) > 1:
+            _check_sequence_parallel_collectives(name, kw, results)
+
+
+def _check_sequence_parallel_collectives(name: str, kw: dict, results: dict[int, dict]) -> None:
+    """Under TP+SP each block's forward all-gathers its attention and MLP inputs and
+    reduce-scatters their outputs, and its backward does the reverse: Megatron's count
+    (Korthikanti et al. 2022 §4.2.2), which the cost model prices. A full-size all-reduce of a
+    block activation would mean a column-parallel Linear reducing its own input gradient (3 per
+    attention with separate q/k/v): only the embedding's partial sums and the head's gathered
+    input may all-reduce one (one each per micro-batch, forward or backward)."""
+    cp, pp, mbs = kw.get("cp", 1), kw.get("pp", 1), kw.get("mbs", 2)
+    full = mbs * SEQ_LEN // cp * HIDDEN  # one micro-batch's (b, s/cp, h) activation
+    for rank, res in results.items():
+        calls = [tuple(c) for c in res[name]["collectives"]]
+        whole = [c for c in calls if c == ("all_reduce", full)]
+        scatters = [c for c in calls if c[0] == "reduce_scatter_tensor" and c[1] == full]
+        assert len(whole) <= 2 * kw.get("nmb", 1), (name, rank, calls)
+        blocks = LAYERS // pp  # a pipeline rank's blocks
+        assert len(scatters) >= 4 * blocks * kw.get("nmb", 1), (name, rank, calls)
 
 
 @pytest.mark.multiprocess

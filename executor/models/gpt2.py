@@ -135,9 +135,13 @@ def gpt2_tp_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
             "mlp.c_fc": ColwiseParallel(),
             "mlp.c_proj": RowwiseParallel(),
         }
+    # (B, T/tp, H) -> (B, T, H) all-gather, kept a DTensor: the column-parallel Linears
+    # reading it (q, k, v; c_fc) return partial input gradients that autograd sums before one
+    # reduce-scatter back to (B, T/tp, H), Megatron's count; a local tensor instead makes each
+    # Linear all-reduce its own full-size gradient (3 per attention, 1 per MLP)
     gather = PrepareModuleInput(
-        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
-    )  # (B, T/tp, H) -> (B, T, H) all-gather
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=False
+    )
     return {
         "ln_1": SequenceParallel(),
         "attn": gather,

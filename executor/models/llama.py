@@ -99,13 +99,13 @@ def llama_tp_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
         "layer.self_attn": PrepareModuleInput(
             input_kwarg_layouts={"hidden_states": Shard(1)},
             desired_input_kwarg_layouts={"hidden_states": Replicate()},
-            use_local_output=True,
+            use_local_output=False,  # a DTensor: one reduce-scatter of the summed gradients
         ),  # (B, T/tp, H) -> (B, T, H)
         **{c: ColwiseParallel() for c in cols},
         "layer.self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
         "layer.post_attention_layernorm": SequenceParallel(),
         "layer.mlp": PrepareModuleInput(
-            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=False
         ),
         "layer.mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
     }
