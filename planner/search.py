@@ -190,7 +190,11 @@ class Search:
                 totals = ev.memory_totals(probe, rest, fit_only=len(heap) == keep)
                 fitted: list[tuple[bool, int, bool, int]] = []  # (sp, zero, offload, rc)
                 deferred: dict[tuple[bool, int], Task] = {}  # per-layer solves by (sp, zero)
+                cap, rescued = ev.capacity_bytes, options.RESCUED_RECOMPUTE
                 for (sp, zero, off, rc), total in zip(rest, totals, strict=True):
+                    if runnable and total is not None and total > cap and rc not in rescued:
+                        evaluated += 1  # does not fit, nor is offload tried on it: it cannot
+                        continue  # rank (the heap is full: its memory is not needed either)
                     s = block.strategy(sched, v, sp, zero, off, rc)
                     if pinned:
                         broken = ev.violation(s)
@@ -224,9 +228,11 @@ class Search:
                             task.strategies.append(s)
                             continue
                         total = ev.memory(s)[0].total_bytes
-                    if not full or total <= ev.capacity_bytes or not self._rescuable(s):
+                    if not full or total <= cap:
                         self._fitted(s, total, block, fitted, runnable, heap, keep)
                         continue
+                    if not self._rescuable(s):
+                        continue  # no offload makes it fit: it cannot rank
                     self._note_memory(s, total)
                     key = self._families.bound_s(s)  # its own bound waits for its turn
                     if key > worst_s():
