@@ -161,6 +161,23 @@ def _check(results: dict[int, dict], specs: dict[str, dict]) -> None:
         assert sorted(checked) == HF_NAMES[kw.get("family", "gpt2")], name  # every gradient
         if kw.get("sp") and kw.get("tp", 1) > 1:
             _check_sequence_parallel_collectives(name, kw, results)
+        elif kw.get("tp", 1) > 1 and kw.get("family", "gpt2") != "mixtral":
+            _check_tensor_parallel_collectives(name, kw, results)
+
+
+def _check_tensor_parallel_collectives(name: str, kw: dict, results: dict[int, dict]) -> None:
+    """Without SP each block all-reduces twice forward (the row-parallel outputs) and twice
+    backward (the attention's and the MLP's input gradients, Megatron's f operator; Shoeybi
+    et al. 2019 §3), plus the embedding's partial sums and the head's input gradient: more
+    would mean q, k and v (or gate and up) each reducing their own input gradient. A fully
+    recomputed block runs its forward's two again."""
+    cp, pp, mbs, nmb = kw.get("cp", 1), kw.get("pp", 1), kw.get("mbs", 2), kw.get("nmb", 1)
+    full = mbs * SEQ_LEN // cp * HIDDEN
+    again = sum(r == "full" for r in kw.get("recompute", ()))  # over all stages: an upper bound
+    for rank, res in results.items():
+        calls = [tuple(c) for c in res[name]["collectives"]]
+        whole = [c for c in calls if c == ("all_reduce", full)]
+        assert len(whole) <= (4 * LAYERS // pp + 2 + 2 * again) * nmb, (name, rank, calls)
 
 
 def _check_sequence_parallel_collectives(name: str, kw: dict, results: dict[int, dict]) -> None:

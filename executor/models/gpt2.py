@@ -129,7 +129,16 @@ def gpt2_tp_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
     inner units), c_proj by rows; with sequence parallelism the LayerNorms and dropouts run
     on sequence shards (Korthikanti et al. 2022 §4.2.2), as torchtitan's Llama plan."""
     if not sequence_parallel:
+        # the replicated input enters attention as a DTensor, so that q, k and v's partial
+        # input gradients are summed before the one all-reduce of Megatron's f operator (a
+        # local tensor makes each of them all-reduce its own)
+        shared = PrepareModuleInput(
+            input_layouts=(Replicate(),),
+            desired_input_layouts=(Replicate(),),
+            use_local_output=False,
+        )
         return {
+            "attn": shared,
             **{f"attn.{n}": ColwiseParallel() for n in _QKV},
             "attn.c_proj": RowwiseParallel(),
             "mlp.c_fc": ColwiseParallel(),

@@ -88,7 +88,19 @@ def llama_tp_plan(sequence_parallel: bool) -> dict[str, ParallelStyle]:
         "layer.mlp.up_proj",
     )
     if not sequence_parallel:
+        # replicated inputs enter attention and the MLP as DTensors: q/k/v's (gate/up's)
+        # partial input gradients are summed before one all-reduce (Megatron's f operator)
         return {
+            "layer.self_attn": PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": Replicate()},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                use_local_output=False,
+            ),
+            "layer.mlp": PrepareModuleInput(
+                input_layouts=(Replicate(),),
+                desired_input_layouts=(Replicate(),),
+                use_local_output=False,
+            ),
             **{c: ColwiseParallel() for c in cols},
             "layer.self_attn.o_proj": RowwiseParallel(),
             "layer.mlp.down_proj": RowwiseParallel(),
