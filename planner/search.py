@@ -164,20 +164,20 @@ class Search:
                 progress(done / num_blocks)
             done += 1
             for sched, v in block.schedules:
+                rest = block.rest
+                runnable = len(heap) == keep and self.runnable_only and not pinned
+                if runnable:  # every choice left runs; asked first, as it is cheaper than
+                    rest = self._runnable(block, sched, v)  # the rules and the bounds (and
+                    evaluated += len(block.rest) - len(rest)  # often leaves nothing to do)
+                    if not rest:
+                        continue
                 probe = replace(block.base, schedule=sched, virtual_stages=v)
                 probe_rule = ev.violation(probe)
                 # With nothing pinned, only the probe's rules can fail (the options exclude sp
                 # without TP and offload without ZeRO); with pins, each strategy is checked.
                 if probe_rule is not None and not pinned:
-                    note(probe_rule, len(block.rest))
+                    note(probe_rule, len(rest))
                     continue
-                rest = block.rest
-                runnable = len(heap) == keep and self.runnable_only and not pinned
-                if runnable:  # every choice left runs; asked first, as it is cheaper
-                    rest = self._runnable(block, sched, v)  # than the bounds (and often
-                    evaluated += len(block.rest) - len(rest)  # leaves nothing to bound)
-                    if not rest:
-                        continue
                 optimist = options.optimistic(self.pins, self.consent, probe)
                 if probe_rule is None and schedule_lower_bound_s(ev, optimist) > worst_s():
                     continue
