@@ -129,7 +129,8 @@ class Calibration:
     """DTensor's host cost (None: not measured, one rank)."""
     fsdp_unit_host_s: float = 0.0
     """Host seconds one FSDP2 unit adds per forward+backward beyond its collectives (hooks,
-    copy-in/out, gradient division), measured on the ranks' mesh (0: not measured)."""
+    copy-in/out, gradient division): the calling thread's CPU time, measured on the ranks'
+    mesh (0: not measured)."""
     load_average: float = 0.0
     """The machine's 1-minute load average when the measurement started (`os.getloadavg`; 0
     where unknown): a busy machine measures slower and less stable figures."""

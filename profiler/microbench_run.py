@@ -29,12 +29,9 @@ import torch.multiprocessing as mp
 
 from ..planner.calibration import (
     Calibration,
-    CollectiveKind,
     CollectivePoint,
     DeviceKind,
     DtypeKernels,
-    KindLatency,
-    collective_model_s,
     fit_kind_latencies,
     fit_links,
 )
@@ -46,7 +43,6 @@ from .host_memory import live_resident_bytes
 from .microbench_cache import gemm_cache_bytes
 from .microbench_checkpoint import checkpoint_region_s
 from .microbench_tp import (
-    FSDP_UNIT_BYTES,
     dtensor_adamw_tensor_s,
     fsdp_unit_s,
     tensor_parallel_dispatch,
@@ -382,23 +378,6 @@ def _calibration(
         kind_latency=kinds,
         overlap_contention=r.overlap_contention,
         tensor_parallel=r.tensor_parallel,
-        fsdp_unit_host_s=fsdp_host_s(r, figures, kinds, world),
+        fsdp_unit_host_s=r.fsdp_unit_s,  # host CPU time: the collectives are the links'
         dtensor_adamw_tensor_s=r.dtensor_adamw_tensor_s,
     )
-
-
-def fsdp_host_s(
-    r: _RankResult, figures: dict[str, Any], kinds: tuple[KindLatency, ...], world: int
-) -> float:
-    """The measured FSDP2 unit time less its three collectives as the fitted model prices
-    them (two all-gathers and a reduce-scatter of the benchmark unit's parameters)."""
-    if not r.fsdp_unit_s or "intra_node_bw_bytes_per_s" not in figures:
-        return 0.0
-    bw = figures["intra_node_bw_bytes_per_s"]
-    own = {k.kind: k.latency_s for k in kinds}
-    comm_s = 0.0
-    for kind, count in ((CollectiveKind.ALL_GATHER, 2), (CollectiveKind.REDUCE_SCATTER, 1)):
-        point = CollectivePoint(kind=kind, ranks=world, nbytes=FSDP_UNIT_BYTES, seconds=1.0)
-        lat = own.get(kind, figures["intra_node_latency_s"])
-        comm_s += count * collective_model_s(point, bw=bw, lat=lat)
-    return max(0.0, r.fsdp_unit_s - comm_s)
