@@ -112,3 +112,30 @@ def test_the_page_fault_benchmark_measures_fresh_pages() -> None:
 
     seconds = page_fault_s_per_byte(Timer(torch.device("cpu"), 3, group=False))
     assert 1e-11 < seconds < 2e-8
+
+
+def test_loss_parallel_passes_are_priced_over_the_rank_logits() -> None:
+    """torch's loss_parallel adds, over the fused log-softmax, 6 streamed and 2 fresh logits
+    tensors and one exp pass forward (5, 2, 1 backward): with a flat 5 GB/s stream, 1 ns per
+    fresh byte and exp at 1e9 elements/s, 32 MiB of logits cost exactly that, and 16 MiB the
+    same less the faults (under the mmap threshold); exp is no faster than streaming its input
+    and output (here the stream bounds it: 2 x 4 bytes per element at 5 GB/s)."""
+    from paraplan.planner.cost.calibrated import OpRate
+    from paraplan.planner.cost.eager import (
+        LOSS_PARALLEL_BWD,
+        LOSS_PARALLEL_FWD,
+        loss_parallel_extra_s,
+    )
+
+    fit = dataclasses.replace(
+        _fit(launch_s=0.0),
+        page_fault_s_per_byte=FAULT_S_PER_BYTE,
+        special_rates=(OpRate(op="aten.exp", elems_per_s=1e9),),
+    )
+    k = CalibratedKernels(fit)
+    for logits in (MMAP_THRESHOLD_BYTES, MMAP_THRESHOLD_BYTES / 2):
+        fault = FAULT_S_PER_BYTE if logits >= MMAP_THRESHOLD_BYTES else 0.0
+        for passes, streamed in ((LOSS_PARALLEL_FWD, 6), (LOSS_PARALLEL_BWD, 5)):
+            exp_s = max(logits / 4 / 1e9, 2 * logits / 5e9)
+            want = streamed * logits / 5e9 + 2 * logits * fault + exp_s
+            assert loss_parallel_extra_s(k, passes, logits) == pytest.approx(want, rel=1e-12)
