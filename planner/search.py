@@ -153,7 +153,7 @@ class Search:
             if isinstance(item, Task):
                 if not item.exact:  # queued under its family's bound: now under its own
                     item.exact = True
-                    item.key = min(self._plain_lower_bound_s(s) for s in item.strategies)
+                    item.key = min(self._time_lower_bound_s(b) for b in item.bounded)
                     if item.key > bound:
                         heapq.heappush(queue, (item.key, next(order), item))
                         continue
@@ -226,6 +226,7 @@ class Search:
                                 task.key = key
                                 heapq.heappush(queue, (key, next(order), task))
                             task.strategies.append(s)
+                            task.bounded.append(plain)
                             continue
                         total = ev.memory(s)[0].total_bytes
                     if not full or total <= cap:
@@ -238,6 +239,7 @@ class Search:
                     if key > worst_s():
                         continue  # as would its rescues, which only add offload
                     task = Task(RESCUE, [s], block, fitted, runnable, key, exact=False)
+                    task.bounded.append(s)
                     heapq.heappush(queue, (key, next(order), task))  # rescued in its turn
         if progress is not None:
             progress(1.0)
@@ -323,13 +325,12 @@ class Search:
         if task.kind == RESCUE:
             self._rescue(task.strategies[0], heap, keep)
         else:  # per-layer solves of one (sp, zero), in the order the block lists them
-            for s in task.strategies:
-                plain = replace(s, recompute=Recompute.NONE)
+            for s, plain in zip(task.strategies, task.bounded, strict=True):
                 if self._slower(plain, -heap[0][0]):
                     continue
                 if not has_options(s):  # its recompute bounded before it is solved
                     coll = self._families.coll(s)
-                    if per_layer_lower_bound_s(self.ev, s, coll) > -heap[0][0]:
+                    if per_layer_lower_bound_s(self.ev, s, coll, plain) > -heap[0][0]:
                         continue
                 total = self.ev.memory(s)[0].total_bytes
                 self._fitted(s, total, task.block, task.fitted, task.runnable, heap, keep)
@@ -424,13 +425,6 @@ class Search:
         if self._families.bound_s(s) > worst_s:
             return True
         return self._time_lower_bound_s(s) > worst_s
-
-    def _plain_lower_bound_s(self, s: Strategy) -> float:
-        """`_time_lower_bound_s` of `s`, or of its rc=none sibling when it is per_layer (what
-        its per-layer solve can be no faster than)."""
-        if s.recompute == Recompute.PER_LAYER:
-            s = replace(s, recompute=Recompute.NONE)
-        return self._time_lower_bound_s(s)
 
     def _time_lower_bound_s(self, s: Strategy) -> float:
         """A step time no mesh order of `s` beats: each collective at the least time of its

@@ -151,9 +151,12 @@ class Task:
     done: bool = False
     """Whether it was done (it may be queued again under a lower bound)."""
     exact: bool = True
-    """Whether `key` is its strategy's own bound; a rescue is first queued under its
-    family's (`FamilyBounds.bound_s`, shared and already known), and its own bound is
-    computed only if the search reaches it (then it is queued again under that)."""
+    """Whether `key` is its strategies' own bound; a task is first queued under their
+    family's (`FamilyBounds.bound_s`, shared and already known), and their own bounds are
+    computed only if the search reaches it (then it is queued again under those)."""
+    bounded: list[Strategy] = field(default_factory=list)
+    """Per strategy, what its time is no less than: itself, or for a per-layer solve its
+    rc=none sibling (built once, with it)."""
 
 
 def least_memory(ev: Evaluator, blocks: list[Block], found: Estimate | None) -> Estimate | None:

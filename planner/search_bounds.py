@@ -152,12 +152,14 @@ def strategy_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> flo
     return (m * slot + least_bubble_s(ev, s, slot, shares) + tail) * (1.0 - SAFETY)
 
 
-def per_layer_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float:
+def per_layer_lower_bound_s(
+    ev: Evaluator, s: Strategy, coll: Collectives, plain: Strategy | None = None
+) -> float:
     """`strategy_lower_bound_s` of a `per_layer` strategy without options, without solving
-    its recompute: the stage times of its `none` sibling (the same layout; recompute only
-    adds seconds and redone collectives) with each stage's `recompute_lower_bounds_s` added
-    to its slot."""
-    plain = replace(s, recompute=Recompute.NONE)
+    its recompute: the stage times of its `none` sibling `plain` (the same layout; recompute
+    only adds seconds and redone collectives) with each stage's `recompute_lower_bounds_s`
+    added to its slot."""
+    plain = replace(s, recompute=Recompute.NONE) if plain is None else plain
     stages = ev.stage_times(plain, ev.ideal_links(plain), coll)
     extra = ev.per_layer.recompute_lower_bounds_s(s)
     slot = max(x.per_microbatch_s + r for x, r in zip(stages, extra, strict=True))
