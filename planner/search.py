@@ -171,7 +171,7 @@ class Search:
                     evaluated += len(block.rest) - len(rest)  # often leaves nothing to do)
                     if not rest:
                         continue
-                probe = replace(block.base, schedule=sched, virtual_stages=v)
+                probe = block.probe(sched, v)
                 probe_rule = ev.violation(probe)
                 # With nothing pinned, only the probe's rules can fail (the options exclude sp
                 # without TP and offload without ZeRO); with pins, each strategy is checked.

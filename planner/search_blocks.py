@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .cost.evaluate import Estimate, Evaluator
@@ -49,10 +49,12 @@ class Block:
         shape = tuple(v for k, v in kwargs.items() if k != "micro_batch_size")
         object.__setattr__(self, "shape", (shape, self.rest))
 
-    def probe(self) -> Strategy:
-        """A representative for the block-level structural checks."""
-        sched, v = self.schedules[0]
-        return replace(self.base, schedule=sched, virtual_stages=v)
+    def probe(self, sched: Schedule | None = None, v: int = 1) -> Strategy:
+        """A representative for the block-level structural checks: the base under the first
+        schedule, or under `sched` with `v` virtual stages."""
+        if sched is None:
+            sched, v = self.schedules[0]
+        return Strategy(**{**self._fields, "schedule": sched, "virtual_stages": v})
 
     def strategy(
         self, sched: Schedule, v: int, sp: bool, zero: int, off: bool, rc: Recompute
