@@ -75,6 +75,14 @@ class Runtime:
     """Fused attention kernel."""
     selective: SelectiveRecompute = SelectiveRecompute.ATTENTION_CORE
     """What `Recompute.SELECTIVE` recomputes in this framework."""
+    fp32_grads: bool = True
+    """Gradients are accumulated and reduced in fp32 whatever the compute precision: Megatron-LM
+    turns `--accumulate-allreduce-grads-in-fp32` on for bf16 (its distributed-optimizer guide:
+    "bf16 parameters, fp32 gradients", 18 bytes per parameter, 6 + 12/d sharded), DeepSpeed's
+    bf16 optimizer accumulates in fp32, FSDP2 reduces in `reduce_dtype=float32` (torchtitan's
+    default) and autocast over fp32 parameters (paraplan's executor beside DDP) leaves fp32
+    gradients. False: gradients in the working precision, the ZeRO paper's fp16 accounting
+    (Rajbhandari et al. 2020 §3.1: 2 + 2 + 12 bytes per parameter)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -128,8 +136,10 @@ class TrainConfig:
 
     @property
     def grad_bytes(self) -> int:
-        """Bytes per gradient element (same dtype as the working parameters, ZeRO §3.1)."""
-        return self.param_bytes
+        """Bytes per gradient element, as stored and reduced: fp32 main gradients where the
+        runtime keeps them (`Runtime.fp32_grads`, every framework paraplan models in mixed
+        precision), else the working dtype's."""
+        return FP32_BYTES if self.runtime.fp32_grads else self.param_bytes
 
     @property
     def optimizer_bytes(self) -> int:

@@ -124,15 +124,18 @@ def test_published_runs_within_the_recorded_bounds():
 
 def test_hsdp_keeps_the_gathers_in_the_node_and_pays_in_memory():
     """HSDP (FSDP §3.2.2): sharding Llama 3 8B over one node of 8 and replicating across 16
-    nodes moves the per-unit gathers and reduce-scatters onto NVLink, which beats sharding
-    over all 128 ranks at a small micro-batch; the parameter shard grows 16-fold (1/8 of the
+    nodes moves the per-unit gathers and reduce-scatters onto NVLink, which exposes less
+    communication than sharding over all 128 ranks at a small micro-batch (its fp32 gradient
+    all-reduce across the replicas included; the step as a whole is then within 1%: each rank
+    also steps 16x the optimizer states); the parameter shard grows 16-fold (1/8 of the
     parameters in bf16 instead of 1/128)."""
     seq = 8192
     profile = parse_model("llama3-8b").to_profile(seq_len=seq)
     ev = Evaluator(profile, parse_cluster("128xh100"), TrainConfig(global_batch=128, seq_len=seq))
     base = Strategy(dp=128, tp=1, pp=1, zero_stage=3, micro_batch_size=1, recompute=Recompute.FULL)
     fsdp, hsdp = ev.evaluate(base), ev.evaluate(dataclasses.replace(base, dp_shard=8))
-    assert hsdp.step_time_s < fsdp.step_time_s
+    assert hsdp.time.comm_s < fsdp.time.comm_s
+    assert hsdp.step_time_s == pytest.approx(fsdp.step_time_s, rel=0.01)
     dense = sum(x.params for x in profile.layers)
     grown = hsdp.memory.params_bytes - fsdp.memory.params_bytes
     assert grown == pytest.approx(dense * 2 * (1 / 8 - 1 / 128), rel=0.01)

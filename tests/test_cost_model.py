@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from paraplan.planner.cluster import parse_cluster
-from paraplan.planner.config import TrainConfig
+from paraplan.planner.config import Runtime, TrainConfig
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.cost.memory import (
     in_flight_microbatches,
@@ -34,7 +34,24 @@ ZERO_FIGURE_1_GB = {0: 120.0, 1: 31.41, 2: 16.64, 3: 1.875}
 
 
 def _mixed_adam() -> TrainConfig:
-    return TrainConfig(global_batch=1, seq_len=1, precision="bf16", optimizer="adamw")
+    """The ZeRO paper's accounting: gradients in the working 16-bit precision."""
+    return TrainConfig(
+        global_batch=1,
+        seq_len=1,
+        precision="bf16",
+        optimizer="adamw",
+        runtime=Runtime(fp32_grads=False),
+    )
+
+
+@pytest.mark.parametrize(("stage", "per_param"), [(0, 18.0), (1, 6.0 + 12.0 / ZERO_ND)])
+def test_megatron_distributed_optimizer_bytes_per_parameter(stage, per_param):
+    """Megatron Core's distributed-optimizer guide: "bf16 parameters, fp32 gradients" take 18
+    bytes per parameter, 6 + 12/d with the distributed optimizer (ZeRO-1), the default runtime's
+    accounting (fp32 main gradients)."""
+    train = TrainConfig(global_batch=1, seq_len=1, precision="bf16", optimizer="adamw")
+    parts = model_state_bytes(ZERO_PSI, shard_ranks=ZERO_ND, zero_stage=stage, train=train)
+    assert sum(parts) / ZERO_PSI == pytest.approx(per_param, rel=1e-12)
 
 
 @pytest.mark.parametrize(("stage", "expected_gb"), ZERO_FIGURE_1_GB.items())
@@ -382,7 +399,8 @@ def test_fsdp_buffer_holds_only_the_local_experts(moe_ev):
     for ep in (1, 2, 4, 8):
         s = Strategy(dp=8, tp=1, pp=1, ep=ep, zero_stage=3)
         other = moe_ev.memory(s)[0].other_bytes
-        unsharded = (dense + expert / ep) * (2 * 2 + 2)  # bf16 params x 2 + bf16 grads
+        # bf16 params x 2 + the fp32 reduce-scatter input of the gradients (reduce_dtype)
+        unsharded = (dense + expert / ep) * (2 * 2 + 4)
         assert other == pytest.approx(overhead + unsharded, rel=1e-12), ep
 
 

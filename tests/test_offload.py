@@ -108,8 +108,8 @@ def test_search_offloads_only_when_nothing_fits_without() -> None:
     fits = plan("gpt2", "8xh100", global_batch=64, seq_len=1024, model_source="spec").plan
     assert not (fits.parallelism.offload_params or fits.parallelism.offload_activations)
     kw = dict(global_batch=4, seq_len=4096, model_source="spec")
-    without = plan("llama3-8b", "2xl4", fix="offload_params=false,offload_acts=false", **kw).plan
-    chosen = plan("llama3-8b", "2xl4", **kw).plan
+    without = plan("llama3-8b", "4xl4", fix="offload_params=false,offload_acts=false", **kw).plan
+    chosen = plan("llama3-8b", "4xl4", **kw).plan
     par = chosen.parallelism
     assert par.offload_params or par.offload_activations
     assert chosen.feasible and chosen.predicted.step_time_s < without.predicted.step_time_s
@@ -129,7 +129,7 @@ def test_offload_pins_name_the_rule() -> None:
 
 def test_plans_round_trip_and_version_4_still_loads(tmp_path: Path) -> None:
     kw = dict(global_batch=4, seq_len=4096, model_source="spec")
-    p = plan("llama3-8b", "2xl4", fix="offload_params=false,offload_acts=false", **kw).plan
+    p = plan("llama3-8b", "4xl4", fix="offload_params=false,offload_acts=false", **kw).plan
     save_plan(p, tmp_path / "p.json")
     assert load_plan(tmp_path / "p.json") == p
     doc = json.loads((tmp_path / "p.json").read_text())
