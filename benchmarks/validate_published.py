@@ -180,19 +180,24 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
       torch SDPA, and its selective checkpointing is per operator (every other matmul);
     - every other row (Megatron-LM papers and its baselines, Megatron-DeepSpeed, Meta's Llama 3
       stack) runs fused elementwise kernels, no TP overlap, and FlashAttention-2-class
-      attention (or unfused attention, which the profile itself says)."""
+      attention (or unfused attention, which the profile itself says);
+    - Megatron-LM-based rows keep sequence shards for backward and gather them again (torch's
+      SequenceParallel, torchtitan's, keeps the gathered inputs)."""
     text = f"{row.get('notes', '')} {row.get('quote', '')}"
     rid = row["id"]
     if rid.startswith("megatron_readme"):
         return Runtime(
-            fused_elementwise=True, tp_comm_overlap=True, attention=AttentionKernel.FUSED
+            fused_elementwise=True,
+            tp_comm_overlap=True,
+            attention=AttentionKernel.FUSED,
+            sp_saves_gathered_input=False,
         )
     if rid.startswith("torchtitan"):
         # torchtitan's "selective" is per-operator SAC (`selective_ac_option = "op"`, its
         # default and what every torchtitan row here states or implies).
         eager = "no torch.compile" in text or "torch.compile" not in text
         return Runtime(fused_elementwise=not eager, selective=SelectiveRecompute.EVERY_OTHER_MATMUL)
-    return Runtime(fused_elementwise=True)
+    return Runtime(fused_elementwise=True, sp_saves_gathered_input=False)
 
 
 def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:

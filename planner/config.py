@@ -75,6 +75,12 @@ class Runtime:
     """Fused attention kernel."""
     selective: SelectiveRecompute = SelectiveRecompute.ATTENTION_CORE
     """What `Recompute.SELECTIVE` recomputes in this framework."""
+    sp_saves_gathered_input: bool = True
+    """Under sequence parallelism, the column-parallel Linears keep their all-gathered input
+    whole for backward (torch's SequenceParallel with ColwiseParallel, as paraplan's executor and
+    torchtitan run it: measured on the executor's GPT-2 block on 2 gloo ranks, SP saved only
+    the norms' inputs' share over plain TP, 2026-11-25). False: Megatron-LM keeps the sequence
+    shard and all-gathers it again in backward (Korthikanti et al. 2022 §4.2.2)."""
     fp32_grads: bool = True
     """Gradients are accumulated and reduced in fp32 whatever the compute precision: Megatron-LM
     turns `--accumulate-allreduce-grads-in-fp32` on for bf16 (its distributed-optimizer guide:

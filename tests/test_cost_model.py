@@ -492,3 +492,27 @@ def test_valid_strategies_have_no_violation(gpt2_ev):
         Strategy(dp=2, tp=1, pp=4, schedule=Schedule.INTERLEAVED_1F1B, virtual_stages=3),
     ):
         assert gpt2_ev.violation(s) is None
+
+
+def test_torch_sequence_parallelism_keeps_the_gathered_inputs_whole():
+    """Korthikanti et al. 2022 §4.2.2: with SP a block keeps 1/t of its replicated bytes (the
+    shards, gathered again in backward: Megatron-LM). torch's SequenceParallel (the executor,
+    torchtitan) keeps the attention's and the MLP's all-gathered inputs whole instead: two
+    block inputs, less the shares Megatron already counts. Full recompute keeps only the
+    (sharded) block input either way; without SP nothing changes."""
+    block = next(
+        x for x in PRESETS["gpt3-175b"].to_profile(seq_len=2048).layers if x.kind == LayerKind.BLOCK
+    )
+    tp, i = 8, block.input_bytes
+    megatron = block.act_tp_bytes / tp + block.act_replicated_bytes / tp
+    kw = dict(tp=tp, sp=True, cp=1)
+    assert layer_act_bytes(block, **kw, recompute=Recompute.NONE) == pytest.approx(megatron)
+    torch_sp = layer_act_bytes(block, **kw, recompute=Recompute.NONE, saves_gathered=True)
+    assert torch_sp == pytest.approx(megatron + 2 * i * (1 - 1 / tp))
+    full = [
+        layer_act_bytes(block, **kw, recompute=Recompute.FULL, saves_gathered=g)
+        for g in (False, True)
+    ]
+    assert full == [pytest.approx(i / tp)] * 2
+    no_sp = dict(tp=tp, sp=False, cp=1, recompute=Recompute.NONE)
+    assert layer_act_bytes(block, **no_sp, saves_gathered=True) == layer_act_bytes(block, **no_sp)

@@ -67,17 +67,36 @@ def model_state_bytes(
     return params, grads, optimizer
 
 
-def layer_act_bytes(layer: LayerCost, *, tp: int, sp: bool, cp: int, recompute: Recompute) -> float:
+GATHERED_INPUTS = 2
+"""Block-input-sized tensors a transformer block all-gathers under sequence parallelism: the
+attention's input and the MLP's (Korthikanti et al. 2022 §4.2.2, Figure 5's g operators)."""
+
+
+def layer_act_bytes(
+    layer: LayerCost,
+    *,
+    tp: int,
+    sp: bool,
+    cp: int,
+    recompute: Recompute,
+    saves_gathered: bool = False,
+) -> float:
     """Bytes one layer keeps for backward per sequence (Korthikanti et al. 2022 Table 2):
     TP shards the `act_tp_bytes` part, SP also the replicated part; CP splits the sequence;
-    selective recompute drops the attention core; full recompute keeps only the input."""
+    selective recompute drops the attention core; full recompute keeps only the input.
+    `saves_gathered` (`Runtime.sp_saves_gathered_input`): under SP a block's attention and MLP
+    keep their all-gathered inputs whole, two block-input-sized tensors, instead of the
+    sequence shards Megatron-LM keeps and gathers again in backward (§4.2.2)."""
     rep_div = tp if sp else 1
     if layer.kind == LayerKind.BLOCK and recompute == Recompute.FULL:
         return layer.input_bytes / rep_div / cp
     tp_part = layer.act_tp_bytes
     if layer.kind == LayerKind.BLOCK and recompute == Recompute.SELECTIVE:
         tp_part -= layer.act_attn_core_bytes
-    return (tp_part / tp + layer.act_replicated_bytes / rep_div) / cp
+    kept = tp_part / tp + layer.act_replicated_bytes / rep_div
+    if saves_gathered and sp and tp > 1 and layer.kind == LayerKind.BLOCK:
+        kept += GATHERED_INPUTS * layer.input_bytes * (1 - 1 / tp)
+    return kept / cp
 
 
 MIN_SPLIT_IN_FLIGHT = 1.0

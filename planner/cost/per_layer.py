@@ -42,7 +42,14 @@ class PerLayerRecompute:
         times = sm.layer_times(s.tp, s.cp, s.ep, s.micro_batch_size)
         out = []
         for i, (x, policy) in enumerate(zip(sm.profile.layers, self.policies(s), strict=True)):
-            kept = layer_act_bytes(x, tp=s.tp, sp=s.sequence_parallel, cp=s.cp, recompute=policy)
+            kept = layer_act_bytes(
+                x,
+                tp=s.tp,
+                sp=s.sequence_parallel,
+                cp=s.cp,
+                recompute=policy,
+                saves_gathered=sm.train.runtime.sp_saves_gathered_input,
+            )
             out.append(
                 (
                     policy,
@@ -126,8 +133,9 @@ class PerLayerRecompute:
         for j in range(len(p.layers)):
             i = first.setdefault(sm.layer_keys[j], j)
             x = p.layers[i]
+            gathered = sm.train.runtime.sp_saves_gathered_input
             acts = [
-                layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=r) * k
+                layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=r, saves_gathered=gathered) * k
                 for r in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
             ]
             kept_none.append(acts[0])

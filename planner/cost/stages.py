@@ -450,18 +450,20 @@ class StageModel:
         uniform policy, what recomputing it fully adds back (0 for layers that are not
         blocks) and its transient peak (`_act_prefix` sums them for a policy per layer)."""
         kept_of, back, tmp = [], [], []
-        k = self.act_scale
+        k, g = self.act_scale, self.train.runtime.sp_saves_gathered_input
         for x in self.profile.layers:
             kept: dict[Recompute, float] = {}
             for policy in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL):
-                one = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=policy)
+                one = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=policy, saves_gathered=g)
                 if policy == Recompute.SELECTIVE and self._op_sac and x.kind == LayerKind.BLOCK:
                     one = min(one, self._every_other_matmul_kept(x, tp, sp, cp))
                 kept[policy] = one * k
             kept_of.append(kept)
             if x.kind == LayerKind.BLOCK:
-                none = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=Recompute.NONE)
-                full = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=Recompute.FULL)
+                none, full = (
+                    layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=r, saves_gathered=g)
+                    for r in (Recompute.NONE, Recompute.FULL)
+                )
                 back.append((none - full) * k)
             else:
                 back.append(0.0)
