@@ -34,10 +34,12 @@ class _Scale(nn.Module):
 
 
 class _Chain(nn.Module):
-    def __init__(self) -> None:
+    """Linear, two blocks of `block`, Linear: the blocks are what the tracer measures."""
+
+    def __init__(self, block: type[nn.Module] = _Scale) -> None:
         super().__init__()
         self.inp = nn.Linear(16, 16)
-        self.blocks = nn.ModuleList([_Scale(), _Scale()])
+        self.blocks = nn.ModuleList([block(), block()])
         self.out = nn.Linear(16, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from paraplan.planner.model import LayerKind
 from paraplan.profiler.api import profile
 
 from .test_calibration import _fit
+from .test_eager_ops import _Chain
 
 FAULT_S_PER_BYTE = 1e-9
 
@@ -34,24 +35,11 @@ class _InPlace(nn.Module):
         return torch.tanh(y)
 
 
-class _Chain(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.inp = nn.Linear(16, 16)
-        self.blocks = nn.ModuleList([_InPlace(), _InPlace()])
-        self.out = nn.Linear(16, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.inp(x)
-        for b in self.blocks:
-            x = b(x)
-        return self.out(x)
-
-
 def test_written_bytes_count_fresh_outputs_only() -> None:
     """On (2, 8, 16) fp32, the block writes two fresh tensors of 8 x 16 x 4 bytes per
     sequence (the multiply's and tanh's); the in-place add writes none."""
-    prof = profile(_Chain(), (torch.randn(2, 8, 16),), blocks="blocks", loss_fn=lambda y: y.sum())
+    x = torch.randn(2, 8, 16)
+    prof = profile(_Chain(_InPlace), (x,), blocks="blocks", loss_fn=lambda y: y.sum())
     block = prof.layers[1]
     assert block.fwd_written_bytes == 2 * 8 * 16 * 4
     assert block.bwd_written_bytes > 0
