@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import gc
 import json
+import math
 import os
 import subprocess
 import sys
@@ -214,10 +215,7 @@ class _Collectives:
             name = event.name
             if name.startswith("_c10d_functional::") and not name.endswith("wait_tensor"):
                 shape = event.input_shapes[0] if event.input_shapes else []
-                numel = 1
-                for d in shape:
-                    numel *= d
-                self.calls.append((name.split("::", 1)[1], numel))
+                self.calls.append((name.split("::", 1)[1], math.prod(shape)))
 
 
 def _layout(pm: object) -> dict[str, object]:

@@ -171,11 +171,12 @@ def traced_layer_s(
         tensor_bytes=tensor_bytes,
     )
     dt_f, dt_b = tensor_parallel_host_s(k, p, x, tp, tp_dispatch)
-    if x.kind == LayerKind.HEAD and tp > 1:
-        dt_f += loss_parallel_extra_s(k, LOSS_PARALLEL_FWD, tensor_bytes)
-        dt_b += loss_parallel_extra_s(k, LOSS_PARALLEL_BWD, tensor_bytes)
-    f = gemm_s[0] + attn_f + extra_f + dt_f
-    b = gemm_s[1] + attn_b + extra_b + dt_b
+    loss_f = loss_b = 0.0
+    if x.kind == LayerKind.HEAD and tp > 1:  # the executor's vocabulary-parallel loss
+        loss_f = loss_parallel_extra_s(k, LOSS_PARALLEL_FWD, tensor_bytes)
+        loss_b = loss_parallel_extra_s(k, LOSS_PARALLEL_BWD, tensor_bytes)
+    f = gemm_s[0] + attn_f + extra_f + dt_f + loss_f
+    b = gemm_s[1] + attn_b + extra_b + dt_b + loss_b
     # a fully recomputed block re-runs its forward inside one checkpoint region, whose own
     # host work (saved-tensor hooks, the recompute's entry) the calibration measured
     full = f + k.fit.checkpoint_region_s * k.time_scale if block else 0.0

@@ -130,10 +130,10 @@ class PerLayerRecompute:
         kept_none: list[float] = []
         tmp: list[float] = []
         first: dict[tuple, int] = {}  # identical layers get the identical choice (same times)
+        gathered = sm.train.runtime.sp_saves_gathered_input
         for j in range(len(p.layers)):
             i = first.setdefault(sm.layer_keys[j], j)
             x = p.layers[i]
-            gathered = sm.train.runtime.sp_saves_gathered_input
             acts = [
                 layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=r, saves_gathered=gathered) * k
                 for r in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
