@@ -182,7 +182,8 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
       stack) runs fused elementwise kernels, no TP overlap, and FlashAttention-2-class
       attention (or unfused attention, which the profile itself says);
     - Megatron-LM-based rows keep sequence shards for backward and gather them again (torch's
-      SequenceParallel, torchtitan's, keeps the gathered inputs)."""
+      SequenceParallel, torchtitan's, keeps the gathered inputs), and run Megatron's fused
+      vocabulary-parallel cross-entropy (torchtitan runs torch's)."""
     text = f"{row.get('notes', '')} {row.get('quote', '')}"
     rid = row["id"]
     if rid.startswith("megatron_readme"):
@@ -191,13 +192,14 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
             tp_comm_overlap=True,
             attention=AttentionKernel.FUSED,
             sp_saves_gathered_input=False,
+            torch_loss=False,
         )
     if rid.startswith("torchtitan"):
         # torchtitan's "selective" is per-operator SAC (`selective_ac_option = "op"`, its
         # default and what every torchtitan row here states or implies).
         eager = "no torch.compile" in text or "torch.compile" not in text
         return Runtime(fused_elementwise=not eager, selective=SelectiveRecompute.EVERY_OTHER_MATMUL)
-    return Runtime(fused_elementwise=True, sp_saves_gathered_input=False)
+    return Runtime(fused_elementwise=True, sp_saves_gathered_input=False, torch_loss=False)
 
 
 def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:

@@ -81,6 +81,12 @@ class Runtime:
     torchtitan run it: measured on the executor's GPT-2 block on 2 gloo ranks, SP saved only
     the norms' inputs' share over plain TP, 2026-11-25). False: Megatron-LM keeps the sequence
     shard and all-gathers it again in backward (Korthikanti et al. 2022 §4.2.2)."""
+    torch_loss: bool = True
+    """The loss is torch's cross-entropy on fp32 logits, under TP torch's vocabulary-parallel
+    `loss_parallel` (paraplan's executor, torchtitan): its backward holds 2 more logits-sized
+    fp32 buffers at its peak, 3 under `loss_parallel` (cost/memory.py, measured). False:
+    Megatron-LM's fused vocabulary-parallel cross-entropy, which works in place on the logits
+    (megatron/core/tensor_parallel/cross_entropy.py) and holds no more than them."""
     fp32_grads: bool = True
     """Gradients are accumulated and reduced in fp32 whatever the compute precision: Megatron-LM
     turns `--accumulate-allreduce-grads-in-fp32` on for bf16 (its distributed-optimizer guide:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import TrainConfig
-from ..model import LayerCost, LayerKind
+from ..model import LayerCost, LayerKind, ModelProfile
 from ..strategy import Recompute, Schedule
 from . import schedules as split_schedules
 
@@ -97,6 +97,42 @@ def layer_act_bytes(
     if saves_gathered and sp and tp > 1 and layer.kind == LayerKind.BLOCK:
         kept += GATHERED_INPUTS * layer.input_bytes * (1 - 1 / tp)
     return kept / cp
+
+
+LOSS_LOGITS_BYTES = 4
+"""Bytes per logit in the loss: torch's cross-entropy runs on fp32 logits (the executor's and
+Hugging Face's `logits.float()`; a no-op when they are fp32 already)."""
+
+LOSS_BACKWARD_BUFFERS = 2
+"""fp32 logits-sized buffers torch's cross-entropy (`log_softmax` + `nll_loss`) holds at the
+peak of its backward beyond the log-probabilities it keeps for it (the head's kept bytes count
+those): `nll_loss_backward`'s gradient and `_log_softmax_backward_data`'s. Measured with the
+torch profiler's memory events on the executor's gpt-small step (DDP, 2 gloo ranks, fp32 and
+bf16 under autocast, 2026-11-25): the peak stood 3 logits buffers above the level before the
+logits, in both precisions (the bf16 logits and their fp32 copy are freed by then)."""
+
+LOSS_PARALLEL_BACKWARD_BUFFERS = 3
+"""The same under torch's `loss_parallel` (vocabulary-sharded logits, tp > 1; as the executor
+and torchtitan run it): its DTensor handlers are unfused, and the backward holds the kept
+log-probabilities, a zeroed gradient, `exp` of the log-probabilities and their sum at once
+(torch/distributed/tensor/_ops/_math_ops.py, torch 2.13). Measured as above on the TP+SP
+gpt-small step: the peak stood 4 logits shards above the level before the logits (fp32 and
+bf16), where the plain loss stands at 3."""
+
+
+def layer_tmp_bytes(
+    layer: LayerCost, p: ModelProfile, *, act_scale: float, tp: int, cp: int, torch_loss: bool
+) -> float:
+    """A layer's transient peak per sequence on one rank: its profiled forward/backward peak
+    (in the training dtype: `act_scale`), sharded by TP and CP. The head's is at least what
+    torch's cross-entropy holds at its backward's peak beyond the kept log-probabilities when
+    the framework runs it (`Runtime.torch_loss`): the profile traced a model's own loss, not
+    the framework's, and an analytic spec has none."""
+    tmp = max(layer.fwd_tmp_bytes, layer.bwd_tmp_bytes) * act_scale / (tp * cp)
+    if layer.kind == LayerKind.HEAD and torch_loss:
+        buffers = LOSS_PARALLEL_BACKWARD_BUFFERS if tp > 1 else LOSS_BACKWARD_BUFFERS
+        tmp = max(tmp, buffers * LOSS_LOGITS_BYTES * p.seq_len * p.vocab / (tp * cp))
+    return tmp
 
 
 MIN_SPLIT_IN_FLIGHT = 1.0

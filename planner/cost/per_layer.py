@@ -12,7 +12,7 @@ from functools import cache
 from ..model import LayerKind
 from ..strategy import DEFAULT_MESH_ORDER, Recompute, Strategy
 from .layout import Stage
-from .memory import in_flight_microbatches, layer_act_bytes
+from .memory import in_flight_microbatches, layer_act_bytes, layer_tmp_bytes
 from .recompute import LayerChoice, StageProblem, least_recompute_s, solve_stage
 from .stages import StageCompute, StageModel
 
@@ -130,7 +130,7 @@ class PerLayerRecompute:
         kept_none: list[float] = []
         tmp: list[float] = []
         first: dict[tuple, int] = {}  # identical layers get the identical choice (same times)
-        gathered = sm.train.runtime.sp_saves_gathered_input
+        gathered, loss = sm.train.runtime.sp_saves_gathered_input, sm.train.runtime.torch_loss
         for j in range(len(p.layers)):
             i = first.setdefault(sm.layer_keys[j], j)
             x = p.layers[i]
@@ -139,7 +139,7 @@ class PerLayerRecompute:
                 for r in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
             ]
             kept_none.append(acts[0])
-            tmp.append(max(x.fwd_tmp_bytes, x.bwd_tmp_bytes) * k / (tp * cp))
+            tmp.append(layer_tmp_bytes(x, p, act_scale=k, tp=tp, cp=cp, torch_loss=loss))
             if x.kind != LayerKind.BLOCK:
                 choice.append(None)
             elif i < j:

@@ -29,12 +29,14 @@ from .compute import (
 )
 from .eager import traced_layer_s
 from .kernel_cache import gemm_kernel_cache_bytes
-from .layout import (
-    Layout,
-    Stage,
-    StageSplit,
+from .layout import Layout, Stage, StageSplit
+from .memory import (
+    BUCKETS_IN_FLIGHT,
+    DDP_BUCKET_BYTES,
+    layer_act_bytes,
+    layer_tmp_bytes,
+    model_state_bytes,
 )
-from .memory import BUCKETS_IN_FLIGHT, DDP_BUCKET_BYTES, layer_act_bytes, model_state_bytes
 from .stage_layout import StageLayouts
 from .stage_parts import LayerTimes, StageActivations, StageCompute, StaticMemory
 
@@ -451,6 +453,7 @@ class StageModel:
         blocks) and its transient peak (`_act_prefix` sums them for a policy per layer)."""
         kept_of, back, tmp = [], [], []
         k, g = self.act_scale, self.train.runtime.sp_saves_gathered_input
+        loss = self.train.runtime.torch_loss
         for x in self.profile.layers:
             kept: dict[Recompute, float] = {}
             for policy in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL):
@@ -467,7 +470,7 @@ class StageModel:
                 back.append((none - full) * k)
             else:
                 back.append(0.0)
-            tmp.append(max(x.fwd_tmp_bytes, x.bwd_tmp_bytes) * k / (tp * cp))
+            tmp.append(layer_tmp_bytes(x, self.profile, act_scale=k, tp=tp, cp=cp, torch_loss=loss))
         return tuple(kept_of), tuple(back), tuple(tmp)
 
     def _stage_activations(
