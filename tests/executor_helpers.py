@@ -192,7 +192,18 @@ def _numerics_one(path: str) -> dict[str, object]:
         "layout": dict(_layout(pm), optimizer=type(opt.optimizers[0]).__name__),
         "checked": checked,
         "collectives": counter.calls,
+        "outputs_kept": _outputs_kept(pm),
     }
+
+
+def _outputs_kept(pm: object) -> int:
+    """Micro-batch outputs the pipeline's stages still hold after the step (torch's
+    `output_chunks`: the last stage's logits, unless the schedule is asked not to keep them)."""
+    schedule = getattr(pm, "schedule", None)
+    if schedule is None:
+        return 0
+    stages = getattr(schedule, "_stages", None) or [schedule._stage]
+    return sum(len(stage.output_chunks) for stage in stages)
 
 
 class _Collectives:

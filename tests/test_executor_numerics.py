@@ -159,6 +159,9 @@ def _check(results: dict[int, dict], specs: dict[str, dict]) -> None:
             assert worst[1] <= grad_rtol, (name, rank, worst)
             checked |= set(r["checked"])
         assert sorted(checked) == HF_NAMES[kw.get("family", "gpt2")], name  # every gradient
+        # no pipeline stage keeps its micro-batches' logits past the step (memory the cost
+        # model does not price: 2 x every micro-batch's logits on the last stage)
+        assert all(res[name]["outputs_kept"] == 0 for res in results.values()), name
         if kw.get("sp") and kw.get("tp", 1) > 1:
             _check_sequence_parallel_collectives(name, kw, results)
         elif kw.get("tp", 1) > 1 and kw.get("family", "gpt2") != "mixtral":
