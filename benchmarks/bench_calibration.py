@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -39,8 +40,15 @@ STRATEGIES = {
     "DP+full recompute": "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=full",
 }
 """The acceptance's strategies, pinned (PP: 4 micro-batches of 2)."""
-STEPS = {"tiny": (12, 4), "small": (7, 2)}
-"""(steps, warm-up) per config: the median is over the rest."""
+PASSES = 2
+"""Runs of every plan (all plans in turn, then again): a run shares this VM with whatever
+else it runs, and a 2-rank run slowed by a neighbour for its 10-30 s measures 10-35% slower
+(the same TP+SP plan measured 2.50 s in one pass, 1.87 s a minute later); each plan keeps
+its fastest run's median step time, the machine the plan prices."""
+STEPS = {"tiny": (34, 4), "small": (7, 2)}
+"""(steps, warm-up) per config: the median is over the rest but the last (profiled for memory).
+A tiny step takes 30-90 ms and varies by +-15% from step to step on this VM: 29 timed steps
+steady its median (8 did not)."""
 TIMED_BUDGET_S = 12.0
 """Predicted seconds of timed steps per run at most: a slow combination (bf16 on a CPU
 without bf16 units runs GEMMs ~30x slower than fp32) times fewer steps, never under 3."""
@@ -125,13 +133,14 @@ def rows_from_folder(folder: Path, dtypes: list[str], configs: list[str]) -> lis
     return rows
 
 
-def run_one(row: dict, folder: Path) -> dict:
-    """Train under one plan with `paraplan run`; the run report's figures."""
+def run_one(row: dict, folder: Path, suffix: str = "") -> dict:
+    """Train under one plan with `paraplan run`; the run report's figures (the report file
+    named after the plan, plus `suffix`)."""
     path, _ = CONFIGS[row["config"]]
     steps, warm = STEPS[row["config"]]
     timed = max(3, min(steps - warm, int(TIMED_BUDGET_S / row["predicted_step_time_s"])))
     steps = warm + timed
-    report = folder / (Path(row["plan_file"]).stem + "-report.json")
+    report = folder / (Path(row["plan_file"]).stem + f"{suffix}-report.json")
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     args = ["--model", str(path), "--steps", str(steps), "--warmup", str(warm)]
@@ -204,6 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reuse", metavar="DIR", help="the folder of an earlier run: refit and summarize only"
     )
+    parser.add_argument(
+        "--passes",
+        type=int,
+        default=PASSES,
+        help="runs of every plan, in turn; each plan keeps its fastest run's median",
+    )
     args = parser.parse_args(argv)
     dtypes, configs = args.dtypes.split(","), args.configs.split(",")
     skip = {tuple(x.split(":")) for x in args.skip.split(",") if x}
@@ -227,22 +242,31 @@ def main(argv: list[str] | None = None) -> int:
             row["predicted_memory_bytes"] = new["predicted_memory_bytes"]
     else:
         rows = plan_all(str(cal), dtypes, configs, folder)
-    for row in rows:
-        if args.reuse or (row["config"], row["dtype"]) in skip:
-            continue
-        row |= run_one(row, folder)
-        err = row.get("step_time_rel_err")
-        print(
-            f"{row['config']:<6}{row['dtype']:<6}{row['strategy']:<19}"
-            + (
-                f"measured {row['step_time_s']:.4f} s predicted {row['predicted_step_time_s']:.4f}"
-                f" s ({err:+.1%}); memory {row['memory_rel_err']:+.1%}; load "
-                f"{row['load_before']:.1f}->{row['load_after']:.1f}"
-                if "step_time_s" in row
-                else f"failed: {row.get('error', '')[-300:]}"
-            ),
-            flush=True,
-        )
+    todo = [r for r in rows if not args.reuse and (r["config"], r["dtype"]) not in skip]
+    for turn, row in ((t, r) for t in range(max(1, args.passes)) for r in todo):
+        got = run_one(row, folder, suffix=f"-pass{turn}")
+        row.setdefault("passes_step_time_s", []).append(got.get("step_time_s"))
+        if "step_time_s" not in got:
+            row.setdefault("error", got.get("error", ""))
+        elif row.get("step_time_s", math.inf) > got["step_time_s"]:
+            row |= got  # the fastest pass so far
+            row.pop("error", None)
+        head = f"{row['config']:<6}{row['dtype']:<6}{row['strategy']:<19}pass {turn + 1} "
+        if "step_time_s" in got:
+            print(
+                f"{head}measured {got['step_time_s']:.4f} s predicted "
+                f"{row['predicted_step_time_s']:.4f} s ({got['step_time_rel_err']:+.1%}); memory "
+                f"{got['memory_rel_err']:+.1%}; load {got['load_before']:.1f}->"
+                f"{got['load_after']:.1f}",
+                flush=True,
+            )
+        else:
+            print(f"{head}failed: {got.get('error', '')[-300:]}", flush=True)
+    for row in todo:  # the kept pass under the plan's own report name (what --reuse reads)
+        if "report_file" in row:
+            kept = folder / (Path(row["plan_file"]).stem + "-report.json")
+            kept.write_text(Path(row["report_file"]).read_text())
+            row["report_file"] = str(kept)
     for row in rows:
         if "step_time_s" in row:
             print(
