@@ -43,7 +43,7 @@ STRATEGIES = {
 PASSES = 2
 """Runs of every plan (all plans in turn, then again): a run shares this VM with whatever
 else it runs, and a 2-rank run slowed by a neighbour for its 10-30 s measures 10-35% slower
-(the same TP+SP plan measured 2.50 s in one pass, 1.87 s a minute later); each plan keeps
+(the same TP+SP plan measured 2.50 s in one pass, 1.87 s minutes later); each plan keeps
 its fastest run's median step time, the machine the plan prices."""
 STEPS = {"tiny": (34, 4), "small": (7, 2)}
 """(steps, warm-up) per config: the median is over the rest but the last (profiled for memory).
