@@ -161,12 +161,12 @@ def links_for(
     )
 
 
-BUS_EFFICIENCY_INTRA = 0.90
+BUS_EFFICIENCY_INTRA = 0.8
 """Bus bandwidth NCCL reaches over NVLink/NVSwitch as a fraction of the per-direction link
 figure (busbw as nccl-tests define it, doc/PERFORMANCE.md). Assumption in line with published
 nccl-tests all-reduce runs on DGX A100/H100 (230-270 of 300 and 370-400 of 450 GB/s); fitted
-on the published runs' training rows within that range (`benchmarks/fit_constants.py`);
-a calibration replaces it."""
+on the published runs' training rows within that range (`benchmarks/fit_constants.py`; 0.9
+before the 2026-11-25 refit); a calibration fits its bandwidth through it."""
 BUS_EFFICIENCY_INTER = 0.85
 """The same over InfiniBand/RoCE per GPU rail (assumption: protocol and proxy overheads)."""
 HALF_BANDWIDTH_BYTES_INTRA = 384 * 2**10

@@ -38,12 +38,13 @@ GEMM_SCALE = 0.9
 fitted on the training rows of the published runs (`benchmarks/fit_constants.py`,
 docs/validation.md): whole training steps run their GEMMs below the cuBLAS
 microbenchmark rate (clock throttling, L2 pollution by neighbouring kernels)."""
-ATTENTION_SCALE = 0.85
-"""Global multiplier on every device's `attention_efficiency` (fitted likewise)."""
-MEMORY_EFFICIENCY = 0.7
+ATTENTION_SCALE = 0.8
+"""Global multiplier on every device's `attention_efficiency` (fitted likewise; 0.85 before the
+2026-11-25 refit)."""
+MEMORY_EFFICIENCY = 0.8
 """Fraction of the HBM bandwidth memory-bound kernels (norms, activations, softmax) stream at
 (copy-like kernels reach 80-90% of the datasheet bandwidth, the elementwise kernels of a
-training step less; fitted likewise: 0.7)."""
+training step less; fitted likewise: 0.8, 0.7 before the 2026-11-25 refit)."""
 CAUSAL_FRACTION = 0.5
 """Share of the score matrix a causal flash kernel computes (it skips blocks above the
 diagonal; Dao 2023 §3.1.1): asymptotically one half."""
