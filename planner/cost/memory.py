@@ -113,9 +113,10 @@ logits, in both precisions (the bf16 logits and their fp32 copy are freed by the
 
 LOSS_PARALLEL_BACKWARD_BUFFERS = 3
 """The same under torch's `loss_parallel` (vocabulary-sharded logits, tp > 1; as the executor
-and torchtitan run it): its DTensor handlers are unfused, and the backward holds the kept
-log-probabilities, a zeroed gradient, `exp` of the log-probabilities and their sum at once
-(torch/distributed/tensor/_ops/_math_ops.py, torch 2.13). Measured as above on the TP+SP
+and torchtitan run it): its DTensor handlers are unfused, and `nll_loss_backward`'s handler
+holds the kept log-probabilities, a zeroed gradient, `exp` of the log-probabilities and one more
+intermediate at once (torch/distributed/tensor/_ops/_math_ops.py, torch 2.13; the profiler's
+memory events name `zeros_like`, `exp`, `add`, then `mul`). Measured as above on the TP+SP
 gpt-small step: the peak stood 4 logits shards above the level before the logits (fp32 and
 bf16), where the plain loss stands at 3."""
 
