@@ -31,13 +31,15 @@ CASES: dict[str, tuple[str, int, str]] = {
         "dp=2,tp=2,pp=4,vpp=2,schedule=interleaved_1f1b,zero=1,mbs=1,recompute=selective",
     ),
     "cp": ("16xh100", 64, "dp=4,cp=2,tp=2,pp=1,zero=3,mbs=1,recompute=full,schedule=none"),
+    # 80 GB: the nearest configurations without offload must fit (the loss's fp32 logits
+    # buffers, 2 GiB each at 128k vocabulary x 4096 tokens, priced since 2026-11-25)
     "zero1_offload": (
-        "8xa100-40gb",
+        "8xa100-80gb",
         32,
         "dp=8,tp=1,pp=1,zero=1,offload=true,mbs=1,recompute=full,schedule=none",
     ),
     "zero2_offload": (
-        "8xa100-40gb",
+        "8xa100-80gb",
         32,
         "dp=8,tp=1,pp=1,zero=2,offload=true,mbs=1,recompute=full,schedule=none",
     ),
@@ -50,7 +52,7 @@ CASES: dict[str, tuple[str, int, str]] = {
     # training math (PowerSGD, the async pipeline) with activation offload
     "zbv": ("16xh100", 64, "dp=2,tp=2,pp=4,vpp=2,schedule=zbv,zero=1,mbs=1,recompute=selective"),
     "offload_params": (
-        "8xa100-40gb",
+        "8xa100-80gb",
         32,
         "dp=8,tp=1,pp=1,zero=3,offload=true,offload_params=true,mbs=1,recompute=none,schedule=none",
     ),
