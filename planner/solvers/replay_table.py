@@ -18,7 +18,8 @@ every schedule.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -179,21 +180,16 @@ def _replay_once(
     return starts, ends
 
 
-@lru_cache(maxsize=1024)
-def in_flight_peaks(
-    schedule: Schedule,
+def _peaks(
+    graph: OpGraph,
+    starts: list[float],
+    ends: list[float],
     pp: int,
     v: int,
-    m: int,
-    forward: float,
-    backward: float,
-    share: float,
     pending_weight: float,
 ) -> tuple[float, ...]:
-    """`Timeline.in_flight(stage, pending_weight)` of every stage of the replay with these
-    seconds per micro-batch (`simulate_pipeline`, equal stages, no p2p time)."""
-    graph = op_graph(schedule, pp, m, v)
-    starts, ends = _replay_once(schedule, pp, v, m, forward, backward, share)
+    """`Timeline.in_flight(stage, pending_weight)` of every stage, from one replay's start
+    and end times (the same events, sorted the same way)."""
     events: list[list[tuple[float, int, float]]] = [[] for _ in range(pp)]
     for i, (phase, stage) in enumerate(zip(graph.phase, graph.stage, strict=True)):
         if phase == 0:  # forward
@@ -212,3 +208,63 @@ def in_flight_peaks(
             peak = max(peak, held)
         out.append(peak / v)
     return tuple(out)
+
+
+def replay_stages(
+    schedule: Schedule,
+    *,
+    pp: int,
+    v: int,
+    m: int,
+    forward_s: Sequence[float],
+    backward_s: Sequence[float],
+    share: float,
+    pending_weight: float,
+) -> tuple[float, tuple[float, ...]]:
+    """(makespan, `Timeline.in_flight(stage, pending_weight)` of every stage) of
+    `simulate_pipeline` with these seconds per stage (one micro-batch's forward and backward,
+    all its chunks), `share` of each backward its weight gradient, and no p2p time, bit for
+    bit, without building the timeline: each operation starts when its stage's previous one
+    and the one it waits for have ended, as the replay resolves them (on `op_graph`)."""
+    if len(forward_s) != pp or len(backward_s) != pp:
+        raise ValueError(f"give one forward and one backward time per stage ({pp} stages)")
+    for x in (*forward_s, *backward_s):
+        if not (math.isfinite(x) and x >= 0):
+            raise ValueError(f"stage time {x!r} must be a finite number of seconds >= 0")
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"weight_share {share} must lie in [0, 1]: it is a part of the backward")
+    graph = op_graph(schedule, pp, m, v)
+    seconds = [  # (stage, phase) -> seconds, as `simulate_pipeline` divides them
+        x
+        for fwd, bwd in zip(forward_s, backward_s, strict=True)
+        for x in (fwd / v, bwd / v, bwd * (1 - share) / v, bwd * share / v)
+    ]
+    starts: list[float] = []
+    ends: list[float] = []
+    for prev, dep, phase, stage in zip(
+        graph.prev, graph.dep, graph.phase, graph.stage, strict=True
+    ):
+        start = ends[prev] if prev >= 0 else 0.0
+        if dep >= 0 and ends[dep] > start:  # max(start, ends[dep]), without the call
+            start = ends[dep]
+        starts.append(start)
+        ends.append(start + seconds[4 * stage + phase])
+    return max(ends), _peaks(graph, starts, ends, pp, v, pending_weight)
+
+
+@lru_cache(maxsize=1024)
+def in_flight_peaks(
+    schedule: Schedule,
+    pp: int,
+    v: int,
+    m: int,
+    forward: float,
+    backward: float,
+    share: float,
+    pending_weight: float,
+) -> tuple[float, ...]:
+    """`Timeline.in_flight(stage, pending_weight)` of every stage of the replay with these
+    seconds per micro-batch (`simulate_pipeline`, equal stages, no p2p time)."""
+    graph = op_graph(schedule, pp, m, v)
+    starts, ends = _replay_once(schedule, pp, v, m, forward, backward, share)
+    return _peaks(graph, starts, ends, pp, v, pending_weight)
