@@ -13,6 +13,7 @@ from paraplan.planner.solvers.replay_table import (
     makespan_at,
     makespan_bound,
     replay_stages,
+    replayed_peaks,
 )
 from paraplan.planner.strategy import Schedule
 
@@ -56,18 +57,25 @@ def test_makespan_refuses_unrounded_shares():
 @pytest.mark.parametrize(("schedule", "pp", "v", "m"), SHAPES)
 @pytest.mark.parametrize("pending", [0.0, 18.0 / 34.0])
 def test_in_flight_peaks_equal_the_timeline(schedule, pp, v, m, pending):
-    f, b, share = 1.0 / 3.0, 2.0 / 3.0, 0.5
-    t = simulate_pipeline(
-        schedule,
-        num_stages=pp,
-        num_microbatches=m,
-        forward_s=f,
-        backward_s=b,
-        virtual_stages=v,
-        weight_share=share,
-    )
-    want = tuple(t.in_flight(s, pending) for s in range(pp))
-    assert in_flight_peaks(schedule, pp, v, m, f, b, share, pending) == want
+    """Read off the stages' orders (every operation lasts) or replayed (some take no time:
+    a weight share of 0 or 1, a forward of 0), as the timeline's sorted events."""
+    rng = random.Random(f"peaks{schedule}{pp}{v}{m}")
+    cases = [(1.0 / 3.0, 2.0 / 3.0, 0.5), (0.0, 1.0, 0.5), (1.0 / 3.0, 2.0 / 3.0, 0.0)]
+    cases += [(1.0 / 3.0, 2.0 / 3.0, 1.0), (0.25, 0.75, 0.667), (1e-30, 1.0, 0.5)]
+    cases += [(rng.uniform(0.01, 1), rng.uniform(0.01, 2), rng.random()) for _ in range(4)]
+    for f, b, share in cases:
+        t = simulate_pipeline(
+            schedule,
+            num_stages=pp,
+            num_microbatches=m,
+            forward_s=f,
+            backward_s=b,
+            virtual_stages=v,
+            weight_share=share,
+        )
+        want = tuple(t.in_flight(s, pending) for s in range(pp))
+        assert in_flight_peaks(schedule, pp, v, m, f, b, share, pending) == want, (f, b, share)
+        assert replayed_peaks(schedule, pp, v, m, f, b, share, pending) == want, (f, b, share)
 
 
 @pytest.mark.parametrize(("schedule", "pp", "v", "m"), SHAPES)

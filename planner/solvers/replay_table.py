@@ -18,6 +18,7 @@ every schedule.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -252,6 +253,50 @@ def replay_stages(
     return max(ends), _peaks(graph, starts, ends, pp, v, pending_weight)
 
 
+_ORDER_MARGIN = 2.0**-40
+"""An operation lasting more than this share of all the replay's work ends strictly after it
+starts: every start is below that total, and a sum moves by at least the smaller term's
+nearest ulp (2^-52 of the larger), far below this margin (`_in_program_order`)."""
+
+
+def _in_program_order(seconds: Sequence[float], total_s: float) -> bool:
+    """Whether every operation of a replay whose operations take `seconds` (each phase's, on
+    every stage) and `total_s` all together ends strictly after it starts, so that each
+    stage's events of `Timeline.in_flight` sort in the order the stage runs them.
+
+    A stage runs one operation at a time: each starts no earlier than the previous one ended.
+    An event is a forward's start or another operation's end, so with every operation of
+    positive length (in floating point) the events of two operations i < j of a stage are
+    at t_i < t_j, except a forward j starting exactly when the operation i before it ends:
+    then i's end comes first in the sort as well (a backward or weight gradient sorts first at
+    equal times; an input gradient's `pending_weight` is below a forward's 1). No stage idles
+    while another waits on it, so the replay ends before `total_s` (some stage is always
+    busy): every start is below it."""
+    return min(seconds) > total_s * _ORDER_MARGIN
+
+
+def _order_peaks(
+    schedule: Schedule, pp: int, v: int, m: int, pending_weight: float
+) -> tuple[float, ...]:
+    """`Timeline.in_flight(stage, pending_weight)` of every stage whose events sort in the order
+    it runs its operations (`_in_program_order`): the running sum over that order, with no
+    replay (the same additions in the same order as the sorted events)."""
+    delta = {
+        Phase.FORWARD: 1.0,
+        Phase.BACKWARD: -1.0,
+        Phase.BACKWARD_INPUT: pending_weight,
+        Phase.BACKWARD_WEIGHT: -1.0 - pending_weight,
+    }
+    out = []
+    for stage in range(pp):
+        order = stage_order(
+            schedule, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=stage
+        )
+        held = itertools.accumulate(delta[phase] for phase, _, _ in order)
+        out.append(max(0.0, *held) / v)
+    return tuple(out)
+
+
 @lru_cache(maxsize=1024)
 def in_flight_peaks(
     schedule: Schedule,
@@ -264,7 +309,25 @@ def in_flight_peaks(
     pending_weight: float,
 ) -> tuple[float, ...]:
     """`Timeline.in_flight(stage, pending_weight)` of every stage of the replay with these
-    seconds per micro-batch (`simulate_pipeline`, equal stages, no p2p time)."""
+    seconds per micro-batch (`simulate_pipeline`, equal stages, no p2p time): read off each
+    stage's order when every operation lasts (`_in_program_order`), else replayed."""
+    seconds = (forward / v, backward / v, backward * (1 - share) / v, backward * share / v)
+    if _in_program_order(seconds, pp * m * (forward + backward)):
+        return _order_peaks(schedule, pp, v, m, pending_weight)
+    return replayed_peaks(schedule, pp, v, m, forward, backward, share, pending_weight)
+
+
+def replayed_peaks(
+    schedule: Schedule,
+    pp: int,
+    v: int,
+    m: int,
+    forward: float,
+    backward: float,
+    share: float,
+    pending_weight: float,
+) -> tuple[float, ...]:
+    """`in_flight_peaks` from a replay's start and end times, whatever the seconds."""
     graph = op_graph(schedule, pp, m, v)
     starts, ends = _replay_once(schedule, pp, v, m, forward, backward, share)
     return _peaks(graph, starts, ends, pp, v, pending_weight)
