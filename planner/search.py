@@ -346,6 +346,14 @@ class Search:
         if len(heap) == keep and self._slower(s, -heap[0][0]):
             return False
         tiers = options.rescues(s, self.pins)
+        if len(heap) == keep and not self.consent.any:  # none can rank: skip their memory
+            worst = -heap[0][0]
+            if all(
+                v.offload_activations and self._families.offload_bound_s(v) > worst
+                for tier in tiers
+                for v in tier
+            ):
+                return False
         for i, tier in enumerate(tiers):
             if self._offer(tier, heap, keep, need_fit=i < len(tiers) - 1):
                 return True

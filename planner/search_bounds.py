@@ -121,10 +121,18 @@ def placement_bound(ev: Evaluator, s: Strategy) -> PlacementBound:
     return PlacementBound(ev.acc, ev.coll, ev.lower_bound_coll, links, ("placement", *key))
 
 
-def family_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float:
+def family_lower_bound_s(
+    ev: Evaluator, s: Strategy, coll: Collectives, *, offload_activations: bool = False
+) -> float:
     """A step time no member of `s`'s family (any ZeRO stage, offload, PowerSGD, HSDP shard,
     mesh order; per_layer for none) beats, with `coll` the lower-bound collectives (see the
-    module docstring for why). `s` should be a `family_key`."""
+    module docstring for why). `s` should be a `family_key`.
+
+    With `offload_activations`: a bound for the members that offload activations (with or
+    without parameters), whose slot on each stage also holds the exposed seconds of its
+    activation copies (`OffloadModel.cost`, added to the stage's communication per
+    micro-batch; the copies of offloaded parameters only add bytes, and exposed seconds never
+    shrink as the bytes grow, `hidden_behind` being nondecreasing in them)."""
     lay = ev.stage_model.layout_of(s)
     if lay.per_stage:  # a split backward keeps every stage: bound on the distinct ones
         sm, merged = ev.stage_model, replace(lay, per_stage=False)
@@ -132,7 +140,15 @@ def family_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float
         cores = stage_core(s, links, coll, sm, ev.per_layer, ev.train, ev.contention, merged)
     else:
         cores = ev.stage_core(s, ev.ideal_links(s), coll)
-    slot = max(c.per_microbatch_s for c in cores)
+    slots = [c.per_microbatch_s for c in cores]
+    if offload_activations:
+        off = replace(s, offload_activations=True)
+        policy, model = ev.policy(off), ev.options.offload
+        slots = [
+            x + model.cost(off, c.stage, c.compute, policy).exposed_s
+            for x, c in zip(slots, cores, strict=True)
+        ]
+    slot = max(slots)
     m = ev.num_microbatches(s)
     shares = [(c.compute.fwd_s, c.compute.bwd_s) for c in cores]
     return (m * slot + least_bubble_s(ev, s, slot, shares)) * (1.0 - SAFETY)
@@ -233,6 +249,7 @@ class FamilyBounds:
         """PowerSGD or the asynchronous pipeline offered: they may be faster than the
         strategy they vary, so `all_slower` never prunes."""
         self._bound_s: dict[tuple, float] = {}
+        self._offload_bound_s: dict[tuple, float] = {}
         self._placement: dict[tuple, PlacementBound] = {}
 
     def coll(self, s: Strategy) -> PlacementBound:
@@ -264,6 +281,29 @@ class FamilyBounds:
             key_s = family_key(s)
             bound = family_lower_bound_s(self.ev, key_s, self.coll(key_s))
             self._bound_s[key] = bound
+        return bound
+
+    def offload_bound_s(self, s: Strategy) -> float:
+        """`family_lower_bound_s` of the members of `s`'s family that offload activations
+        (for a uniform recompute policy: a per-layer solution keeps fewer bytes to copy)."""
+        key = (
+            s.dp,
+            s.tp,
+            s.pp,
+            s.cp,
+            s.ep,
+            s.sequence_parallel,
+            s.schedule,
+            s.virtual_stages,
+            s.micro_batch_size,
+            s.recompute,
+            s.async_pipeline,
+        )
+        bound = self._offload_bound_s.get(key)
+        if bound is None:
+            key_s = family_key(s)
+            bound = family_lower_bound_s(self.ev, key_s, self.coll(key_s), offload_activations=True)
+            self._offload_bound_s[key] = bound
         return bound
 
     def fast_choices(
