@@ -153,7 +153,8 @@ class Search:
             if isinstance(item, Task):
                 if not item.exact:  # queued under its family's bound: now under its own
                     item.exact = True
-                    item.key = min(self._time_lower_bound_s(b) for b in item.bounded)
+                    own = min(self._time_lower_bound_s(b) for b in item.bounded)
+                    item.key = max(item.key, own)  # both bound all it may add
                     if item.key > bound:
                         heapq.heappush(queue, (item.key, next(order), item))
                         continue
@@ -235,7 +236,9 @@ class Search:
                     if not self._rescuable(s):
                         continue  # no offload makes it fit: it cannot rank
                     self._note_memory(s, total)
-                    key = self._families.bound_s(s)  # its own bound waits for its turn
+                    # its own bound waits for its turn; its rescues add activation copies
+                    fam = self._families
+                    key = max(fam.bound_s(s), fam.rescue_floor_s(s, self.pins))
                     if key > worst_s():
                         continue  # as would its rescues, which only add offload
                     task = Task(RESCUE, [s], block, fitted, runnable, key, exact=False)
@@ -345,15 +348,9 @@ class Search:
             return False
         if len(heap) == keep and self._slower(s, -heap[0][0]):
             return False
+        if len(heap) == keep and self._families.rescue_floor_s(s, self.pins) > -heap[0][0]:
+            return False  # none can rank: skip their memory
         tiers = options.rescues(s, self.pins)
-        if len(heap) == keep and not self.consent.any:  # none can rank: skip their memory
-            worst = -heap[0][0]
-            if all(
-                v.offload_activations and self._families.offload_bound_s(v) > worst
-                for tier in tiers
-                for v in tier
-            ):
-                return False
         for i, tier in enumerate(tiers):
             if self._offer(tier, heap, keep, need_fit=i < len(tiers) - 1):
                 return True

@@ -50,6 +50,8 @@ from .cost.evaluate import Evaluator
 from .cost.placement import PlacementBound
 from .cost.schedules import bubble_bound_s, is_split_backward
 from .cost.stage_core import stage_core
+from .options import rescues
+from .pins import Pins
 from .search_blocks import Block
 from .search_space import mesh_orders
 from .solvers.replay_table import RATIO_DIGITS
@@ -305,6 +307,16 @@ class FamilyBounds:
             bound = family_lower_bound_s(self.ev, key_s, self.coll(key_s), offload_activations=True)
             self._offload_bound_s[key] = bound
         return bound
+
+    def rescue_floor_s(self, s: Strategy, pins: Pins) -> float:
+        """A step time none of `s`'s offload rescues (`options.rescues`) beats when they all
+        offload activations: `offload_bound_s`; else 0 (and with options offered)."""
+        if self.options_offered:
+            return 0.0
+        tiers = rescues(s, pins)
+        if all(v.offload_activations for tier in tiers for v in tier):
+            return self.offload_bound_s(s)
+        return 0.0
 
     def fast_choices(
         self,
