@@ -76,7 +76,7 @@ class Search:
         self._runs: dict[tuple, tuple[tuple[bool, int, bool, Recompute], ...]] = {}
         """`_runnable` answers, by block shape and schedule."""
         """Step-time lower bounds already computed (`_time_lower_bound_s`)."""
-        self._families = FamilyBounds(ev, consent.any)
+        self._families = FamilyBounds(ev, consent.any, self.pins)
         """Bounds shared by a strategy's ZeRO and offload variants (`search_bounds.py`)."""
         broken = ev.violation(self.pins)  # the rules the candidates obey, on the pins alone
         if broken is not None:
@@ -236,11 +236,12 @@ class Search:
                     if not self._rescuable(s):
                         continue  # no offload makes it fit: it cannot rank
                     self._note_memory(s, total)
-                    # its own bound waits for its turn; its rescues add activation copies
-                    fam = self._families
-                    key = max(fam.bound_s(s), fam.rescue_floor_s(s, self.pins))
+                    key = self._families.bound_s(s)  # its own bound waits for its turn
                     if key > worst_s():
                         continue  # as would its rescues, which only add offload
+                    key = max(key, self._families.rescue_floor_s(s))  # activation copies
+                    if key > worst_s():
+                        continue
                     task = Task(RESCUE, [s], block, fitted, runnable, key, exact=False)
                     task.bounded.append(s)
                     heapq.heappush(queue, (key, next(order), task))  # rescued in its turn
@@ -348,7 +349,7 @@ class Search:
             return False
         if len(heap) == keep and self._slower(s, -heap[0][0]):
             return False
-        if len(heap) == keep and self._families.rescue_floor_s(s, self.pins) > -heap[0][0]:
+        if len(heap) == keep and self._families.rescue_floor_s(s) > -heap[0][0]:
             return False  # none can rank: skip their memory
         tiers = options.rescues(s, self.pins)
         for i, tier in enumerate(tiers):

@@ -49,7 +49,7 @@ from .cost.comm import Collectives, Links
 from .cost.evaluate import Evaluator
 from .cost.placement import PlacementBound
 from .cost.schedules import bubble_bound_s, is_split_backward
-from .cost.stage_core import stage_core
+from .cost.stage_core import StageCore, stage_core
 from .options import rescues
 from .pins import Pins
 from .search_blocks import Block
@@ -123,25 +123,36 @@ def placement_bound(ev: Evaluator, s: Strategy) -> PlacementBound:
     return PlacementBound(ev.acc, ev.coll, ev.lower_bound_coll, links, ("placement", *key))
 
 
+def family_cores(ev: Evaluator, s: Strategy, coll: Collectives) -> tuple[StageCore, ...]:
+    """The stage cores `family_lower_bound_s` prices `s` by: each distinct stage's (a split
+    backward's layout keeps every stage; the bound needs only the distinct ones)."""
+    lay = ev.stage_model.layout_of(s)
+    if lay.per_stage:
+        sm, merged = ev.stage_model, replace(lay, per_stage=False)
+        links = ev.ideal_links(s)
+        return stage_core(s, links, coll, sm, ev.per_layer, ev.train, ev.contention, merged)
+    return ev.stage_core(s, ev.ideal_links(s), coll)
+
+
 def family_lower_bound_s(
-    ev: Evaluator, s: Strategy, coll: Collectives, *, offload_activations: bool = False
+    ev: Evaluator,
+    s: Strategy,
+    coll: Collectives,
+    *,
+    offload_activations: bool = False,
+    cores: tuple[StageCore, ...] | None = None,
 ) -> float:
     """A step time no member of `s`'s family (any ZeRO stage, offload, PowerSGD, HSDP shard,
     mesh order; per_layer for none) beats, with `coll` the lower-bound collectives (see the
-    module docstring for why). `s` should be a `family_key`.
+    module docstring for why). `s` should be a `family_key`; `cores` its `family_cores`
+    when known.
 
     With `offload_activations`: a bound for the members that offload activations (with or
     without parameters), whose slot on each stage also holds the exposed seconds of its
     activation copies (`OffloadModel.cost`, added to the stage's communication per
     micro-batch; the copies of offloaded parameters only add bytes, and exposed seconds never
     shrink as the bytes grow, `hidden_behind` being nondecreasing in them)."""
-    lay = ev.stage_model.layout_of(s)
-    if lay.per_stage:  # a split backward keeps every stage: bound on the distinct ones
-        sm, merged = ev.stage_model, replace(lay, per_stage=False)
-        links = ev.ideal_links(s)
-        cores = stage_core(s, links, coll, sm, ev.per_layer, ev.train, ev.contention, merged)
-    else:
-        cores = ev.stage_core(s, ev.ideal_links(s), coll)
+    cores = family_cores(ev, s, coll) if cores is None else cores
     slots = [c.per_microbatch_s for c in cores]
     if offload_activations:
         off = replace(s, offload_activations=True)
@@ -245,13 +256,17 @@ _FAMILY_ORDER = {
 class FamilyBounds:
     """`family_lower_bound_s` memoized for one search (by what a `family_key` keeps)."""
 
-    def __init__(self, ev: Evaluator, options_offered: bool) -> None:
+    def __init__(self, ev: Evaluator, options_offered: bool, pins: Pins) -> None:
         self.ev = ev
+        self.pins = pins
+        """The search's pins (what `rescues` may vary)."""
         self.options_offered = options_offered
         """PowerSGD or the asynchronous pipeline offered: they may be faster than the
         strategy they vary, so `all_slower` never prunes."""
         self._bound_s: dict[tuple, float] = {}
         self._offload_bound_s: dict[tuple, float] = {}
+        self._acts_only: dict[tuple, bool] = {}
+        self._cores: dict[tuple, tuple[StageCore, ...]] = {}
         self._placement: dict[tuple, PlacementBound] = {}
 
     def coll(self, s: Strategy) -> PlacementBound:
@@ -281,7 +296,8 @@ class FamilyBounds:
         bound = self._bound_s.get(key)
         if bound is None:
             key_s = family_key(s)
-            bound = family_lower_bound_s(self.ev, key_s, self.coll(key_s))
+            cores = self._cores[key] = family_cores(self.ev, key_s, self.coll(key_s))
+            bound = family_lower_bound_s(self.ev, key_s, self.coll(key_s), cores=cores)
             self._bound_s[key] = bound
         return bound
 
@@ -304,19 +320,36 @@ class FamilyBounds:
         bound = self._offload_bound_s.get(key)
         if bound is None:
             key_s = family_key(s)
-            bound = family_lower_bound_s(self.ev, key_s, self.coll(key_s), offload_activations=True)
+            bound = family_lower_bound_s(
+                self.ev,
+                key_s,
+                self.coll(key_s),
+                offload_activations=True,
+                cores=self._cores.get(key),  # those of `bound_s` (the same key)
+            )
             self._offload_bound_s[key] = bound
         return bound
 
-    def rescue_floor_s(self, s: Strategy, pins: Pins) -> float:
+    def rescue_floor_s(self, s: Strategy) -> float:
         """A step time none of `s`'s offload rescues (`options.rescues`) beats when they all
         offload activations: `offload_bound_s`; else 0 (and with options offered)."""
         if self.options_offered:
             return 0.0
-        tiers = rescues(s, pins)
-        if all(v.offload_activations for tier in tiers for v in tier):
-            return self.offload_bound_s(s)
-        return 0.0
+        key = (  # all that `rescues` reads but the pins (its own and `option_problem`'s checks)
+            s.powersgd_rank,
+            s.zero_stage,
+            s.dp * s.cp == 1,
+            s.async_pipeline,
+            s.pp == 1,
+            s.schedule,
+            s.offload_optimizer,
+            s.offload_params,
+            s.offload_activations,
+        )
+        if key not in self._acts_only:  # whether every rescue offloads activations
+            tiers = rescues(s, self.pins)
+            self._acts_only[key] = all(v.offload_activations for t in tiers for v in t)
+        return self.offload_bound_s(s) if self._acts_only[key] else 0.0
 
     def fast_choices(
         self,
