@@ -58,15 +58,11 @@ def op_graph(schedule: Schedule, pp: int, m: int, v: int) -> OpGraph:
     """The operation graph of a (schedule, pp, m, v) (see `OpGraph`)."""
     last = pp * v - 1
     model_chunk = {chunk_placement(schedule, c, pp): c for c in range(pp * v)}
+    chunk_of = [[model_chunk[(s, local)] for local in range(v)] for s in range(pp)]
     row = {phase: i for i, phase in enumerate(_PHASES)}
-    # each stage's order as (phase row, micro-batch, model chunk)
+    forward, weight = Phase.FORWARD, Phase.BACKWARD_WEIGHT
     orders = [
-        [
-            (row[phase], mb, model_chunk[(s, local)])
-            for phase, mb, local in stage_order(
-                schedule, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=s
-            )
-        ]
+        stage_order(schedule, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=s)
         for s in range(pp)
     ]
     width = pp * v + 1
@@ -81,37 +77,35 @@ def op_graph(schedule: Schedule, pp: int, m: int, v: int) -> OpGraph:
     while remaining:
         moved = False
         for s in range(pp):
-            order, i = orders[s], pos[s]
+            order, i, chunks, here = orders[s], pos[s], chunk_of[s], prev[s]
             while i < len(order):
-                phase, mb, chunk = order[i]
-                base = mb * width
-                need: int
-                if phase == _FORWARD:
-                    need = 2 * (base + chunk - 1) if chunk > 0 else -1
-                elif phase == _WEIGHT:
-                    need = 2 * (base + chunk) + 1
-                else:
-                    need = 2 * (base + chunk + 1) + 1 if chunk < last else 2 * (base + chunk)
+                phase, mb, local = order[i]
+                chunk = chunks[local]
+                key = 2 * (mb * width + chunk)  # its (mb, chunk)'s forward; + 1: gradient
+                if phase is forward:
+                    need = key - 2 if chunk > 0 else -1  # the previous chunk's forward
+                elif phase is weight:
+                    need = key + 1  # its own input gradient
+                else:  # the next chunk's gradient, or the last chunk's own forward
+                    need = key + 3 if chunk < last else key
                 dep = -1
                 if need >= 0:
                     found = produced.get(need)
                     if found is None:
                         break  # its input is not computed yet
                     dep = found
-                here = len(prevs)
-                prevs.append(prev[s])
+                prevs.append(here)
+                here = len(deps)
                 deps.append(dep)
-                phases.append(phase)
+                phases.append(row[phase])
                 stages.append(s)
-                if phase == _FORWARD:
-                    produced[2 * (base + chunk)] = here
-                elif phase != _WEIGHT:
-                    produced[2 * (base + chunk) + 1] = here
-                prev[s] = here
+                if phase is not weight:
+                    produced[key if phase is forward else key + 1] = here
                 i += 1
-                remaining -= 1
+            if i != pos[s]:
+                remaining -= i - pos[s]
+                pos[s], prev[s] = i, here
                 moved = True
-            pos[s] = i
         if not moved:  # pragma: no cover - the orders never deadlock
             raise RuntimeError(f"{schedule} with pp={pp}, m={m}, v={v} deadlocks; this is a bug")
     return OpGraph(prev=tuple(prevs), dep=tuple(deps), phase=tuple(phases), stage=tuple(stages))
