@@ -234,8 +234,19 @@ def replay_stages(
         for fwd, bwd in zip(forward_s, backward_s, strict=True)
         for x in (fwd / v, bwd / v, bwd * (1 - share) / v, bwd * share / v)
     ]
+    work_s = m * sum(f + b for f, b in zip(forward_s, backward_s, strict=True))
+    if _in_program_order(seconds, work_s):  # no starts needed: each stage's events in order
+        ends: list[float] = []
+        for prev, dep, phase, stage in zip(
+            graph.prev, graph.dep, graph.phase, graph.stage, strict=True
+        ):
+            start = ends[prev] if prev >= 0 else 0.0
+            if dep >= 0 and ends[dep] > start:
+                start = ends[dep]
+            ends.append(start + seconds[4 * stage + phase])
+        return max(ends), _graph_order_peaks(graph, pp, v, pending_weight)
     starts: list[float] = []
-    ends: list[float] = []
+    ends = []
     for prev, dep, phase, stage in zip(
         graph.prev, graph.dep, graph.phase, graph.stage, strict=True
     ):
@@ -245,6 +256,19 @@ def replay_stages(
         starts.append(start)
         ends.append(start + seconds[4 * stage + phase])
     return max(ends), _peaks(graph, starts, ends, pp, v, pending_weight)
+
+
+def _graph_order_peaks(graph: OpGraph, pp: int, v: int, pending_weight: float) -> tuple[float, ...]:
+    """`_order_peaks` of a graph's stages: the graph lists each stage's operations in the
+    order the stage runs them (each after its stage's previous one)."""
+    delta = (1.0, -1.0, pending_weight, -1.0 - pending_weight)  # by row of `_PHASES`
+    held = [0.0] * pp
+    peak = [0.0] * pp
+    for phase, stage in zip(graph.phase, graph.stage, strict=True):
+        now = held[stage] = held[stage] + delta[phase]
+        if now > peak[stage]:
+            peak[stage] = now
+    return tuple(x / v for x in peak)
 
 
 _ORDER_MARGIN = 2.0**-40
