@@ -20,6 +20,7 @@ from . import options
 from .capabilities import Job, executor_gaps
 from .cost.comm import Links
 from .cost.data_parallel import HOST_OPTIMIZER_BYTES_PER_S
+from .cost.estimate import StageTime
 from .cost.evaluate import Estimate, Evaluator
 from .cost.memory import MemoryBreakdown
 from .cost.options import has_options, option_problem
@@ -72,10 +73,10 @@ class Search:
         # Offloading only adds time when the host streams no faster than HBM (true of every
         # catalog entry; a calibration could break it, and then offload is never pruned).
         self._offload_slower = ev.acc.memory_bw_bytes_per_s >= HOST_OPTIMIZER_BYTES_PER_S
-        self._lb_s: dict[Strategy, float] = {}
+        self._lb_s: dict[Strategy, float] = {}  # `_time_lower_bound_s`'s, and rc=none's
+        self._plain_stages: dict[Strategy, tuple[StageTime, ...]] = {}  # stage times there
         self._runs: dict[tuple, tuple[tuple[bool, int, bool, Recompute], ...]] = {}
         """`_runnable` answers, by block shape and schedule."""
-        """Step-time lower bounds already computed (`_time_lower_bound_s`)."""
         self._families = FamilyBounds(ev, consent.any, self.pins)
         """Bounds shared by a strategy's ZeRO and offload variants (`search_bounds.py`)."""
         broken = ev.violation(self.pins)  # the rules the candidates obey, on the pins alone
@@ -334,7 +335,8 @@ class Search:
                     continue
                 if not has_options(s):  # its recompute bounded before it is solved
                     coll = self._families.coll(s)
-                    if per_layer_lower_bound_s(self.ev, s, coll, plain) > -heap[0][0]:
+                    known = self._plain_stages.get(plain)
+                    if per_layer_lower_bound_s(self.ev, s, coll, plain, known) > -heap[0][0]:
                         continue
                 total = self.ev.memory(s)[0].total_bytes
                 self._fitted(s, total, task.block, task.fitted, task.runnable, heap, keep)
@@ -438,8 +440,11 @@ class Search:
         memoized: the rescue and the per-layer bound ask for the same strategies)."""
         bound = self._lb_s.get(s)
         if bound is None:
-            bound = strategy_lower_bound_s(self.ev, s, self._families.coll(s))
-            self._lb_s[s] = bound
+            coll = self._families.coll(s)
+            stages = self.ev.stage_times(s, self.ev.ideal_links(s), coll)
+            if s.recompute == Recompute.NONE:  # a per-layer bound reads them again
+                self._plain_stages[s] = stages
+            bound = self._lb_s[s] = strategy_lower_bound_s(self.ev, s, coll, stages)
         return bound
 
     def _gap(self, s: Strategy) -> bool:

@@ -46,6 +46,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .cost.comm import Collectives, Links
+from .cost.estimate import StageTime
 from .cost.evaluate import Evaluator
 from .cost.placement import PlacementBound
 from .cost.schedules import bubble_bound_s, is_split_backward
@@ -167,13 +168,15 @@ def family_lower_bound_s(
     return (m * slot + least_bubble_s(ev, s, slot, shares)) * (1.0 - SAFETY)
 
 
-def strategy_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float:
+def strategy_lower_bound_s(
+    ev: Evaluator, s: Strategy, coll: Collectives, stages: tuple[StageTime, ...] | None = None
+) -> float:
     """A step time no mesh order of `s` beats, with `coll` a `placement_bound` of `s` (or the
     fastest link with no latency): its stage times on ideal links, the slowest stage's slot,
     the largest once-per-step tail, and the bubble of the slowest slot at the least unit
     bubble of the stages' forward shares (the slowest stage may differ between the bound and
-    a mesh order)."""
-    stages = ev.stage_times(s, ev.ideal_links(s), coll)
+    a mesh order). `stages`: its `stage_times` on ideal links with `coll`, when known."""
+    stages = ev.stage_times(s, ev.ideal_links(s), coll) if stages is None else stages
     slot = max(x.per_microbatch_s for x in stages)
     tail = max(x.tail_comm_s + x.optimizer_s for x in stages)
     m = ev.num_microbatches(s)
@@ -182,14 +185,19 @@ def strategy_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> flo
 
 
 def per_layer_lower_bound_s(
-    ev: Evaluator, s: Strategy, coll: Collectives, plain: Strategy | None = None
+    ev: Evaluator,
+    s: Strategy,
+    coll: Collectives,
+    plain: Strategy | None = None,
+    stages: tuple[StageTime, ...] | None = None,
 ) -> float:
     """`strategy_lower_bound_s` of a `per_layer` strategy without options, without solving
     its recompute: the stage times of its `none` sibling `plain` (the same layout; recompute
     only adds seconds and redone collectives) with each stage's `recompute_lower_bounds_s`
     added to its slot."""
     plain = replace(s, recompute=Recompute.NONE) if plain is None else plain
-    stages = ev.stage_times(plain, ev.ideal_links(plain), coll)
+    if stages is None:  # `plain`'s on ideal links with `coll`, when not given
+        stages = ev.stage_times(plain, ev.ideal_links(plain), coll)
     extra = ev.per_layer.recompute_lower_bounds_s(s)
     slot = max(x.per_microbatch_s + r for x, r in zip(stages, extra, strict=True))
     tail = max(x.tail_comm_s + x.optimizer_s for x in stages)
