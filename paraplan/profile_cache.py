@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 from functools import cache
-from importlib import metadata
 from pathlib import Path
 
 from .planner.hf_presets import HF_PRESETS
@@ -54,6 +53,8 @@ def _profiler_digest() -> str:
 
 
 def _version(package: str) -> str:
+    from importlib import metadata  # on first use: it imports email, zipfile, csv (~50 ms)
+
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:

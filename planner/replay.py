@@ -16,7 +16,7 @@ from .cost.evaluate import Evaluator
 from .cost.memory import MemoryBreakdown
 from .cost.options import has_options
 from .cost.schedules import PENDING_W_ACT_FACTOR, is_split_backward
-from .solvers.pipeline_replay import simulate_pipeline
+from .solvers.replay_table import replay_stages
 from .strategy import Strategy
 
 
@@ -35,17 +35,20 @@ def replay(ev: Evaluator, s: Strategy) -> Replay:
         forward.append(t.fwd_s + t.comm_s * share)
         backward.append(t.bwd_s + t.recompute_s + t.comm_s * (1 - share))
     m = ev.num_microbatches(s)
-    timeline = simulate_pipeline(
+    # a split backward's pending W keeps output gradients too (cost/schedules.py)
+    pending = PENDING_W_ACT_FACTOR if is_split_backward(s.schedule) else 0.0
+    makespan, in_flight = replay_stages(  # `simulate_pipeline`'s, without its timeline
         s.schedule,
-        num_stages=s.pp,
-        num_microbatches=m,
+        pp=s.pp,
+        v=s.virtual_stages,
+        m=m,
         forward_s=forward,
         backward_s=backward,
-        virtual_stages=s.virtual_stages,
-        weight_share=ev.weight_share,
+        share=ev.weight_share,
+        pending_weight=pending,
     )
     tail = max(t.tail_comm_s + t.optimizer_s for t in distinct)
-    step = timeline.makespan_s + tail
+    step = makespan + tail
     if s.async_pipeline:  # PipeDream-2BW never flushes: the steady state is the step
         step = ev.time(s).step_time_s
     if ev.single_pass(s):  # the backward's layer-by-layer timeline is the replay itself
@@ -57,9 +60,7 @@ def replay(ev: Evaluator, s: Strategy) -> Replay:
     best, best_stage = -1.0, 0
     for index, (_, rep) in enumerate(copies):
         static = ev.static_memory(s, stages[rep])
-        # a split backward's pending W keeps output gradients too (cost/schedules.py)
-        pending = PENDING_W_ACT_FACTOR if is_split_backward(s.schedule) else 0.0
-        held = timeline.in_flight(index, pending) if s.pp > 1 else 1.0
+        held = in_flight[index] if s.pp > 1 else 1.0
         mem = MemoryBreakdown(
             params_bytes=static.params_bytes,
             grads_bytes=static.grads_bytes,

@@ -20,6 +20,7 @@ from . import options
 from .capabilities import Job, executor_gaps
 from .cost.comm import Links
 from .cost.data_parallel import HOST_OPTIMIZER_BYTES_PER_S
+from .cost.estimate import StageTime
 from .cost.evaluate import Estimate, Evaluator
 from .cost.memory import MemoryBreakdown
 from .cost.options import has_options, option_problem
@@ -72,11 +73,11 @@ class Search:
         # Offloading only adds time when the host streams no faster than HBM (true of every
         # catalog entry; a calibration could break it, and then offload is never pruned).
         self._offload_slower = ev.acc.memory_bw_bytes_per_s >= HOST_OPTIMIZER_BYTES_PER_S
-        self._lb_s: dict[Strategy, float] = {}
+        self._lb_s: dict[Strategy, float] = {}  # `_time_lower_bound_s`'s, and rc=none's
+        self._plain_stages: dict[Strategy, tuple[StageTime, ...]] = {}  # stage times there
         self._runs: dict[tuple, tuple[tuple[bool, int, bool, Recompute], ...]] = {}
         """`_runnable` answers, by block shape and schedule."""
-        """Step-time lower bounds already computed (`_time_lower_bound_s`)."""
-        self._families = FamilyBounds(ev, consent.any)
+        self._families = FamilyBounds(ev, consent.any, self.pins)
         """Bounds shared by a strategy's ZeRO and offload variants (`search_bounds.py`)."""
         broken = ev.violation(self.pins)  # the rules the candidates obey, on the pins alone
         if broken is not None:
@@ -153,7 +154,8 @@ class Search:
             if isinstance(item, Task):
                 if not item.exact:  # queued under its family's bound: now under its own
                     item.exact = True
-                    item.key = min(self._time_lower_bound_s(b) for b in item.bounded)
+                    own = min(self._time_lower_bound_s(b) for b in item.bounded)
+                    item.key = max(item.key, own)  # both bound all it may add
                     if item.key > bound:
                         heapq.heappush(queue, (item.key, next(order), item))
                         continue
@@ -238,6 +240,9 @@ class Search:
                     key = self._families.bound_s(s)  # its own bound waits for its turn
                     if key > worst_s():
                         continue  # as would its rescues, which only add offload
+                    key = max(key, self._families.rescue_floor_s(s))  # activation copies
+                    if key > worst_s():
+                        continue
                     task = Task(RESCUE, [s], block, fitted, runnable, key, exact=False)
                     task.bounded.append(s)
                     heapq.heappush(queue, (key, next(order), task))  # rescued in its turn
@@ -330,7 +335,8 @@ class Search:
                     continue
                 if not has_options(s):  # its recompute bounded before it is solved
                     coll = self._families.coll(s)
-                    if per_layer_lower_bound_s(self.ev, s, coll, plain) > -heap[0][0]:
+                    known = self._plain_stages.get(plain)
+                    if per_layer_lower_bound_s(self.ev, s, coll, plain, known) > -heap[0][0]:
                         continue
                 total = self.ev.memory(s)[0].total_bytes
                 self._fitted(s, total, task.block, task.fitted, task.runnable, heap, keep)
@@ -345,6 +351,8 @@ class Search:
             return False
         if len(heap) == keep and self._slower(s, -heap[0][0]):
             return False
+        if len(heap) == keep and self._families.rescue_floor_s(s) > -heap[0][0]:
+            return False  # none can rank: skip their memory
         tiers = options.rescues(s, self.pins)
         for i, tier in enumerate(tiers):
             if self._offer(tier, heap, keep, need_fit=i < len(tiers) - 1):
@@ -432,8 +440,11 @@ class Search:
         memoized: the rescue and the per-layer bound ask for the same strategies)."""
         bound = self._lb_s.get(s)
         if bound is None:
-            bound = strategy_lower_bound_s(self.ev, s, self._families.coll(s))
-            self._lb_s[s] = bound
+            coll = self._families.coll(s)
+            stages = self.ev.stage_times(s, self.ev.ideal_links(s), coll)
+            if s.recompute == Recompute.NONE:  # a per-layer bound reads them again
+                self._plain_stages[s] = stages
+            bound = self._lb_s[s] = strategy_lower_bound_s(self.ev, s, coll, stages)
         return bound
 
     def _gap(self, s: Strategy) -> bool:

@@ -46,10 +46,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .cost.comm import Collectives, Links
+from .cost.estimate import StageTime
 from .cost.evaluate import Evaluator
 from .cost.placement import PlacementBound
 from .cost.schedules import bubble_bound_s, is_split_backward
-from .cost.stage_core import stage_core
+from .cost.stage_core import StageCore, stage_core
+from .options import rescues
+from .pins import Pins
 from .search_blocks import Block
 from .search_space import mesh_orders
 from .solvers.replay_table import RATIO_DIGITS
@@ -121,30 +124,59 @@ def placement_bound(ev: Evaluator, s: Strategy) -> PlacementBound:
     return PlacementBound(ev.acc, ev.coll, ev.lower_bound_coll, links, ("placement", *key))
 
 
-def family_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float:
-    """A step time no member of `s`'s family (any ZeRO stage, offload, PowerSGD, HSDP shard,
-    mesh order; per_layer for none) beats, with `coll` the lower-bound collectives (see the
-    module docstring for why). `s` should be a `family_key`."""
+def family_cores(ev: Evaluator, s: Strategy, coll: Collectives) -> tuple[StageCore, ...]:
+    """The stage cores `family_lower_bound_s` prices `s` by: each distinct stage's (a split
+    backward's layout keeps every stage; the bound needs only the distinct ones)."""
     lay = ev.stage_model.layout_of(s)
-    if lay.per_stage:  # a split backward keeps every stage: bound on the distinct ones
+    if lay.per_stage:
         sm, merged = ev.stage_model, replace(lay, per_stage=False)
         links = ev.ideal_links(s)
-        cores = stage_core(s, links, coll, sm, ev.per_layer, ev.train, ev.contention, merged)
-    else:
-        cores = ev.stage_core(s, ev.ideal_links(s), coll)
-    slot = max(c.per_microbatch_s for c in cores)
+        return stage_core(s, links, coll, sm, ev.per_layer, ev.train, ev.contention, merged)
+    return ev.stage_core(s, ev.ideal_links(s), coll)
+
+
+def family_lower_bound_s(
+    ev: Evaluator,
+    s: Strategy,
+    coll: Collectives,
+    *,
+    offload_activations: bool = False,
+    cores: tuple[StageCore, ...] | None = None,
+) -> float:
+    """A step time no member of `s`'s family (any ZeRO stage, offload, PowerSGD, HSDP shard,
+    mesh order; per_layer for none) beats, with `coll` the lower-bound collectives (see the
+    module docstring for why). `s` should be a `family_key`; `cores` its `family_cores`
+    when known.
+
+    With `offload_activations`: a bound for the members that offload activations (with or
+    without parameters), whose slot on each stage also holds the exposed seconds of its
+    activation copies (`OffloadModel.cost`, added to the stage's communication per
+    micro-batch; the copies of offloaded parameters only add bytes, and exposed seconds never
+    shrink as the bytes grow, `hidden_behind` being nondecreasing in them)."""
+    cores = family_cores(ev, s, coll) if cores is None else cores
+    slots = [c.per_microbatch_s for c in cores]
+    if offload_activations:
+        off = replace(s, offload_activations=True)
+        policy, model = ev.policy(off), ev.options.offload
+        slots = [
+            x + model.cost(off, c.stage, c.compute, policy).exposed_s
+            for x, c in zip(slots, cores, strict=True)
+        ]
+    slot = max(slots)
     m = ev.num_microbatches(s)
     shares = [(c.compute.fwd_s, c.compute.bwd_s) for c in cores]
     return (m * slot + least_bubble_s(ev, s, slot, shares)) * (1.0 - SAFETY)
 
 
-def strategy_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float:
+def strategy_lower_bound_s(
+    ev: Evaluator, s: Strategy, coll: Collectives, stages: tuple[StageTime, ...] | None = None
+) -> float:
     """A step time no mesh order of `s` beats, with `coll` a `placement_bound` of `s` (or the
     fastest link with no latency): its stage times on ideal links, the slowest stage's slot,
     the largest once-per-step tail, and the bubble of the slowest slot at the least unit
     bubble of the stages' forward shares (the slowest stage may differ between the bound and
-    a mesh order)."""
-    stages = ev.stage_times(s, ev.ideal_links(s), coll)
+    a mesh order). `stages`: its `stage_times` on ideal links with `coll`, when known."""
+    stages = ev.stage_times(s, ev.ideal_links(s), coll) if stages is None else stages
     slot = max(x.per_microbatch_s for x in stages)
     tail = max(x.tail_comm_s + x.optimizer_s for x in stages)
     m = ev.num_microbatches(s)
@@ -153,14 +185,19 @@ def strategy_lower_bound_s(ev: Evaluator, s: Strategy, coll: Collectives) -> flo
 
 
 def per_layer_lower_bound_s(
-    ev: Evaluator, s: Strategy, coll: Collectives, plain: Strategy | None = None
+    ev: Evaluator,
+    s: Strategy,
+    coll: Collectives,
+    plain: Strategy | None = None,
+    stages: tuple[StageTime, ...] | None = None,
 ) -> float:
     """`strategy_lower_bound_s` of a `per_layer` strategy without options, without solving
     its recompute: the stage times of its `none` sibling `plain` (the same layout; recompute
     only adds seconds and redone collectives) with each stage's `recompute_lower_bounds_s`
     added to its slot."""
     plain = replace(s, recompute=Recompute.NONE) if plain is None else plain
-    stages = ev.stage_times(plain, ev.ideal_links(plain), coll)
+    if stages is None:  # `plain`'s on ideal links with `coll`, when not given
+        stages = ev.stage_times(plain, ev.ideal_links(plain), coll)
     extra = ev.per_layer.recompute_lower_bounds_s(s)
     slot = max(x.per_microbatch_s + r for x, r in zip(stages, extra, strict=True))
     tail = max(x.tail_comm_s + x.optimizer_s for x in stages)
@@ -227,12 +264,17 @@ _FAMILY_ORDER = {
 class FamilyBounds:
     """`family_lower_bound_s` memoized for one search (by what a `family_key` keeps)."""
 
-    def __init__(self, ev: Evaluator, options_offered: bool) -> None:
+    def __init__(self, ev: Evaluator, options_offered: bool, pins: Pins) -> None:
         self.ev = ev
+        self.pins = pins
+        """The search's pins (what `rescues` may vary)."""
         self.options_offered = options_offered
         """PowerSGD or the asynchronous pipeline offered: they may be faster than the
         strategy they vary, so `all_slower` never prunes."""
         self._bound_s: dict[tuple, float] = {}
+        self._offload_bound_s: dict[tuple, float] = {}
+        self._acts_only: dict[tuple, bool] = {}
+        self._cores: dict[tuple, tuple[StageCore, ...]] = {}
         self._placement: dict[tuple, PlacementBound] = {}
 
     def coll(self, s: Strategy) -> PlacementBound:
@@ -262,9 +304,60 @@ class FamilyBounds:
         bound = self._bound_s.get(key)
         if bound is None:
             key_s = family_key(s)
-            bound = family_lower_bound_s(self.ev, key_s, self.coll(key_s))
+            cores = self._cores[key] = family_cores(self.ev, key_s, self.coll(key_s))
+            bound = family_lower_bound_s(self.ev, key_s, self.coll(key_s), cores=cores)
             self._bound_s[key] = bound
         return bound
+
+    def offload_bound_s(self, s: Strategy) -> float:
+        """`family_lower_bound_s` of the members of `s`'s family that offload activations
+        (for a uniform recompute policy: a per-layer solution keeps fewer bytes to copy)."""
+        key = (
+            s.dp,
+            s.tp,
+            s.pp,
+            s.cp,
+            s.ep,
+            s.sequence_parallel,
+            s.schedule,
+            s.virtual_stages,
+            s.micro_batch_size,
+            s.recompute,
+            s.async_pipeline,
+        )
+        bound = self._offload_bound_s.get(key)
+        if bound is None:
+            key_s = family_key(s)
+            bound = family_lower_bound_s(
+                self.ev,
+                key_s,
+                self.coll(key_s),
+                offload_activations=True,
+                cores=self._cores.get(key),  # those of `bound_s` (the same key)
+            )
+            self._offload_bound_s[key] = bound
+        return bound
+
+    def rescue_floor_s(self, s: Strategy) -> float:
+        """A step time none of `s`'s offload rescues (`options.rescues`) beats when they all
+        offload activations: `offload_bound_s`; else 0 (and with options offered)."""
+        if self.options_offered:
+            return 0.0
+        key = (  # all that `rescues` reads but the pins (its own and `option_problem`'s checks)
+            s.powersgd_rank,
+            s.zero_stage,
+            s.dp * s.cp == 1,
+            s.async_pipeline,
+            s.pp == 1,
+            s.schedule,
+            s.offload_optimizer,
+            s.offload_params,
+            s.offload_activations,
+        )
+        if key not in self._acts_only:  # whether every rescue offloads activations
+            tiers = rescues(s, self.pins)
+            self._acts_only[key] = all(v.offload_activations for t in tiers for v in t)
+        return self.offload_bound_s(s) if self._acts_only[key] else 0.0
 
     def fast_choices(
         self,

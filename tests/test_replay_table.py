@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from paraplan.planner.cost.schedules import _reference_m, bubble_bound_s, bubble_s, fill_chain
@@ -10,6 +12,8 @@ from paraplan.planner.solvers.replay_table import (
     in_flight_peaks,
     makespan_at,
     makespan_bound,
+    replay_stages,
+    replayed_peaks,
 )
 from paraplan.planner.strategy import Schedule
 
@@ -53,18 +57,56 @@ def test_makespan_refuses_unrounded_shares():
 @pytest.mark.parametrize(("schedule", "pp", "v", "m"), SHAPES)
 @pytest.mark.parametrize("pending", [0.0, 18.0 / 34.0])
 def test_in_flight_peaks_equal_the_timeline(schedule, pp, v, m, pending):
-    f, b, share = 1.0 / 3.0, 2.0 / 3.0, 0.5
-    t = simulate_pipeline(
-        schedule,
-        num_stages=pp,
-        num_microbatches=m,
-        forward_s=f,
-        backward_s=b,
-        virtual_stages=v,
-        weight_share=share,
-    )
-    want = tuple(t.in_flight(s, pending) for s in range(pp))
-    assert in_flight_peaks(schedule, pp, v, m, f, b, share, pending) == want
+    """Read off the stages' orders (every operation lasts) or replayed (some take no time:
+    a weight share of 0 or 1, a forward of 0), as the timeline's sorted events."""
+    rng = random.Random(f"peaks{schedule}{pp}{v}{m}")
+    cases = [(1.0 / 3.0, 2.0 / 3.0, 0.5), (0.0, 1.0, 0.5), (1.0 / 3.0, 2.0 / 3.0, 0.0)]
+    cases += [(1.0 / 3.0, 2.0 / 3.0, 1.0), (0.25, 0.75, 0.667), (1e-30, 1.0, 0.5)]
+    cases += [(rng.uniform(0.01, 1), rng.uniform(0.01, 2), rng.random()) for _ in range(4)]
+    for f, b, share in cases:
+        t = simulate_pipeline(
+            schedule,
+            num_stages=pp,
+            num_microbatches=m,
+            forward_s=f,
+            backward_s=b,
+            virtual_stages=v,
+            weight_share=share,
+        )
+        want = tuple(t.in_flight(s, pending) for s in range(pp))
+        assert in_flight_peaks(schedule, pp, v, m, f, b, share, pending) == want, (f, b, share)
+        assert replayed_peaks(schedule, pp, v, m, f, b, share, pending) == want, (f, b, share)
+
+
+@pytest.mark.parametrize(("schedule", "pp", "v", "m"), SHAPES)
+@pytest.mark.parametrize("pending", [0.0, 18.0 / 34.0])
+def test_stage_replay_equals_the_timeline(schedule, pp, v, m, pending):
+    """Unequal stages (some alike, one idle): the makespan and every stage's in-flight peak."""
+    rng = random.Random(f"{schedule}{pp}{v}{m}")
+    for share in (0.0, 0.5, 0.667, 1.0):
+        fwd = [rng.choice((0.0, 0.1, 1.0 / 3.0, rng.uniform(0.05, 2.0))) for _ in range(pp)]
+        bwd = [rng.choice((0.2, 2.0 / 3.0, rng.uniform(0.05, 4.0))) for _ in range(pp)]
+        t = simulate_pipeline(
+            schedule,
+            num_stages=pp,
+            num_microbatches=m,
+            forward_s=fwd,
+            backward_s=bwd,
+            virtual_stages=v,
+            weight_share=share,
+        )
+        want = (t.makespan_s, tuple(t.in_flight(s, pending) for s in range(pp)))
+        got = replay_stages(
+            schedule,
+            pp=pp,
+            v=v,
+            m=m,
+            forward_s=fwd,
+            backward_s=bwd,
+            share=share,
+            pending_weight=pending,
+        )
+        assert got == want, (share, fwd, bwd)
 
 
 SPLIT = [

@@ -89,9 +89,14 @@ def test_family_bound_is_below_every_member(name):
         assert loose <= bound * (1 + 1e-9), s.short()  # placement is the tighter
         # the member's own bound and true step time in every mesh order, offloaded variants too
         variants = [v for tier in rescues(s, Pins()) for v in tier if option_problem(v) is None]
+        offloaded = family_lower_bound_s(
+            ev, key, placement_bound(ev, key), offload_activations=True
+        )  # for the members offloading activations, under a uniform recompute policy
         for member in [s, *variants]:
             own = strategy_lower_bound_s(ev, member, placement_bound(ev, member))
             assert bound <= own, member.short()
+            if member.offload_activations and member.recompute != Recompute.PER_LAYER:
+                assert bound <= offloaded <= own, member.short()
             for order in mesh_orders(member):
                 so = replace(member, mesh_order=order)
                 assert own <= ev.time(so).step_time_s, so.short()

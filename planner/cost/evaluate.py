@@ -75,7 +75,7 @@ class Evaluator:
         """Share of a backward that is weight gradients (split-backward schedules)."""
         self._links = cache(self._links_uncached)
         self._stage_core: dict[tuple, tuple[StageCore, ...]] = {}  # see `stage_core`'s key
-        self._ideal: dict[Links, Links] = {}  # `ideal_links` results
+        self._ideal: dict[int, tuple[Links, Links]] = {}  # `ideal_links`, by id of `links`
         self._in_flight: dict[tuple, tuple[float, ...]] = {}  # `in_flight` results
 
     @property
@@ -216,7 +216,7 @@ class Evaluator:
         v, dpcp = s.virtual_stages, s.dp * s.cp
         cap = self.stage_model.capacity_bytes
         lazy = fit_only and split_schedules.is_split_backward(s.schedule)
-        static: dict[tuple[int, bool, Layout], tuple[float, ...]] = {}
+        static: dict[tuple[int, bool, int], tuple[float, ...]] = {}  # by the layout's id
         acts: dict[tuple[bool, Recompute], list[float]] = {}  # lazy: at the least in flight
         exact: dict[tuple[bool, Recompute], list[float]] = {}  # lazy: as replayed
         none_totals: dict[tuple[bool, int, bool], float] = {}
@@ -228,8 +228,9 @@ class Evaluator:
                 lay = sm.layout(s.pp, v, rc, s.tp, sp, s.schedule)
                 shape = shapes[(sp, rc)] = (lay, sm.stages(lay))
             lay, stages = shape
-            if (zero, off, lay) not in static:
-                static[(zero, off, lay)] = sm.static_totals(
+            statics = static.get((zero, off, id(lay)))  # `lay` lives through the call
+            if statics is None:
+                statics = static[(zero, off, id(lay))] = sm.static_totals(
                     lay, s.tp, s.ep, dpcp, zero, off, s.dp_replicate
                 )
             if (sp, rc) not in acts and rc != Recompute.PER_LAYER:
@@ -249,12 +250,12 @@ class Evaluator:
                 )
                 total = self.memory(choice)[0].total_bytes
             else:
-                pairs = zip(static[(zero, off, lay)], acts[(sp, rc)], strict=True)
+                pairs = zip(statics, acts[(sp, rc)], strict=True)
                 total = max(x + y for x, y in pairs)
                 if lazy and total <= cap:  # it may fit: the replayed counts decide
                     if (sp, rc) not in exact:
                         exact[(sp, rc)] = self._act_totals(s, sp, rc, lay, stages, False)
-                    pairs = zip(static[(zero, off, lay)], exact[(sp, rc)], strict=True)
+                    pairs = zip(statics, exact[(sp, rc)], strict=True)
                     total = max(x + y for x, y in pairs)
             if rc == Recompute.NONE:
                 none_totals[(sp, zero, off)] = total
@@ -297,11 +298,11 @@ class Evaluator:
 
     def ideal_links(self, s: Strategy) -> Links:
         """`links(s).ideal()`: every group inside one node (memoized; for bounds)."""
-        links = self.links(s)
-        ideal = self._ideal.get(links)
-        if ideal is None:
-            ideal = self._ideal[links] = links.ideal()
-        return ideal
+        links = self.links(s)  # memoized for good: its id names it
+        found = self._ideal.get(id(links))
+        if found is None:
+            found = self._ideal[id(links)] = (links, links.ideal())
+        return found[1]
 
     def _links_uncached(
         self,

@@ -13,7 +13,14 @@ from ..model import LayerKind
 from ..strategy import DEFAULT_MESH_ORDER, Recompute, Strategy
 from .layout import Stage
 from .memory import in_flight_microbatches, layer_act_bytes, layer_tmp_bytes
-from .recompute import LayerChoice, StageProblem, least_recompute_s, solve_stage
+from .recompute import (
+    LayerChoice,
+    Relaxation,
+    StageProblem,
+    least_recompute_s,
+    relaxation,
+    solve_stage,
+)
 from .stages import StageCompute, StageModel
 
 
@@ -27,6 +34,7 @@ class PerLayerRecompute:
         self._stage_rc = cache(self._stage_rc_uncached)
         self._solve_stage = cache(solve_stage)
         self._problems = cache(self._problems_uncached)
+        self._relaxations: dict[tuple[int, ...], tuple[tuple, Relaxation]] = {}
 
     def policies(self, s: Strategy) -> tuple[Recompute, ...]:
         """The recompute policy of every chain layer: the strategy's uniform policy on the
@@ -116,7 +124,19 @@ class PerLayerRecompute:
     def recompute_lower_bounds_s(self, s: Strategy) -> tuple[float, ...]:
         """Per distinct stage of a `per_layer` strategy, a bound on the recompute seconds per
         micro-batch its solution adds, without solving (`recompute.least_recompute_s`)."""
-        return tuple(least_recompute_s(problem) for problem in self.problems(s))
+        return tuple(
+            least_recompute_s(problem, self._relaxation(problem.choices))
+            for problem in self.problems(s)
+        )
+
+    def _relaxation(self, choices: tuple[LayerChoice | None, ...]) -> Relaxation:
+        """`recompute.relaxation` of a stage's choices, memoized by the identity of its
+        `LayerChoice` objects (kept alive here: their ids are not reused)."""
+        key = tuple(map(id, choices))
+        found = self._relaxations.get(key)
+        if found is None:
+            found = self._relaxations[key] = (choices, relaxation(choices))
+        return found[1]
 
     def _layer_choices_uncached(
         self, tp: int, sp: bool, cp: int, ep: int, mbs: int

@@ -145,22 +145,18 @@ def solve_stage(problem: StageProblem) -> tuple[Recompute, ...] | None:
     return None if best is None else best[1]
 
 
-def least_recompute_s(problem: StageProblem) -> float:
-    """A lower bound on the recompute seconds of `solve_stage`'s answer when it has one: the
-    linear relaxation of its knapsack (each block may recompute a fraction of its selective
-    or full saving, at the lower convex hull of the two; the transient at its least, T0, and
-    `full` allowed on every block), solved greedily by seconds per byte saved. 0 when even
-    that cannot free enough (the solver then finds nothing either)."""
-    if problem.inflight <= 0:
-        return 0.0
-    slack = _REL * max(1.0, abs(problem.budget_bytes))
-    transient = max(0.0, problem.transient_bytes)
-    room = (problem.budget_bytes + slack - transient) / problem.inflight - problem.fixed_bytes
-    counts = Counter(id(c) for c in problem.choices if c is not None)
-    by_id = {id(c): c for c in problem.choices if c is not None}
-    need = sum(by_id[k].none_bytes * n for k, n in counts.items()) - room
-    if need <= 0:
-        return 0.0
+Relaxation = tuple[float, tuple[tuple[float, float, int], ...]]
+"""What `least_recompute_s` reads of a stage's choices: the bytes its blocks keep without
+recompute, and the segments of its relaxation (seconds per byte saved, bytes, blocks), sorted
+(`relaxation`)."""
+
+
+def relaxation(choices: Sequence[LayerChoice | None]) -> Relaxation:
+    """The part of `least_recompute_s` that depends on the choices alone (blocks that share a
+    `LayerChoice` object are counted together)."""
+    counts = Counter(id(c) for c in choices if c is not None)
+    by_id = {id(c): c for c in choices if c is not None}
+    none_bytes = sum(by_id[k].none_bytes * n for k, n in counts.items())
     segments: list[tuple[float, float, int]] = []  # (seconds per byte, bytes, blocks)
     for k, n in counts.items():
         c = by_id[k]
@@ -175,8 +171,27 @@ def least_recompute_s(problem: StageProblem) -> float:
         for saved, secs in _hull(points):
             segments.append(((secs - at[1]) / (saved - at[0]), saved - at[0], n))
             at = (saved, secs)
+    return none_bytes, tuple(sorted(segments))
+
+
+def least_recompute_s(problem: StageProblem, relaxed: Relaxation | None = None) -> float:
+    """A lower bound on the recompute seconds of `solve_stage`'s answer when it has one: the
+    linear relaxation of its knapsack (each block may recompute a fraction of its selective
+    or full saving, at the lower convex hull of the two; the transient at its least, T0, and
+    `full` allowed on every block), solved greedily by seconds per byte saved. 0 when even
+    that cannot free enough (the solver then finds nothing either). `relaxed`: the
+    `relaxation` of its choices, when known."""
+    if problem.inflight <= 0:
+        return 0.0
+    slack = _REL * max(1.0, abs(problem.budget_bytes))
+    transient = max(0.0, problem.transient_bytes)
+    room = (problem.budget_bytes + slack - transient) / problem.inflight - problem.fixed_bytes
+    none_bytes, segments = relaxation(problem.choices) if relaxed is None else relaxed
+    need = none_bytes - room
+    if need <= 0:
+        return 0.0
     total = 0.0
-    for rate, saved, n in sorted(segments):
+    for rate, saved, n in segments:
         take = min(need, saved * n)
         total += rate * take
         need -= take

@@ -22,6 +22,7 @@ stays free of torch; tests/test_schedules.py checks every order against torch's
 
 from __future__ import annotations
 
+from collections import deque
 from enum import StrEnum
 
 
@@ -58,37 +59,32 @@ def interleaved_zb_order(pp: int, m: int, v: int, stage: int) -> list[Op]:
     total = m * v
     fwd_bwd = total - warmup
     cooldown = total - fwd_bwd
-
-    def fwd_local(step: int) -> int:
-        return (step // per_round) % v
-
-    def bwd_local(step: int) -> int:
-        return v - 1 - ((step - warmup) // per_round) % v
-
-    counts: dict[tuple[Phase, int], int] = {}
-
-    def take(phase: Phase, local: int) -> Op:
-        k = counts.get((phase, local), 0)
-        counts[(phase, local)] = k + 1
-        return (phase, k, local)
-
+    # per local chunk, the operations of each phase so far (the next one's micro-batch)
+    count = {F: [0] * v, Bi: [0] * v, W: [0] * v}
+    cf, cb, cw = count[F], count[Bi], count[W]
     order: list[Op] = []
-    backward_steps: list[int] = []
+    add = order.append
+    backward_locals: list[int] = []  # local chunk of each input gradient, in order
     done_w = 0
     for step in range(warmup + fwd_bwd + cooldown):
-        if step < warmup:
-            order.append(take(F, fwd_local(step)))
-            continue
-        if step < warmup + fwd_bwd:
-            order.append(take(F, fwd_local(step)))
-        order.append(take(Bi, bwd_local(step)))
-        backward_steps.append(step)
+        if step < warmup + fwd_bwd:  # a forward (the whole of each warm-up step)
+            local = (step // per_round) % v
+            add((F, cf[local], local))
+            cf[local] += 1
+            if step < warmup:
+                continue
+        local = v - 1 - ((step - warmup) // per_round) % v
+        add((Bi, cb[local], local))
+        cb[local] += 1
+        backward_locals.append(local)
         if step - warmup >= stage:  # stage s keeps s weight gradients pending
-            order.append(take(W, bwd_local(backward_steps[done_w])))
+            local = backward_locals[done_w]
+            add((W, cw[local], local))
+            cw[local] += 1
             done_w += 1
-    while done_w < len(backward_steps):
-        order.append(take(W, bwd_local(backward_steps[done_w])))
-        done_w += 1
+    for local in backward_locals[done_w:]:
+        add((W, cw[local], local))
+        cw[local] += 1
     return order
 
 
@@ -128,54 +124,67 @@ def zbv_order(pp: int, m: int, stage: int) -> list[Op]:
 def dualpipev_order(pp: int, m: int, stage: int) -> list[Op]:
     """torch `ScheduleDualPipeV._calculate_single_rank_operations`, an overlapped F&B pair
     written as its forward then its full backward. Needs m >= 2 pp."""
-    counts: dict[tuple[Phase, int], int] = {}
-    pending_w: list[tuple[int, int]] = []  # (local chunk, micro-batch) whose W waits
+    fwd = [0, 0]  # per local chunk: forwards so far
+    bwd = [0, 0]  # per local chunk: backwards so far, whole (B) or input gradient (Bi)
+    pending_w: deque[tuple[int, int]] = deque()  # (local chunk, micro-batch) whose W waits
     order: list[Op] = []
+    add = order.append
 
-    def add(phase: Phase, local: int) -> None:
-        key = (Bi if phase == B else phase, local)
-        k = counts.get(key, 0)
-        counts[key] = k + 1
-        order.append((phase, k, local))
+    def back(phase: Phase, local: int) -> None:
+        k = bwd[local]
+        bwd[local] = k + 1
+        add((phase, k, local))
         if phase == Bi:
             pending_w.append((local, k))
 
     def add_w() -> None:
         if pending_w:
-            local, k = pending_w.pop(0)
-            order.append((W, k, local))
+            local, k = pending_w.popleft()
+            add((W, k, local))
 
     r = stage
     for _ in range((pp - r - 1) * 2):
-        add(F, 0)
+        add((F, fwd[0], 0))
+        fwd[0] += 1
     for _ in range(r + 1):
-        add(F, 0)
-        add(F, 1)
+        add((F, fwd[0], 0))
+        add((F, fwd[1], 1))
+        fwd[0] += 1
+        fwd[1] += 1
     for _ in range(pp - r - 1):
-        add(Bi, 1)
+        back(Bi, 1)
         add_w()
-        add(F, 1)
+        add((F, fwd[1], 1))
+        fwd[1] += 1
     for _ in range(m - 2 * pp + r + 1):
-        add(F, 0)  # with the last stage's first step not overlapped, the same order
-        add(B, 1)
-        add(F, 1)
-        add(B, 0)
+        # with the last stage's first step not overlapped, the same order
+        add((F, fwd[0], 0))
+        add((B, bwd[1], 1))
+        add((F, fwd[1], 1))
+        add((B, bwd[0], 0))
+        fwd[0] += 1
+        fwd[1] += 1
+        bwd[0] += 1
+        bwd[1] += 1
     for _ in range(pp - r - 1):
-        add(B, 1)
-        add(F, 1)
-        add(B, 0)
+        add((B, bwd[1], 1))
+        add((F, fwd[1], 1))
+        add((B, bwd[0], 0))
+        fwd[1] += 1
+        bwd[0] += 1
+        bwd[1] += 1
     zb = False
     steps = r + 1
     for i in range(steps):
         if i == steps // 2 and r % 2 == 1:
             zb = True
-        add(Bi if zb else B, 1)
+        back(Bi if zb else B, 1)
         if i == steps // 2 and r % 2 == 0:
             zb = True
-        add(Bi if zb else B, 0)
+        back(Bi if zb else B, 0)
     for _ in range(pp - r - 1):
         add_w()
-        add(Bi if zb else B, 0)
+        back(Bi if zb else B, 0)
     for _ in range(r + 1):
         add_w()
     return order

@@ -18,7 +18,9 @@ every schedule.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import itertools
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -56,15 +58,11 @@ def op_graph(schedule: Schedule, pp: int, m: int, v: int) -> OpGraph:
     """The operation graph of a (schedule, pp, m, v) (see `OpGraph`)."""
     last = pp * v - 1
     model_chunk = {chunk_placement(schedule, c, pp): c for c in range(pp * v)}
+    chunk_of = [[model_chunk[(s, local)] for local in range(v)] for s in range(pp)]
     row = {phase: i for i, phase in enumerate(_PHASES)}
-    # each stage's order as (phase row, micro-batch, model chunk)
+    forward, weight = Phase.FORWARD, Phase.BACKWARD_WEIGHT
     orders = [
-        [
-            (row[phase], mb, model_chunk[(s, local)])
-            for phase, mb, local in stage_order(
-                schedule, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=s
-            )
-        ]
+        stage_order(schedule, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=s)
         for s in range(pp)
     ]
     width = pp * v + 1
@@ -79,37 +77,35 @@ def op_graph(schedule: Schedule, pp: int, m: int, v: int) -> OpGraph:
     while remaining:
         moved = False
         for s in range(pp):
-            order, i = orders[s], pos[s]
+            order, i, chunks, here = orders[s], pos[s], chunk_of[s], prev[s]
             while i < len(order):
-                phase, mb, chunk = order[i]
-                base = mb * width
-                need: int
-                if phase == _FORWARD:
-                    need = 2 * (base + chunk - 1) if chunk > 0 else -1
-                elif phase == _WEIGHT:
-                    need = 2 * (base + chunk) + 1
-                else:
-                    need = 2 * (base + chunk + 1) + 1 if chunk < last else 2 * (base + chunk)
+                phase, mb, local = order[i]
+                chunk = chunks[local]
+                key = 2 * (mb * width + chunk)  # its (mb, chunk)'s forward; + 1: gradient
+                if phase is forward:
+                    need = key - 2 if chunk > 0 else -1  # the previous chunk's forward
+                elif phase is weight:
+                    need = key + 1  # its own input gradient
+                else:  # the next chunk's gradient, or the last chunk's own forward
+                    need = key + 3 if chunk < last else key
                 dep = -1
                 if need >= 0:
                     found = produced.get(need)
                     if found is None:
                         break  # its input is not computed yet
                     dep = found
-                here = len(prevs)
-                prevs.append(prev[s])
+                prevs.append(here)
+                here = len(deps)
                 deps.append(dep)
-                phases.append(phase)
+                phases.append(row[phase])
                 stages.append(s)
-                if phase == _FORWARD:
-                    produced[2 * (base + chunk)] = here
-                elif phase != _WEIGHT:
-                    produced[2 * (base + chunk) + 1] = here
-                prev[s] = here
+                if phase is not weight:
+                    produced[key if phase is forward else key + 1] = here
                 i += 1
-                remaining -= 1
+            if i != pos[s]:
+                remaining -= i - pos[s]
+                pos[s], prev[s] = i, here
                 moved = True
-            pos[s] = i
         if not moved:  # pragma: no cover - the orders never deadlock
             raise RuntimeError(f"{schedule} with pp={pp}, m={m}, v={v} deadlocks; this is a bug")
     return OpGraph(prev=tuple(prevs), dep=tuple(deps), phase=tuple(phases), stage=tuple(stages))
@@ -179,21 +175,16 @@ def _replay_once(
     return starts, ends
 
 
-@lru_cache(maxsize=1024)
-def in_flight_peaks(
-    schedule: Schedule,
+def _peaks(
+    graph: OpGraph,
+    starts: list[float],
+    ends: list[float],
     pp: int,
     v: int,
-    m: int,
-    forward: float,
-    backward: float,
-    share: float,
     pending_weight: float,
 ) -> tuple[float, ...]:
-    """`Timeline.in_flight(stage, pending_weight)` of every stage of the replay with these
-    seconds per micro-batch (`simulate_pipeline`, equal stages, no p2p time)."""
-    graph = op_graph(schedule, pp, m, v)
-    starts, ends = _replay_once(schedule, pp, v, m, forward, backward, share)
+    """`Timeline.in_flight(stage, pending_weight)` of every stage, from one replay's start
+    and end times (the same events, sorted the same way)."""
     events: list[list[tuple[float, int, float]]] = [[] for _ in range(pp)]
     for i, (phase, stage) in enumerate(zip(graph.phase, graph.stage, strict=True)):
         if phase == 0:  # forward
@@ -212,3 +203,149 @@ def in_flight_peaks(
             peak = max(peak, held)
         out.append(peak / v)
     return tuple(out)
+
+
+def replay_stages(
+    schedule: Schedule,
+    *,
+    pp: int,
+    v: int,
+    m: int,
+    forward_s: Sequence[float],
+    backward_s: Sequence[float],
+    share: float,
+    pending_weight: float,
+) -> tuple[float, tuple[float, ...]]:
+    """(makespan, `Timeline.in_flight(stage, pending_weight)` of every stage) of
+    `simulate_pipeline` with these seconds per stage (one micro-batch's forward and backward,
+    all its chunks), `share` of each backward its weight gradient, and no p2p time, bit for
+    bit, without building the timeline: each operation starts when its stage's previous one
+    and the one it waits for have ended, as the replay resolves them (on `op_graph`)."""
+    if len(forward_s) != pp or len(backward_s) != pp:
+        raise ValueError(f"give one forward and one backward time per stage ({pp} stages)")
+    for x in (*forward_s, *backward_s):
+        if not (math.isfinite(x) and x >= 0):
+            raise ValueError(f"stage time {x!r} must be a finite number of seconds >= 0")
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"weight_share {share} must lie in [0, 1]: it is a part of the backward")
+    graph = op_graph(schedule, pp, m, v)
+    seconds = [  # (stage, phase) -> seconds, as `simulate_pipeline` divides them
+        x
+        for fwd, bwd in zip(forward_s, backward_s, strict=True)
+        for x in (fwd / v, bwd / v, bwd * (1 - share) / v, bwd * share / v)
+    ]
+    work_s = m * sum(f + b for f, b in zip(forward_s, backward_s, strict=True))
+    if _in_program_order(seconds, work_s):  # no starts needed: each stage's events in order
+        ends: list[float] = []
+        for prev, dep, phase, stage in zip(
+            graph.prev, graph.dep, graph.phase, graph.stage, strict=True
+        ):
+            start = ends[prev] if prev >= 0 else 0.0
+            if dep >= 0 and ends[dep] > start:
+                start = ends[dep]
+            ends.append(start + seconds[4 * stage + phase])
+        return max(ends), _graph_order_peaks(graph, pp, v, pending_weight)
+    starts: list[float] = []
+    ends = []
+    for prev, dep, phase, stage in zip(
+        graph.prev, graph.dep, graph.phase, graph.stage, strict=True
+    ):
+        start = ends[prev] if prev >= 0 else 0.0
+        if dep >= 0 and ends[dep] > start:  # max(start, ends[dep]), without the call
+            start = ends[dep]
+        starts.append(start)
+        ends.append(start + seconds[4 * stage + phase])
+    return max(ends), _peaks(graph, starts, ends, pp, v, pending_weight)
+
+
+def _graph_order_peaks(graph: OpGraph, pp: int, v: int, pending_weight: float) -> tuple[float, ...]:
+    """`_order_peaks` of a graph's stages: the graph lists each stage's operations in the
+    order the stage runs them (each after its stage's previous one)."""
+    delta = (1.0, -1.0, pending_weight, -1.0 - pending_weight)  # by row of `_PHASES`
+    held = [0.0] * pp
+    peak = [0.0] * pp
+    for phase, stage in zip(graph.phase, graph.stage, strict=True):
+        now = held[stage] = held[stage] + delta[phase]
+        if now > peak[stage]:
+            peak[stage] = now
+    return tuple(x / v for x in peak)
+
+
+_ORDER_MARGIN = 2.0**-40
+"""An operation lasting more than this share of all the replay's work ends strictly after it
+starts: every start is below that total, and a sum moves by at least the smaller term's
+nearest ulp (2^-52 of the larger), far below this margin (`_in_program_order`)."""
+
+
+def _in_program_order(seconds: Sequence[float], total_s: float) -> bool:
+    """Whether every operation of a replay whose operations take `seconds` (each phase's, on
+    every stage) and `total_s` all together ends strictly after it starts, so that each
+    stage's events of `Timeline.in_flight` sort in the order the stage runs them.
+
+    A stage runs one operation at a time: each starts no earlier than the previous one ended.
+    An event is a forward's start or another operation's end, so with every operation of
+    positive length (in floating point) the events of two operations i < j of a stage are
+    at t_i < t_j, except a forward j starting exactly when the operation i before it ends:
+    then i's end comes first in the sort as well (a backward or weight gradient sorts first at
+    equal times; an input gradient's `pending_weight` is below a forward's 1). No stage idles
+    while another waits on it, so the replay ends before `total_s` (some stage is always
+    busy): every start is below it."""
+    return min(seconds) > total_s * _ORDER_MARGIN
+
+
+def _order_peaks(
+    schedule: Schedule, pp: int, v: int, m: int, pending_weight: float
+) -> tuple[float, ...]:
+    """`Timeline.in_flight(stage, pending_weight)` of every stage whose events sort in the order
+    it runs its operations (`_in_program_order`): the running sum over that order, with no
+    replay (the same additions in the same order as the sorted events)."""
+    delta = {
+        Phase.FORWARD: 1.0,
+        Phase.BACKWARD: -1.0,
+        Phase.BACKWARD_INPUT: pending_weight,
+        Phase.BACKWARD_WEIGHT: -1.0 - pending_weight,
+    }
+    out = []
+    for stage in range(pp):
+        order = stage_order(
+            schedule, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=stage
+        )
+        held = itertools.accumulate(delta[phase] for phase, _, _ in order)
+        out.append(max(0.0, *held) / v)
+    return tuple(out)
+
+
+@lru_cache(maxsize=1024)
+def in_flight_peaks(
+    schedule: Schedule,
+    pp: int,
+    v: int,
+    m: int,
+    forward: float,
+    backward: float,
+    share: float,
+    pending_weight: float,
+) -> tuple[float, ...]:
+    """`Timeline.in_flight(stage, pending_weight)` of every stage of the replay with these
+    seconds per micro-batch (`simulate_pipeline`, equal stages, no p2p time): read off each
+    stage's order when every operation lasts (`_in_program_order`), else replayed."""
+    seconds = (forward / v, backward / v, backward * (1 - share) / v, backward * share / v)
+    if _in_program_order(seconds, pp * m * (forward + backward)):
+        return _order_peaks(schedule, pp, v, m, pending_weight)
+    return replayed_peaks(schedule, pp, v, m, forward, backward, share, pending_weight)
+
+
+def replayed_peaks(
+    schedule: Schedule,
+    pp: int,
+    v: int,
+    m: int,
+    forward: float,
+    backward: float,
+    share: float,
+    pending_weight: float,
+) -> tuple[float, ...]:
+    """`in_flight_peaks` from a replay's start and end times, whatever the seconds."""
+    graph = op_graph(schedule, pp, m, v)
+    starts, ends = _replay_once(schedule, pp, v, m, forward, backward, share)
+    return _peaks(graph, starts, ends, pp, v, pending_weight)
