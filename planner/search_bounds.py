@@ -117,6 +117,24 @@ def family_key(s: Strategy) -> Strategy:
     )
 
 
+def _family_shape(s: Strategy, rc: Recompute) -> tuple:
+    """The fields of `s` a family bound reads (`family_key`'s), with recompute policy `rc`: the
+    key of `FamilyBounds`' memos (a tuple hashes faster than the strategy)."""
+    return (
+        s.dp,
+        s.tp,
+        s.pp,
+        s.cp,
+        s.ep,
+        s.sequence_parallel,
+        s.schedule,
+        s.virtual_stages,
+        s.micro_batch_size,
+        rc,
+        s.async_pipeline,
+    )
+
+
 def placement_bound(ev: Evaluator, s: Strategy) -> PlacementBound:
     """`PlacementBound` over the links of every mesh order of `s`'s degrees and HSDP shard."""
     key = (s.pp, s.dp, s.cp, s.tp, s.ep, s.dp_shard)
@@ -288,19 +306,7 @@ class FamilyBounds:
     def bound_s(self, s: Strategy) -> float:
         """`family_lower_bound_s` of `s`'s family."""
         rc = Recompute.NONE if s.recompute == Recompute.PER_LAYER else s.recompute
-        key = (
-            s.dp,
-            s.tp,
-            s.pp,
-            s.cp,
-            s.ep,
-            s.sequence_parallel,
-            s.schedule,
-            s.virtual_stages,
-            s.micro_batch_size,
-            rc,
-            s.async_pipeline,
-        )
+        key = _family_shape(s, rc)
         bound = self._bound_s.get(key)
         if bound is None:
             key_s = family_key(s)
@@ -312,19 +318,7 @@ class FamilyBounds:
     def offload_bound_s(self, s: Strategy) -> float:
         """`family_lower_bound_s` of the members of `s`'s family that offload activations
         (for a uniform recompute policy: a per-layer solution keeps fewer bytes to copy)."""
-        key = (
-            s.dp,
-            s.tp,
-            s.pp,
-            s.cp,
-            s.ep,
-            s.sequence_parallel,
-            s.schedule,
-            s.virtual_stages,
-            s.micro_batch_size,
-            s.recompute,
-            s.async_pipeline,
-        )
+        key = _family_shape(s, s.recompute)
         bound = self._offload_bound_s.get(key)
         if bound is None:
             key_s = family_key(s)

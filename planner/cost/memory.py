@@ -9,6 +9,7 @@ from ..config import TrainConfig
 from ..model import LayerCost, LayerKind, ModelProfile
 from ..strategy import Recompute, Schedule
 from . import schedules as split_schedules
+from .eager import LOSS_BYTES
 
 DDP_BUCKET_BYTES = 25 * 2**20
 """Gradient bucket of DDP / ZeRO-1/2 reduction (PyTorch DDP default `bucket_cap_mb=25`);
@@ -99,10 +100,6 @@ def layer_act_bytes(
     return kept / cp
 
 
-LOSS_LOGITS_BYTES = 4
-"""Bytes per logit in the loss: torch's cross-entropy runs on fp32 logits (the executor's and
-Hugging Face's `logits.float()`; a no-op when they are fp32 already)."""
-
 LOSS_BACKWARD_BUFFERS = 2
 """fp32 logits-sized buffers torch's cross-entropy (`log_softmax` + `nll_loss`) holds at the
 peak of its backward beyond the log-probabilities it keeps for it (the head's kept bytes count
@@ -132,7 +129,7 @@ def layer_tmp_bytes(
     tmp = max(layer.fwd_tmp_bytes, layer.bwd_tmp_bytes) * act_scale / (tp * cp)
     if layer.kind == LayerKind.HEAD and torch_loss:
         buffers = LOSS_PARALLEL_BACKWARD_BUFFERS if tp > 1 else LOSS_BACKWARD_BUFFERS
-        tmp = max(tmp, buffers * LOSS_LOGITS_BYTES * p.seq_len * p.vocab / (tp * cp))
+        tmp = max(tmp, buffers * LOSS_BYTES * p.seq_len * p.vocab / (tp * cp))
     return tmp
 
 
