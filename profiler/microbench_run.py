@@ -37,11 +37,13 @@ from ..planner.calibration import (
 )
 from ..planner.calibration_tp import TensorParallelDispatch
 from ..planner.cluster import Cluster
+from ..planner.cost.calibrated import KernelFit
 from ..planner.cost.data_parallel import OVERLAP_CONTENTION
 from . import microbench as mb
 from .host_memory import live_resident_bytes
 from .microbench_cache import gemm_cache_bytes
 from .microbench_checkpoint import checkpoint_region_s
+from .microbench_rounds import fastest_fit
 from .microbench_tp import (
     dtensor_adamw_tensor_s,
     fsdp_unit_s,
@@ -101,10 +103,11 @@ def device_name(device: torch.device) -> str:
 
 
 def steps_total(budget: mb.Budget, dtypes: Sequence[str], world: int) -> int:
-    """Progress steps: five per dtype (dispatch, bandwidth, GEMMs, attention, operators), one
-    for copies and one per collective measurement."""
+    """Progress steps: five per dtype and round (dispatch, bandwidth, GEMMs, attention,
+    operators), one for copies and one per collective measurement and round."""
     per_size = len(mb.CollectiveKind) if world > 1 else 0
-    return 5 * len(dtypes) + 1 + per_size * len(budget.collective_bytes)
+    points = per_size * len(budget.collective_bytes) * budget.rounds
+    return 5 * len(dtypes) * budget.rounds + 1 + points
 
 
 def _free_port() -> int:
@@ -171,12 +174,17 @@ def _measure(
         runtime = live_resident_bytes()
     # before any other GEMM: what each dtype's matmuls keep resident per new shape
     caches = {key: gemm_cache_bytes(mb.DTYPES[key], device) for key in dtypes}
+    rounds: dict[str, list[KernelFit]] = {key: [] for key in dtypes}
+    for r in range(budget.rounds):  # dtypes alternate: a slow spell hits one round of one
+        for key in dtypes:
+            label = key if budget.rounds == 1 else f"{key} (round {r + 1}/{budget.rounds})"
+            fit, _ = mb.kernel_fit(timer, key, budget, partial(_tick_part, tick, label))
+            region_s = checkpoint_region_s(timer, mb.DTYPES[key])
+            rounds[key].append(dataclasses.replace(fit, checkpoint_region_s=region_s))
     fits = []
     for key in dtypes:
-        fit, _ = mb.kernel_fit(timer, key, budget, partial(_tick_part, tick, key))
         fit = dataclasses.replace(
-            fit,
-            checkpoint_region_s=checkpoint_region_s(timer, mb.DTYPES[key]),
+            fastest_fit(rounds[key]),
             gemm_cache_init_bytes=caches[key][0],
             gemm_shape_bytes=caches[key][1],
         )

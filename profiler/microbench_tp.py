@@ -27,10 +27,13 @@ TP_REPEATS = 9
 forward is only a few milliseconds)."""
 
 
-TP_ROUNDS = 3
-"""Alternations of the plain and the wrapped block (the median difference is kept): one
-measurement of each gave an SP block's backward 4.1 ms in one calibration and 9.4 ms in the
-next, an hour apart on the same VM (2026-11-25)."""
+TP_ROUNDS = 7
+"""Alternations of the plain and the wrapped block; the median difference is kept. The
+wrapped block's backward varies a lot from one measurement to the next in the calling
+thread's CPU time (one SP block, each a median of 9 calls, quiet machine, 2026-11-25: 4.3 to
+11.2 ms over 9 alternations; its fastest round moved more than the median): one
+measurement gave 4.1 ms in one calibration and 9.4 ms in the next, the median of 3
+alternations 4.8 and 9.4 ms, the median of 9 alternations 5.1-5.8 ms in four trials."""
 
 
 def tensor_parallel_dispatch(timer: Timer) -> TensorParallelDispatch:
@@ -137,8 +140,8 @@ def fsdp_unit_s(timer: Timer, width: int = FSDP_WIDTH) -> float:
     """Host seconds one FSDP2 unit adds to a forward+backward on the ranks' mesh: the slope
     of a stack of `fully_shard` Linear units from 1 to `FSDP_UNITS`, in the calling thread's
     CPU time (its pre/post hooks, copy-in and copy-out, the gradient division), so that
-    waiting on the unit's three collectives (priced by the links) is left out. The slope is
-    the median of `FSDP_ROUNDS` alternations of the two stacks: the wall-clock slope this
+    waiting on the unit's three collectives (priced by the links) is left out. The two stacks
+    alternate `FSDP_ROUNDS` times and each keeps its fastest round: the wall-clock slope this
     replaced measured 0.4-7.5 ms across calibrations of this VM."""
     from torch.distributed.fsdp import fully_shard
 
@@ -156,15 +159,19 @@ def fsdp_unit_s(timer: Timer, width: int = FSDP_WIDTH) -> float:
             stack(x).sum().backward()
 
         steps.append(step)
-    slopes = []
+    ones, manys = [], []
     for _ in range(FSDP_ROUNDS):
         one, many = (timer(step, TP_REPEATS, clock=time.thread_time) for step in steps)
-        slopes.append((many - one) / (FSDP_UNITS - 1))
-    return max(0.0, statistics.median(slopes))
+        ones.append(one)
+        manys.append(many)
+    return max(0.0, (min(manys) - min(ones)) / (FSDP_UNITS - 1))
 
 
 ADAMW_TENSORS = 16
 """Parameter tensors of the DTensor optimizer benchmark."""
+ADAMW_ROUNDS = 3
+"""Alternations of the plain and the DTensor step: one of each measured 136-399 us per tensor
+across calibrations of this VM (2026-11-25)."""
 
 
 def dtensor_adamw_tensor_s(timer: Timer, numel: int = 256) -> float:
@@ -186,8 +193,9 @@ def dtensor_adamw_tensor_s(timer: Timer, numel: int = 256) -> float:
             out.append(p)
         return out
 
-    seconds = []
-    for dtensor in (False, True):
-        opt = torch.optim.AdamW(params(dtensor), lr=1e-3, foreach=False)
-        seconds.append(timer(opt.step))
-    return max(0.0, (seconds[1] - seconds[0]) / ADAMW_TENSORS)
+    steps = [torch.optim.AdamW(params(dt), lr=1e-3, foreach=False).step for dt in (False, True)]
+    seconds: tuple[list[float], list[float]] = ([], [])
+    for _ in range(ADAMW_ROUNDS):  # alternated, each keeping its fastest round
+        for i, step in enumerate(steps):
+            seconds[i].append(timer(step))
+    return max(0.0, (min(seconds[1]) - min(seconds[0])) / ADAMW_TENSORS)
