@@ -1,67 +1,71 @@
 """Several rounds of a calibration's kernel measurements, combined figure by figure.
 
-A shared machine only ever slows a measurement down: a neighbour's burst, a page-cache
-flush or the other rank's garbage collector adds time, never removes it. One round of the
-kernel benchmarks therefore carries outliers in single figures (on this VM, 2026-11-25: fp32
-causal attention with 16-wide heads measured 6.2 GFLOP/s backward at one size in one
-calibration, 18-19 in three others and in the executor's own step; elementwise bandwidth
-16-22 GB/s; DTensor's AdamW cost per tensor 136-399 us), and a plan priced on such a figure
-misses by tens of percent. The rounds run one after the other, each measuring every figure
-again, and every figure keeps its fastest round: the machine undisturbed, which is what a
-plan prices (the closed loop's `--from-run` refit absorbs a steady slowdown).
+One round of the kernel benchmarks carries outliers in single figures on a shared machine
+(on this VM, 2026-11-25: fp32 causal attention with 16-wide heads measured 6.2 GFLOP/s
+backward at one size in one calibration, 18-19 in three others and in the executor's own
+step; DTensor's AdamW cost per tensor 136-399 us), and a plan priced on such a figure misses
+by tens of percent. The rounds run one after the other, each measuring every figure again,
+and every figure keeps its median round: an outlier in one round, either way, is dropped.
+
+Not the fastest round: the machine a plan runs on is the same shared machine, and priced on
+each figure's fastest of three rounds, 2-rank GPT-2 runs measured 20-60% slower than
+predicted, every one of them (tiny and gpt-small, fp32 and bf16, 2026-11-25; the median of a
+single round had them within +-20%).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Sequence
 
 from ..planner.cost.calibrated import AttentionCurve, GemmGrid, KernelFit, OpRate
 
 
-def fastest_fit(fits: Sequence[KernelFit]) -> KernelFit:
-    """One fit from rounds of the same measurements: per figure, the fastest round (rates at
-    their highest, seconds per operator or per byte at their lowest). The rounds must have
-    measured the same grid (same shapes, sizes and operators)."""
+def median_fit(fits: Sequence[KernelFit]) -> KernelFit:
+    """One fit from rounds of the same measurements: per figure (each point of a curve or
+    grid on its own), the median of the rounds. The rounds must have measured the same grid
+    (same shapes, sizes and operators)."""
     if not fits:
         raise ValueError("no calibration round to combine")
     first = fits[0]
     if len(fits) == 1:
         return first
+    med = statistics.median
     return dataclasses.replace(
         first,
-        launch_s=min(f.launch_s for f in fits),
-        raw_dispatch_s=min(f.raw_dispatch_s for f in fits),
-        elementwise_bw_bytes_per_s=max(f.elementwise_bw_bytes_per_s for f in fits),
-        gemm=_fastest_grid([f.gemm for f in fits]),
-        attention=_fastest_attention([f.attention for f in fits]),
-        stream_bw_bytes_per_s=_pointwise_max(
+        launch_s=med(f.launch_s for f in fits),
+        raw_dispatch_s=med(f.raw_dispatch_s for f in fits),
+        elementwise_bw_bytes_per_s=med(f.elementwise_bw_bytes_per_s for f in fits),
+        gemm=_median_grid([f.gemm for f in fits]),
+        attention=_median_attention([f.attention for f in fits]),
+        stream_bw_bytes_per_s=_pointwise_median(
             [f.stream_bw_bytes_per_s for f in fits], "stream bandwidth curve"
         ),
-        special_rates=_fastest_ops([f.special_rates for f in fits]),
-        checkpoint_region_s=min(f.checkpoint_region_s for f in fits),
-        page_fault_s_per_byte=min(f.page_fault_s_per_byte for f in fits),
+        special_rates=_median_ops([f.special_rates for f in fits]),
+        checkpoint_region_s=med(f.checkpoint_region_s for f in fits),
+        page_fault_s_per_byte=med(f.page_fault_s_per_byte for f in fits),
     )
 
 
-def _pointwise_max(rows: Sequence[tuple[float, ...]], what: str) -> tuple[float, ...]:
+def _pointwise_median(rows: Sequence[tuple[float, ...]], what: str) -> tuple[float, ...]:
     if len({len(r) for r in rows}) != 1:
         raise ValueError(f"calibration rounds measured different {what}s; re-run calibrate")
-    return tuple(max(column) for column in zip(*rows, strict=True))
+    return tuple(statistics.median(column) for column in zip(*rows, strict=True))
 
 
-def _fastest_grid(grids: Sequence[GemmGrid]) -> GemmGrid:
+def _median_grid(grids: Sequence[GemmGrid]) -> GemmGrid:
     g = grids[0]
     if any((x.m, x.n, x.k) != (g.m, g.n, g.k) for x in grids):
         raise ValueError("calibration rounds measured different GEMM grids; re-run calibrate")
     return dataclasses.replace(
         g,
-        fwd_flops_per_s=_pointwise_max([x.fwd_flops_per_s for x in grids], "GEMM grid"),
-        bwd_flops_per_s=_pointwise_max([x.bwd_flops_per_s for x in grids], "GEMM grid"),
+        fwd_flops_per_s=_pointwise_median([x.fwd_flops_per_s for x in grids], "GEMM grid"),
+        bwd_flops_per_s=_pointwise_median([x.bwd_flops_per_s for x in grids], "GEMM grid"),
     )
 
 
-def _fastest_attention(curves: Sequence[AttentionCurve | None]) -> AttentionCurve | None:
+def _median_attention(curves: Sequence[AttentionCurve | None]) -> AttentionCurve | None:
     measured = [c for c in curves if c is not None]
     if not measured:
         return None
@@ -70,17 +74,14 @@ def _fastest_attention(curves: Sequence[AttentionCurve | None]) -> AttentionCurv
         raise ValueError("calibration rounds measured different attention curves")
     return dataclasses.replace(
         c,
-        fwd_flops_per_s=_pointwise_max([x.fwd_flops_per_s for x in measured], "attention"),
-        bwd_flops_per_s=_pointwise_max([x.bwd_flops_per_s for x in measured], "attention"),
+        fwd_flops_per_s=_pointwise_median([x.fwd_flops_per_s for x in measured], "attention"),
+        bwd_flops_per_s=_pointwise_median([x.bwd_flops_per_s for x in measured], "attention"),
     )
 
 
-def _fastest_ops(rounds: Sequence[tuple[OpRate, ...]]) -> tuple[OpRate, ...]:
-    best: dict[str, float] = {}
-    order: list[str] = []
-    for rates in rounds:
-        for r in rates:
-            if r.op not in best:
-                order.append(r.op)
-            best[r.op] = max(best.get(r.op, 0.0), r.elems_per_s)
-    return tuple(OpRate(op=op, elems_per_s=best[op]) for op in order)
+def _median_ops(rounds: Sequence[tuple[OpRate, ...]]) -> tuple[OpRate, ...]:
+    rates: dict[str, list[float]] = {}
+    for measured in rounds:
+        for r in measured:
+            rates.setdefault(r.op, []).append(r.elems_per_s)
+    return tuple(OpRate(op=op, elems_per_s=statistics.median(v)) for op, v in rates.items())

@@ -43,7 +43,7 @@ from . import microbench as mb
 from .host_memory import live_resident_bytes
 from .microbench_cache import gemm_cache_bytes
 from .microbench_checkpoint import checkpoint_region_s
-from .microbench_rounds import fastest_fit
+from .microbench_rounds import median_fit
 from .microbench_tp import (
     dtensor_adamw_tensor_s,
     fsdp_unit_s,
@@ -184,7 +184,7 @@ def _measure(
     fits = []
     for key in dtypes:
         fit = dataclasses.replace(
-            fastest_fit(rounds[key]),
+            median_fit(rounds[key]),
             gemm_cache_init_bytes=caches[key][0],
             gemm_shape_bytes=caches[key][1],
         )

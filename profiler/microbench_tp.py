@@ -31,7 +31,8 @@ TP_ROUNDS = 7
 """Alternations of the plain and the wrapped block; the median difference is kept. The
 wrapped block's backward varies a lot from one measurement to the next in the calling
 thread's CPU time (one SP block, each a median of 9 calls, quiet machine, 2026-11-25: 4.3 to
-11.2 ms over 9 alternations; its fastest round moved more than the median): one
+11.2 ms over 9 alternations; the difference of the fastest rounds moved more than the
+median): one
 measurement gave 4.1 ms in one calibration and 9.4 ms in the next, the median of 3
 alternations 4.8 and 9.4 ms, the median of 9 alternations 5.1-5.8 ms in four trials."""
 
@@ -140,8 +141,8 @@ def fsdp_unit_s(timer: Timer, width: int = FSDP_WIDTH) -> float:
     """Host seconds one FSDP2 unit adds to a forward+backward on the ranks' mesh: the slope
     of a stack of `fully_shard` Linear units from 1 to `FSDP_UNITS`, in the calling thread's
     CPU time (its pre/post hooks, copy-in and copy-out, the gradient division), so that
-    waiting on the unit's three collectives (priced by the links) is left out. The two stacks
-    alternate `FSDP_ROUNDS` times and each keeps its fastest round: the wall-clock slope this
+    waiting on the unit's three collectives (priced by the links) is left out. The slope is
+    the median of `FSDP_ROUNDS` alternations of the two stacks: the wall-clock slope this
     replaced measured 0.4-7.5 ms across calibrations of this VM."""
     from torch.distributed.fsdp import fully_shard
 
@@ -159,12 +160,11 @@ def fsdp_unit_s(timer: Timer, width: int = FSDP_WIDTH) -> float:
             stack(x).sum().backward()
 
         steps.append(step)
-    ones, manys = [], []
+    slopes = []
     for _ in range(FSDP_ROUNDS):
         one, many = (timer(step, TP_REPEATS, clock=time.thread_time) for step in steps)
-        ones.append(one)
-        manys.append(many)
-    return max(0.0, (min(manys) - min(ones)) / (FSDP_UNITS - 1))
+        slopes.append((many - one) / (FSDP_UNITS - 1))
+    return max(0.0, statistics.median(slopes))
 
 
 ADAMW_TENSORS = 16
@@ -194,8 +194,8 @@ def dtensor_adamw_tensor_s(timer: Timer, numel: int = 256) -> float:
         return out
 
     steps = [torch.optim.AdamW(params(dt), lr=1e-3, foreach=False).step for dt in (False, True)]
-    seconds: tuple[list[float], list[float]] = ([], [])
-    for _ in range(ADAMW_ROUNDS):  # alternated, each keeping its fastest round
-        for i, step in enumerate(steps):
-            seconds[i].append(timer(step))
-    return max(0.0, (min(seconds[1]) - min(seconds[0])) / ADAMW_TENSORS)
+    extra = []
+    for _ in range(ADAMW_ROUNDS):  # alternated: the median difference is kept
+        plain_s, dtensor_s = (timer(step) for step in steps)
+        extra.append((dtensor_s - plain_s) / ADAMW_TENSORS)
+    return max(0.0, statistics.median(extra))
