@@ -64,7 +64,10 @@ class LayerCost:
     fwd_tmp_bytes: float = 0.0
     """Peak transient bytes inside the forward, above what the layer keeps (profiled)."""
     bwd_tmp_bytes: float = 0.0
-    """Peak transient bytes inside the backward, above what persists (profiled)."""
+    """Peak transient bytes inside the backward, above what persists (profiled). The
+    embedding's alone is per micro-batch, not per sequence: its backward writes its tables'
+    dense gradients (and, tied, their sum with the head's), weight-sized whatever the batch
+    (profile schema 5; `cost/memory.step_tmp_bytes`)."""
     fwd_time_s: float | None = None
     """Measured forward seconds per sequence on `ModelProfile.measured_on` (None: roofline)."""
     bwd_time_s: float | None = None

@@ -22,8 +22,9 @@ from .jsonio import (
 from .model import ModelProfile
 
 _AGAIN = "profile the model again with paraplan profile -o"
-PROFILE_SCHEMA_VERSION = 4
-"""Bumped on any incompatible change of the profile JSON."""
+PROFILE_SCHEMA_VERSION = 5
+"""Bumped on any incompatible change of the profile JSON (5: the embedding's `bwd_tmp_bytes`
+is per micro-batch, weight-sized; 4 held it per traced sequence)."""
 
 
 @cache

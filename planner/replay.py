@@ -65,7 +65,7 @@ def replay(ev: Evaluator, s: Strategy) -> Replay:
             params_bytes=static.params_bytes,
             grads_bytes=static.grads_bytes,
             optimizer_bytes=static.optimizer_bytes,
-            activations_bytes=(acts[rep].kept_bytes * held + acts[rep].transient_bytes) * mbs,
+            activations_bytes=acts[rep].peak_bytes(held, mbs),
             other_bytes=static.other_bytes + ev.pipeline_buffer_bytes(s),
         )
         if has_options(s):  # offload, PowerSGD's buffers, stashed weights (cost/options.py)

@@ -280,7 +280,9 @@ def _layer(
         input_bytes=st.input_bytes / b,
         output_bytes=st.output_bytes / b,
         fwd_tmp_bytes=st.tmp_bytes(FWD) / b,
-        bwd_tmp_bytes=st.tmp_bytes(BWD) / b,
+        # the embedding's backward transients are its tables' dense gradients: weight-sized,
+        # whatever the traced batch (kept whole: `LayerCost.bwd_tmp_bytes`)
+        bwd_tmp_bytes=st.tmp_bytes(BWD) / (1.0 if kind == LayerKind.EMBEDDING else b),
         fwd_time_s=None if times is None else times[FWD][seg] / b,
         bwd_time_s=None if times is None else times[BWD][seg] / b,
         fwd_ops=st.ops[FWD],

@@ -134,12 +134,13 @@ class Evaluator:
         prefix, back, tmp = self.stage_model.act_prefix(
             s.tp, s.sequence_parallel, s.cp, self.policy(s)
         )
+        steps = self.stage_model.step_tmp(s.tp)
         grads = 0.0
         best = (-1.0, 0.0, 0.0)
         for i in reversed(range(len(p.layers))):
             x = p.layers[i]
             grads += (x.params / s.tp + x.expert_params / (s.tp * s.ep)) * t.grad_bytes
-            acts = (prefix[i + 1] + max(tmp[i], back[i])) * mbs
+            acts = prefix[i + 1] * mbs + max(max(tmp[i], back[i]) * mbs, steps[i])
             if grads + acts > best[0]:
                 best = (grads + acts, grads, acts)
         return replace(mem, grads_bytes=best[1], activations_bytes=best[2])
@@ -161,7 +162,7 @@ class Evaluator:
         inflight = self.in_flight(s.schedule, s.pp, self.num_microbatches(s), s.virtual_stages)[
             stage.index
         ]
-        kept = (acts.kept_bytes * inflight + acts.transient_bytes) * s.micro_batch_size
+        kept = acts.peak_bytes(inflight, s.micro_batch_size)
         mem = MemoryBreakdown(
             params_bytes=static.params_bytes,
             grads_bytes=static.grads_bytes,
@@ -282,10 +283,7 @@ class Evaluator:
             table = self.in_flight(s.schedule, s.pp, self.num_microbatches(s), s.virtual_stages)
             inflight = [table[st.index] for st in stages]
         mbs = s.micro_batch_size
-        return [
-            (a.kept_bytes * inflight[i] + a.transient_bytes) * mbs + boundary
-            for i, a in enumerate(sums)
-        ]
+        return [a.peak_bytes(inflight[i], mbs) + boundary for i, a in enumerate(sums)]
 
     # ---- time -----------------------------------------------------------------------------
     def links(self, s: Strategy) -> Links:

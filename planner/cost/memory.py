@@ -125,12 +125,34 @@ def layer_tmp_bytes(
     (in the training dtype: `act_scale`), sharded by TP and CP. The head's is at least what
     torch's cross-entropy holds at its backward's peak beyond the kept log-probabilities when
     the framework runs it (`Runtime.torch_loss`): the profile traced a model's own loss, not
-    the framework's, and an analytic spec has none."""
+    the framework's, and an analytic spec has none. The embedding's is its forward's only: its
+    backward's is per micro-batch, not per sequence (`step_tmp_bytes`)."""
+    if layer.kind == LayerKind.EMBEDDING:  # its backward's: weight-sized, `step_tmp_bytes`
+        return layer.fwd_tmp_bytes * act_scale / (tp * cp)
     tmp = max(layer.fwd_tmp_bytes, layer.bwd_tmp_bytes) * act_scale / (tp * cp)
     if layer.kind == LayerKind.HEAD and torch_loss:
         buffers = LOSS_PARALLEL_BACKWARD_BUFFERS if tp > 1 else LOSS_BACKWARD_BUFFERS
         tmp = max(tmp, buffers * LOSS_BYTES * p.seq_len * p.vocab / (tp * cp))
     return tmp
+
+
+def step_tmp_bytes(layer: LayerCost, *, act_scale: float, tp: int) -> float:
+    """A layer's transient that does not grow with the micro-batch, per micro-batch on one
+    rank: the embedding's backward writes its tables' dense gradients (`embedding_dense_backward`)
+    and, when the head shares the table, their sum, vocabulary x hidden tensors whatever the
+    batch (sharded over the vocabulary by TP, not by CP). The profile keeps that peak whole
+    (`LayerCost.bwd_tmp_bytes`, schema 5). Measured on the executor's gpt-small step with the
+    torch profiler's memory events (2026-11-25): 12 MiB tensors at any micro-batch, where
+    pricing the profiled transient per sequence gave 94 MiB at 4 sequences. 0 for other
+    layers."""
+    if layer.kind != LayerKind.EMBEDDING:
+        return 0.0
+    return layer.bwd_tmp_bytes * act_scale / tp
+
+
+def step_tmps(layers: tuple[LayerCost, ...], act_scale: float, tp: int) -> tuple[float, ...]:
+    """`step_tmp_bytes` of every layer of the chain."""
+    return tuple(step_tmp_bytes(x, act_scale=act_scale, tp=tp) for x in layers)
 
 
 MIN_SPLIT_IN_FLIGHT = 1.0

@@ -12,7 +12,7 @@ from functools import cache
 from ..model import LayerKind
 from ..strategy import DEFAULT_MESH_ORDER, Recompute, Strategy
 from .layout import Stage
-from .memory import in_flight_microbatches, layer_act_bytes, layer_tmp_bytes
+from .memory import in_flight_microbatches, layer_act_bytes, layer_tmp_bytes, step_tmp_bytes
 from .recompute import (
     LayerChoice,
     Relaxation,
@@ -159,7 +159,9 @@ class PerLayerRecompute:
                 for r in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
             ]
             kept_none.append(acts[0])
-            tmp.append(layer_tmp_bytes(x, p, act_scale=k, tp=tp, cp=cp, torch_loss=loss))
+            # the embedding's weight-sized transient, per sequence at this micro-batch
+            step = step_tmp_bytes(x, act_scale=k, tp=tp) / mbs
+            tmp.append(max(step, layer_tmp_bytes(x, p, act_scale=k, tp=tp, cp=cp, torch_loss=loss)))
             if x.kind != LayerKind.BLOCK:
                 choice.append(None)
             elif i < j:

@@ -82,3 +82,12 @@ class StageActivations:
     """Kept for backward by one micro-batch (times the in-flight count at the peak)."""
     transient_bytes: float
     """The largest transient on top (a layer's peak, or a fully recomputed block's forward)."""
+    step_transient_bytes: float = 0.0
+    """A transient on top that does not grow with the micro-batch, per micro-batch (the
+    embedding's weight-sized backward: `memory.step_tmp_bytes`)."""
+
+    def peak_bytes(self, inflight: float, mbs: int) -> float:
+        """Activation bytes at the stage's peak with `inflight` micro-batches of `mbs`."""
+        return self.kept_bytes * inflight * mbs + max(
+            self.transient_bytes * mbs, self.step_transient_bytes
+        )

@@ -1,13 +1,12 @@
 """The per-layout stage model: which layers each pipeline stage runs, what each layer costs on
-one rank, and what a stage holds in memory whatever the micro-batch.
-
-The evaluator (`evaluate.py`) and the per-layer recompute solver (`per_layer.py`) both read it
-through these public methods; everything is memoized, as the search asks again and again.
+one rank, and what a stage holds in memory whatever the micro-batch. The evaluator and the
+per-layer recompute solver read it; everything is memoized (the search asks again and again).
 """
 
 from __future__ import annotations
 
-from functools import cache
+from dataclasses import replace
+from functools import cache, partial
 
 from ..cluster import Cluster
 from ..config import AttentionKernel, SelectiveRecompute, TrainConfig
@@ -36,6 +35,7 @@ from .memory import (
     layer_act_bytes,
     layer_tmp_bytes,
     model_state_bytes,
+    step_tmps,
 )
 from .stage_layout import StageLayouts
 from .stage_parts import LayerTimes, StageActivations, StageCompute, StaticMemory
@@ -125,6 +125,7 @@ class StageModel:
         self.uniform = cache(self._uniform)
         self.act_prefix = cache(self._act_prefix)
         self._act_terms = cache(self._act_terms_uncached)
+        self.step_tmp = cache(partial(step_tmps, profile.layers, self.act_scale))
         self.stage_activations = cache(self._stage_activations)
         self._total_compute = cache(self._total_compute_uncached)
 
@@ -483,6 +484,7 @@ class StageModel:
         (less its own input, already kept), after the head's backward has freed the head's
         activations (Korthikanti et al. 2022 §5)."""
         prefix, back, tmp = self.act_prefix(tp, sp, cp, recompute)
+        steps = self.step_tmp(tp)
         out = []
         for stage in self.stages(lay):
             per_seq = sum(prefix[c.last_layer + 1] - prefix[c.first_layer] for c in stage.chunks)
@@ -491,5 +493,7 @@ class StageModel:
             if stage.has_head:
                 worst -= prefix[-1] - prefix[-2]
             transient = max(0.0, worst, max(max(tmp[a:b]) for a, b in spans))
-            out.append(StageActivations(kept_bytes=per_seq, transient_bytes=transient))
+            step = max(max(steps[a:b]) for a, b in spans)
+            acts = StageActivations(kept_bytes=per_seq, transient_bytes=transient)
+            out.append(replace(acts, step_transient_bytes=step) if step else acts)
         return tuple(out)

@@ -13,7 +13,7 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING
 
-from ..model import LayerCost, LayerGraph, ModelProfile
+from ..model import LayerCost, LayerGraph, LayerKind, ModelProfile
 from .chain import ChainLayer, LayerChain
 from .graph import GraphOp, OpGraph
 
@@ -95,7 +95,8 @@ def chain_from_profile(
                 saved_bytes=max(saved, x_in),
                 output_bytes=cost.output_bytes * b,
                 fwd_tmp_bytes=cost.fwd_tmp_bytes * b,
-                bwd_tmp_bytes=cost.bwd_tmp_bytes * b,
+                # the embedding's is weight-sized, per micro-batch (`LayerCost.bwd_tmp_bytes`)
+                bwd_tmp_bytes=cost.bwd_tmp_bytes * (1 if cost.kind == LayerKind.EMBEDDING else b),
             )
         )
         x_in = cost.output_bytes * b
