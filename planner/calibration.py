@@ -73,15 +73,24 @@ class CollectivePoint:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class KindLatency:
-    """The step latency one collective kind showed, fitted with the link's bandwidth fixed."""
+class KindLink:
+    """The link one collective kind showed: its own bandwidth and step latency, fitted on its
+    own points. A backend runs each kind with its own algorithm: gloo answers a send/recv in a
+    fraction of its all-reduce's time, and its reduce-scatter of a 16 MiB tensor took 19-44 ms
+    where its all-gather took 10-16 (2026-11-25), which neither one shared bandwidth nor a
+    per-kind latency with the bandwidth fixed can show."""
 
     kind: CollectiveKind
     """Which collective."""
+    bw_bytes_per_s: float
+    """Link bandwidth inside a node this kind's times fit (the cost model's bus efficiency
+    applies on top, as for the catalog's figure)."""
     latency_s: float
     """Seconds per step inside a node."""
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.bw_bytes_per_s) and self.bw_bytes_per_s > 0):
+            raise ValueError(f"{self.kind}: bw_bytes_per_s={self.bw_bytes_per_s!r} must be > 0")
         if not (math.isfinite(self.latency_s) and self.latency_s >= 0):
             raise ValueError(f"{self.kind}: latency_s={self.latency_s!r} must be >= 0")
 
@@ -123,8 +132,8 @@ class Calibration:
     only)."""
     refit_runs: int = 0
     """Run reports the refits have used in all."""
-    kind_latency: tuple[KindLatency, ...] = ()
-    """Per-collective step latency (empty: the link's one latency for all)."""
+    kind_links: tuple[KindLink, ...] = ()
+    """Per-collective bandwidth and step latency (empty: the link's figures for all)."""
     tensor_parallel: TensorParallelDispatch | None = None
     """DTensor's host cost (None: not measured, one rank)."""
     fsdp_unit_host_s: float = 0.0
@@ -168,9 +177,11 @@ class Calibration:
                     f"{', '.join(CALIBRATABLE_FIELDS)}"
                 )
 
-    def kind_latency_s(self) -> dict[CollectiveKind, float]:
-        """Measured step latency by collective kind (`cost.comm.Collectives` reads it)."""
-        return {k.kind: k.latency_s * self.time_scale for k in self.kind_latency}
+    def kind_link_figures(self) -> dict[CollectiveKind, tuple[float, float]]:
+        """Measured (bandwidth in bytes/s, step latency in s) by collective kind, both scaled
+        by the refitted time scale (`cost.comm.Collectives` reads them)."""
+        scale = self.time_scale
+        return {k.kind: (k.bw_bytes_per_s / scale, k.latency_s * scale) for k in self.kind_links}
 
     @property
     def dtypes(self) -> tuple[str, ...]:
@@ -236,7 +247,7 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
         "dtype_kernels": tuple[DtypeKernels, ...],
         "collectives": tuple[CollectivePoint, ...],
         "time_scale": float,
-        "kind_latency": tuple[KindLatency, ...],
+        "kind_links": tuple[KindLink, ...],
         "tensor_parallel": TensorParallelDispatch | None,
         "overlap_contention": float,
         "fsdp_unit_host_s": float,
@@ -335,32 +346,39 @@ def _gauss_newton(
     return inv_bw, lat
 
 
-def fit_kind_latencies(points: Sequence[CollectivePoint], bw: float) -> tuple[KindLatency, ...]:
-    """Each collective kind's step latency on links of `bw`, in log error (`fit_links`):
-    a backend runs each kind its own way (gloo's send/recv and all-to-all answer in a fraction
-    of its all-reduce's time), which one shared latency cannot show."""
+def fit_kind_links(points: Sequence[CollectivePoint], bw: float) -> tuple[KindLink, ...]:
+    """Each collective kind's own link, fitted on its own points in log error (`fit_links`):
+    bandwidth and latency where the kind has points at two sizes or more, else its latency on
+    links of `bw` (the shared fit)."""
     out = []
     for kind in CollectiveKind:
         mine = [p for p in points if p.kind == kind]
-        if not mine:
-            continue
-        rows = []
-        for p in mine:
-            a = collective_model_s(p, bw=bw, lat=0.0)
-            b = collective_model_s(p, bw=1e30, lat=1.0)
-            rows.append((a, b, math.log(p.seconds)))
-
-        def loss(lat: float, rows: list[tuple[float, float, float]] = rows) -> float:
-            return sum((math.log(a + b * lat + 1e-30) - y) ** 2 for a, b, y in rows)
-
-        lo, hi, best = -9.0, -1.0, 0.0
-        for _ in range(3):
-            grid = [0.0] + [10 ** (lo + j * (hi - lo) / 40) for j in range(41)]
-            best = min(grid, key=loss)
-            center = math.log10(best) if best > 0 else lo
-            lo, hi = center - (hi - lo) / 8, center + (hi - lo) / 8
-        out.append(KindLatency(kind=kind, latency_s=best))
+        if len({p.nbytes for p in mine}) >= 2:
+            kind_bw, lat = fit_links(mine)
+            out.append(KindLink(kind=kind, bw_bytes_per_s=kind_bw, latency_s=lat))
+        elif mine:
+            out.append(KindLink(kind=kind, bw_bytes_per_s=bw, latency_s=_latency_on(mine, bw)))
     return tuple(out)
+
+
+def _latency_on(points: Sequence[CollectivePoint], bw: float) -> float:
+    """The step latency that best fits `points` on links of `bw`, in log error."""
+    rows = []
+    for p in points:
+        a = collective_model_s(p, bw=bw, lat=0.0)
+        b = collective_model_s(p, bw=1e30, lat=1.0)
+        rows.append((a, b, math.log(p.seconds)))
+
+    def loss(lat: float) -> float:
+        return sum((math.log(a + b * lat + 1e-30) - y) ** 2 for a, b, y in rows)
+
+    lo, hi, best = -9.0, -1.0, 0.0
+    for _ in range(3):
+        grid = [0.0] + [10 ** (lo + j * (hi - lo) / 40) for j in range(41)]
+        best = min(grid, key=loss)
+        center = math.log10(best) if best > 0 else lo
+        lo, hi = center - (hi - lo) / 8, center + (hi - lo) / 8
+    return best
 
 
 _TINY_LAT = 1e-30

@@ -32,7 +32,7 @@ from ..planner.calibration import (
     CollectivePoint,
     DeviceKind,
     DtypeKernels,
-    fit_kind_latencies,
+    fit_kind_links,
     fit_links,
 )
 from ..planner.calibration_tp import TensorParallelDispatch
@@ -369,7 +369,7 @@ def _calibration(
         if cluster.num_nodes == 1:  # one node: nothing crosses a network
             figures |= {"inter_node_bw_bytes_per_s": bw, "inter_node_latency_s": lat}
     kinds = (
-        fit_kind_latencies(r.collectives, figures["intra_node_bw_bytes_per_s"])
+        fit_kind_links(r.collectives, figures["intra_node_bw_bytes_per_s"])
         if r.collectives
         else ()
     )
@@ -383,7 +383,7 @@ def _calibration(
         figures=figures,
         dtype_kernels=tuple(DtypeKernels(dtype=k, fit=fits[k]) for k in dtypes),
         collectives=r.collectives,
-        kind_latency=kinds,
+        kind_links=kinds,
         overlap_contention=r.overlap_contention,
         tensor_parallel=r.tensor_parallel,
         fsdp_unit_host_s=r.fsdp_unit_s,  # host CPU time: the collectives are the links'

@@ -23,7 +23,7 @@ from paraplan.planner.calibration import (
     DtypeKernels,
     RunSample,
     calibration_from_dict,
-    fit_kind_latencies,
+    fit_kind_links,
     fit_links,
     recalibrate_hint,
     refit,
@@ -206,31 +206,58 @@ def test_link_fit_recovers_a_ring_all_reduce() -> None:
     assert got_lat == pytest.approx(lat, rel=1e-6)
 
 
-def test_kind_latencies_recover_a_slow_all_reduce_and_a_fast_send() -> None:
-    """2-rank points made by hand: a ring all-reduce (two steps of half the tensor) with 1 ms
-    per step and a send/recv (one message) with 20 us, on the same link; each kind's own
-    latency is recovered with the bandwidth given."""
-    bw = 2e9
-    eff = bw * BUS_EFFICIENCY_INTRA
+def test_kind_links_recover_each_kinds_own_bandwidth_and_latency() -> None:
+    """2-rank points made by hand, each kind on its own link: a ring all-reduce (two steps of
+    half the tensor) on 2 GB/s with 1 ms per step, a reduce-scatter (one step of half the
+    tensor) on 0.5 GB/s with 0.3 ms (gloo's runs at a fraction of its all-gather's rate), and
+    a send/recv (one message) on 2 GB/s with 20 us; each is recovered from its own points, and
+    a kind measured at one size keeps the shared bandwidth and fits its latency."""
     half = HALF_BANDWIDTH_BYTES_INTRA
-    sizes = (4096.0, 65536.0, 1e6)
-    points = [
-        CollectivePoint(
-            kind=CollectiveKind.ALL_REDUCE,
-            ranks=2,
-            nbytes=s,
-            seconds=s / eff + 2 * (1e-3 + half / eff),
-        )
-        for s in sizes
-    ] + [
-        CollectivePoint(
-            kind=CollectiveKind.SEND_RECV, ranks=2, nbytes=s, seconds=2e-5 + (s + half) / eff
-        )
-        for s in sizes
-    ]
-    got = {k.kind: k.latency_s for k in fit_kind_latencies(points, bw)}
-    assert got[CollectiveKind.ALL_REDUCE] == pytest.approx(1e-3, rel=0.02)
-    assert got[CollectiveKind.SEND_RECV] == pytest.approx(2e-5, rel=0.02)
+    sizes = (4096.0, 65536.0, 1e6, 16e6)
+
+    def points(kind: CollectiveKind, bw: float, lat: float, steps: int, share: float) -> list:
+        eff = bw * BUS_EFFICIENCY_INTRA
+        return [
+            CollectivePoint(
+                kind=kind, ranks=2, nbytes=s, seconds=share * s / eff + steps * (lat + half / eff)
+            )
+            for s in sizes
+        ]
+
+    measured = (
+        points(CollectiveKind.ALL_REDUCE, 2e9, 1e-3, 2, 1.0)
+        + points(CollectiveKind.REDUCE_SCATTER, 0.5e9, 3e-4, 1, 0.5)
+        + points(CollectiveKind.SEND_RECV, 2e9, 2e-5, 1, 1.0)
+    )
+    one_size = points(CollectiveKind.ALL_GATHER, 2e9, 5e-4, 1, 0.5)[:1]
+    got = {k.kind: (k.bw_bytes_per_s, k.latency_s) for k in fit_kind_links(measured + one_size, 2e9)}
+    for kind, (bw, lat) in (
+        (CollectiveKind.ALL_REDUCE, (2e9, 1e-3)),
+        (CollectiveKind.REDUCE_SCATTER, (0.5e9, 3e-4)),
+        (CollectiveKind.SEND_RECV, (2e9, 2e-5)),
+    ):
+        assert got[kind][0] == pytest.approx(bw, rel=0.02), kind
+        assert got[kind][1] == pytest.approx(lat, rel=0.05), kind
+    assert got[CollectiveKind.ALL_GATHER][0] == 2e9
+    assert got[CollectiveKind.ALL_GATHER][1] == pytest.approx(5e-4, rel=0.02)
+    assert CollectiveKind.ALL_TO_ALL not in got
+
+
+def test_a_kinds_own_link_prices_its_collectives() -> None:
+    """`Collectives` with a measured reduce-scatter link prices a reduce-scatter on it and the
+    other kinds on the shared link."""
+    from paraplan.planner.cost.comm import AxisLink, Collectives
+    from paraplan.planner.hardware import get_accelerator
+
+    acc = get_accelerator("cpu")
+    link = AxisLink(2, 2, 1)
+    shared = Collectives(acc)
+    own = Collectives(acc, kind_links={CollectiveKind.REDUCE_SCATTER: (0.5e9, 3e-4)})
+    nbytes = 16e6
+    eff = 0.5e9 * BUS_EFFICIENCY_INTRA
+    want = 0.5 * nbytes / eff + 3e-4 + HALF_BANDWIDTH_BYTES_INTRA / eff
+    assert own.reduce_scatter(nbytes, link) == pytest.approx(want)
+    assert own.all_gather(nbytes, link) == shared.all_gather(nbytes, link)
 
 
 def test_refit_scales_time_and_shifts_memory() -> None:

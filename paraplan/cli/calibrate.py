@@ -236,18 +236,16 @@ def format_calibration(cluster: Cluster) -> str:
             f"parameter {cal.dtensor_adamw_tensor_s * 1e6:.0f} us"
         )
     kinds = sorted({p.kind for p in cal.collectives})
-    own = cal.kind_latency_s()
+    own = cal.kind_link_figures()
     for kind in kinds:
         pts = [p for p in cal.collectives if p.kind == kind]
-        lat = own.get(kind, acc.intra_node_latency_s)
-        errs = [
-            collective_model_s(p, bw=acc.intra_node_bw_bytes_per_s, lat=lat) / p.seconds - 1
-            for p in pts
-        ]
+        bw, lat = own.get(kind, (acc.intra_node_bw_bytes_per_s, acc.intra_node_latency_s))
+        errs = [collective_model_s(p, bw=bw, lat=lat) / p.seconds - 1 for p in pts]
         lines.append(
             f"  {kind:<15} {len(pts)} sizes, {_si(pts[0].nbytes, 'B')}..{_si(pts[-1].nbytes, 'B')}"
-            f": {pts[0].seconds * 1e3:.3f}..{pts[-1].seconds * 1e3:.3f} ms, latency "
-            f"{lat * 1e6:.0f} us, fit error median {statistics.median(errs):+.0%}"
+            f": {pts[0].seconds * 1e3:.3f}..{pts[-1].seconds * 1e3:.3f} ms, "
+            f"{bw / 1e9:.2f} GB/s, latency {lat * 1e6:.0f} us, fit error median "
+            f"{statistics.median(errs):+.0%}, max {max(errs, key=abs):+.0%}"
         )
     return "\n".join(lines)
 
@@ -268,8 +266,10 @@ def plot_calibration(cal: Calibration, folder: Path) -> list[Path]:
         pts = [p for p in cal.collectives if p.kind == kind]
         xs = [p.nbytes for p in pts]
         (line,) = ax_c.loglog(xs, [p.seconds for p in pts], "o", label=str(kind))
-        lat = cal.kind_latency_s().get(kind, acc.intra_node_latency_s)
-        fitted = [collective_model_s(p, bw=acc.intra_node_bw_bytes_per_s, lat=lat) for p in pts]
+        bw, lat = cal.kind_link_figures().get(
+            kind, (acc.intra_node_bw_bytes_per_s, acc.intra_node_latency_s)
+        )
+        fitted = [collective_model_s(p, bw=bw, lat=lat) for p in pts]
         ax_c.loglog(xs, fitted, "-", color=line.get_color())
     ax_c.set(xlabel="bytes", ylabel="seconds", title="collectives: measured (o), fitted (-)")
     ax_c.legend(fontsize=7)

@@ -212,14 +212,16 @@ class Collectives:
         acc: Accelerator,
         *,
         lower_bound: bool = False,
-        kind_latency_s: Mapping[CollectiveKind, float] | None = None,
+        kind_links: Mapping[CollectiveKind, tuple[float, float]] | None = None,
     ) -> None:
         self._acc = acc
         self._cache: dict[tuple, float] = {}
         self._lower_bound = lower_bound
-        self._kind_latency_s = dict(kind_latency_s or {}) if not lower_bound else {}
-        """Measured per-kind step latency inside a node (`paraplan calibrate`): a backend
-        implements each collective its own way (gloo's all-reduce and send/recv differ 10x)."""
+        self._kind_links = dict(kind_links or {}) if not lower_bound else {}
+        """Measured (bandwidth, step latency) per kind inside a node (`paraplan calibrate`,
+        `Calibration.kind_link_figures`): a backend implements each collective its own way
+        (gloo's all-reduce and send/recv differ 10x in latency, its reduce-scatter runs at half
+        its all-gather's bandwidth)."""
         # A lower bound for any placement: every byte on the fastest link, no latency.
         fastest = max(acc.intra_node_bw_bytes_per_s, acc.inter_node_bw_bytes_per_s)
         if lower_bound:
@@ -238,8 +240,10 @@ class Collectives:
 
     def _intra_for(self, kind: CollectiveKind) -> tuple[float, float, float]:
         """(bandwidth, latency, half-bandwidth bytes) inside a node for one kind."""
-        lat = self._kind_latency_s.get(kind)
-        return self._intra if lat is None else (self._intra[0], lat, self._intra[2])
+        own = self._kind_links.get(kind)
+        if own is None:
+            return self._intra
+        return (own[0] * BUS_EFFICIENCY_INTRA, own[1], self._intra[2])
 
     def _phases(self, link: AxisLink, kind: CollectiveKind) -> tuple[_Phase, ...]:
         """The intra-node and inter-node levels of a group."""
@@ -296,7 +300,7 @@ class Collectives:
 
     def reduce_scatter(self, nbytes: float, link: AxisLink) -> float:
         """Seconds to reduce-scatter a tensor of `nbytes` (unsharded size): the all-gather's
-        steps and bytes, with its own measured latency when calibrated."""
+        steps and bytes, on its own measured link when calibrated."""
         return self._one_pass(nbytes, link, CollectiveKind.REDUCE_SCATTER)
 
     def _one_pass(self, nbytes: float, link: AxisLink, kind: CollectiveKind) -> float:

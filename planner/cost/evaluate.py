@@ -60,8 +60,8 @@ class Evaluator:
             0.0 if cal is None else cal.dtensor_adamw_tensor_s * cal.time_scale
         )
         """Compute slowdown per second of overlapped communication (measured when calibrated)."""
-        cal_kinds = None if cluster.calibration is None else cluster.calibration.kind_latency_s()
-        self.coll = Collectives(self.acc, kind_latency_s=cal_kinds)
+        cal_kinds = None if cluster.calibration is None else cluster.calibration.kind_link_figures()
+        self.coll = Collectives(self.acc, kind_links=cal_kinds)
         self.lower_bound_coll = Collectives(self.acc, lower_bound=True)
         """Collectives on the fastest link with no latency: bounds for the search."""
         self.model_flops_per_seq = sum(x.fwd_flops + x.bwd_flops for x in profile.layers)

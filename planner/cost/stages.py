@@ -76,7 +76,7 @@ class StageModel:
         acc = cluster.accelerator
         self.acc = acc
         cal = cluster.calibration
-        self.coll = Collectives(acc, kind_latency_s=None if cal is None else cal.kind_latency_s())
+        self.coll = Collectives(acc, kind_links=None if cal is None else cal.kind_link_figures())
         self.tp_dispatch = None if cal is None else cal.tensor_parallel
         """DTensor's measured host cost (calibrated clusters with more than one rank)."""
         self.kernels: Kernels | None = _kernels_for(cluster, train)
