@@ -230,7 +230,8 @@ def test_kind_links_recover_each_kinds_own_bandwidth_and_latency() -> None:
         + points(CollectiveKind.SEND_RECV, 2e9, 2e-5, 1, 1.0)
     )
     one_size = points(CollectiveKind.ALL_GATHER, 2e9, 5e-4, 1, 0.5)[:1]
-    got = {k.kind: (k.bw_bytes_per_s, k.latency_s) for k in fit_kind_links(measured + one_size, 2e9)}
+    links = fit_kind_links(measured + one_size, 2e9)
+    got = {k.kind: (k.bw_bytes_per_s, k.latency_s) for k in links}
     for kind, (bw, lat) in (
         (CollectiveKind.ALL_REDUCE, (2e9, 1e-3)),
         (CollectiveKind.REDUCE_SCATTER, (0.5e9, 3e-4)),
