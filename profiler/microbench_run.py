@@ -369,9 +369,7 @@ def _calibration(
         if cluster.num_nodes == 1:  # one node: nothing crosses a network
             figures |= {"inter_node_bw_bytes_per_s": bw, "inter_node_latency_s": lat}
     kinds = (
-        fit_kind_links(r.collectives, figures["intra_node_bw_bytes_per_s"])
-        if r.collectives
-        else ()
+        fit_kind_links(r.collectives, figures["intra_node_bw_bytes_per_s"]) if r.collectives else ()
     )
     return Calibration(
         device_name=device_name(device),
