@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..strategy import Schedule
-from .pipeline_orders import Phase
-from .pipeline_replay import chunk_placement, stage_order
+from .pipeline_orders import PHASES
+from .pipeline_replay import chunk_placement, stage_order_codes
 
 RATIO_DIGITS = 3
 """Digits the forward share is rounded to (the cost model's replay cache)."""
 _STEPS = 10**RATIO_DIGITS
-_PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.BACKWARD_INPUT, Phase.BACKWARD_WEIGHT)
+_PHASES = PHASES
 """Row of each phase in the seconds table."""
 _FORWARD, _WEIGHT = 0, 3
 """Rows of the forward and of the weight gradient."""
@@ -59,10 +59,8 @@ def op_graph(schedule: Schedule, pp: int, m: int, v: int) -> OpGraph:
     last = pp * v - 1
     model_chunk = {chunk_placement(schedule, c, pp): c for c in range(pp * v)}
     chunk_of = [[model_chunk[(s, local)] for local in range(v)] for s in range(pp)]
-    row = {phase: i for i, phase in enumerate(_PHASES)}
-    forward, weight = Phase.FORWARD, Phase.BACKWARD_WEIGHT
     orders = [
-        stage_order(schedule, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=s)
+        stage_order_codes(schedule, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=s)
         for s in range(pp)
     ]
     width = pp * v + 1
@@ -79,12 +77,14 @@ def op_graph(schedule: Schedule, pp: int, m: int, v: int) -> OpGraph:
         for s in range(pp):
             order, i, chunks, here = orders[s], pos[s], chunk_of[s], prev[s]
             while i < len(order):
-                phase, mb, local = order[i]
-                chunk = chunks[local]
+                code = order[i]  # `op_code`: (mb * v + local) * 4 + row of its phase
+                row, mb_local = code & 3, code >> 2
+                mb = mb_local // v
+                chunk = chunks[mb_local - mb * v]
                 key = 2 * (mb * width + chunk)  # its (mb, chunk)'s forward; + 1: gradient
-                if phase is forward:
+                if row == _FORWARD:
                     need = key - 2 if chunk > 0 else -1  # the previous chunk's forward
-                elif phase is weight:
+                elif row == _WEIGHT:
                     need = key + 1  # its own input gradient
                 else:  # the next chunk's gradient, or the last chunk's own forward
                     need = key + 3 if chunk < last else key
@@ -97,10 +97,10 @@ def op_graph(schedule: Schedule, pp: int, m: int, v: int) -> OpGraph:
                 prevs.append(here)
                 here = len(deps)
                 deps.append(dep)
-                phases.append(row[phase])
+                phases.append(row)
                 stages.append(s)
-                if phase is not weight:
-                    produced[key if phase is forward else key + 1] = here
+                if row != _WEIGHT:
+                    produced[key if row == _FORWARD else key + 1] = here
                 i += 1
             if i != pos[s]:
                 remaining -= i - pos[s]
@@ -299,18 +299,13 @@ def _order_peaks(
     """`Timeline.in_flight(stage, pending_weight)` of every stage whose events sort in the order
     it runs its operations (`_in_program_order`): the running sum over that order, with no
     replay (the same additions in the same order as the sorted events)."""
-    delta = {
-        Phase.FORWARD: 1.0,
-        Phase.BACKWARD: -1.0,
-        Phase.BACKWARD_INPUT: pending_weight,
-        Phase.BACKWARD_WEIGHT: -1.0 - pending_weight,
-    }
+    delta = (1.0, -1.0, pending_weight, -1.0 - pending_weight)  # by row of `_PHASES`
     out = []
     for stage in range(pp):
-        order = stage_order(
+        order = stage_order_codes(
             schedule, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=stage
         )
-        held = itertools.accumulate(delta[phase] for phase, _, _ in order)
+        held = itertools.accumulate(delta[code & 3] for code in order)
         out.append(max(0.0, *held) / v)
     return tuple(out)
 
