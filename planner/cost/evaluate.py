@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import cache
+from operator import add
 
 from ..cluster import Cluster
 from ..config import FP32_BYTES, TrainConfig
@@ -217,47 +218,47 @@ class Evaluator:
         v, dpcp = s.virtual_stages, s.dp * s.cp
         cap = self.stage_model.capacity_bytes
         lazy = fit_only and split_schedules.is_split_backward(s.schedule)
+        single = self.single_pass(s)  # of `s` alone: the same for every choice
+        replicate = s.dp_replicate
         static: dict[tuple[int, bool, int], tuple[float, ...]] = {}  # by the layout's id
         acts: dict[tuple[bool, Recompute], list[float]] = {}  # lazy: at the least in flight
         exact: dict[tuple[bool, Recompute], list[float]] = {}  # lazy: as replayed
         none_totals: dict[tuple[bool, int, bool], float] = {}
         out: list[float | None] = []
         shapes: dict[tuple[bool, Recompute], tuple[Layout, tuple[Stage, ...]]] = {}
+        per_layer = Recompute.PER_LAYER
         for sp, zero, off, rc in choices:
+            if rc == per_layer:
+                plain = none_totals.get((sp, zero, off))
+                # `none` fits: the solver keeps everything, so this is that strategy (or one
+                # recomputing more where `none` fits only by the single-pass timeline).
+                out.append(plain if plain is not None and plain <= cap else None)
+                continue
             shape = shapes.get((sp, rc))
             if shape is None:
                 lay = sm.layout(s.pp, v, rc, s.tp, sp, s.schedule)
                 shape = shapes[(sp, rc)] = (lay, sm.stages(lay))
             lay, stages = shape
-            statics = static.get((zero, off, id(lay)))  # `lay` lives through the call
-            if statics is None:
-                statics = static[(zero, off, id(lay))] = sm.static_totals(
-                    lay, s.tp, s.ep, dpcp, zero, off, s.dp_replicate
-                )
-            if (sp, rc) not in acts and rc != Recompute.PER_LAYER:
-                acts[(sp, rc)] = self._act_totals(s, sp, rc, lay, stages, lazy)
-            plain = none_totals.get((sp, zero, off))
-            if rc == Recompute.PER_LAYER and plain is not None and plain <= cap:
-                # `none` fits: the solver keeps everything, so this is that strategy (or one
-                # recomputing more where `none` fits only by the single-pass timeline).
-                out.append(plain)
-                continue
-            if rc == Recompute.PER_LAYER:
-                out.append(None)
-                continue
-            if self.single_pass(s) and zero < 2:
+            if single and zero < 2:
                 choice = replace(
                     s, sequence_parallel=sp, zero_stage=zero, offload_optimizer=off, recompute=rc
                 )
                 total = self.memory(choice)[0].total_bytes
             else:
-                pairs = zip(statics, acts[(sp, rc)], strict=True)
-                total = max(x + y for x, y in pairs)
+                statics = static.get((zero, off, id(lay)))  # `lay` lives through the call
+                if statics is None:
+                    statics = static[(zero, off, id(lay))] = sm.static_totals(
+                        lay, s.tp, s.ep, dpcp, zero, off, replicate
+                    )
+                held = acts.get((sp, rc))
+                if held is None:
+                    held = acts[(sp, rc)] = self._act_totals(s, sp, rc, lay, stages, lazy)
+                total = max(map(add, statics, held))
                 if lazy and total <= cap:  # it may fit: the replayed counts decide
-                    if (sp, rc) not in exact:
-                        exact[(sp, rc)] = self._act_totals(s, sp, rc, lay, stages, False)
-                    pairs = zip(statics, exact[(sp, rc)], strict=True)
-                    total = max(x + y for x, y in pairs)
+                    held = exact.get((sp, rc))
+                    if held is None:
+                        held = exact[(sp, rc)] = self._act_totals(s, sp, rc, lay, stages, False)
+                    total = max(map(add, statics, held))
             if rc == Recompute.NONE:
                 none_totals[(sp, zero, off)] = total
             out.append(total)

@@ -6,7 +6,7 @@ activation budget; uniform policies map to the blocks directly. Memoized per eva
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cache
 
 from ..model import LayerKind
@@ -24,6 +24,23 @@ from .recompute import (
 from .stages import StageCompute, StageModel
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _StageParts:
+    """What a stage's `StageProblem` takes of its layers, whatever the ZeRO stage, offload and
+    pipeline schedule (`PerLayerRecompute._stage_parts`)."""
+
+    stage: Stage
+    """The stage (kept alive: its id keys the memo)."""
+    choices: tuple[LayerChoice | None, ...]
+    """`StageProblem.choices`."""
+    fixed_bytes: float
+    """`StageProblem.fixed_bytes`."""
+    transient_bytes: float
+    """`StageProblem.transient_bytes`."""
+    head_bytes: float
+    """`StageProblem.head_bytes`."""
+
+
 class PerLayerRecompute:
     """The per-layer recompute policies of one evaluator's strategies."""
 
@@ -35,6 +52,10 @@ class PerLayerRecompute:
         self._solve_stage = cache(solve_stage)
         self._problems = cache(self._problems_uncached)
         self._relaxations: dict[tuple[int, ...], tuple[tuple, Relaxation]] = {}
+        self._relaxation_of: dict[int, tuple[tuple, Relaxation]] = {}  # by id of the tuple
+        self._parts: dict[tuple, _StageParts] = {}  # `_stage_parts`, by the stage's id
+        self._static_bytes: dict[tuple, float] = {}  # static memory, by the stage's id
+        self._inflight: dict[tuple, float] = {}  # `in_flight_microbatches`
 
     def policies(self, s: Strategy) -> tuple[Recompute, ...]:
         """The recompute policy of every chain layer: the strategy's uniform policy on the
@@ -98,28 +119,56 @@ class PerLayerRecompute:
     def _problems_uncached(self, s: Strategy) -> tuple[StageProblem, ...]:
         sm = self.sm
         mbs, v = s.micro_batch_size, s.virtual_stages
-        choice, kept_none, tmp = self._layer_choices(s.tp, s.sequence_parallel, s.cp, s.ep, mbs)
+        tp, ep, dpcp, replicate = s.tp, s.ep, s.dp * s.cp, s.dp_replicate
+        zero, off = s.zero_stage, s.offload_optimizer
         boundary = 2 * v * sm.boundary_bytes(s) if s.pp > 1 else 0.0
         m = sm.num_microbatches(s)
         out = []
         for stage in sm.stages(sm.layout_of(s)):
-            static = sm.static_memory(
-                stage, s.tp, s.ep, s.dp * s.cp, s.zero_stage, s.offload_optimizer, s.dp_replicate
-            ).total_bytes
-            layers = stage.layers
+            # Stage objects live as long as the model (`StageLayouts`): their ids key the memos
+            key = (id(stage), tp, ep, dpcp, zero, off, replicate)
+            static = self._static_bytes.get(key)
+            if static is None:
+                static = self._static_bytes[key] = sm.static_memory(
+                    stage, tp, ep, dpcp, zero, off, replicate
+                ).total_bytes
+            parts = self._stage_parts(stage, tp, s.sequence_parallel, s.cp, ep, mbs)
+            where = (s.schedule, s.pp, stage.index, m, v)
+            inflight = self._inflight.get(where)
+            if inflight is None:
+                inflight = self._inflight[where] = in_flight_microbatches(
+                    s.schedule, pp=s.pp, stage=stage.index, num_microbatches=m, virtual_stages=v
+                )
             out.append(
                 StageProblem(
-                    choices=tuple(choice[i] for i in layers),
-                    fixed_bytes=sum(kept_none[i] for i in layers if choice[i] is None),
-                    inflight=in_flight_microbatches(
-                        s.schedule, pp=s.pp, stage=stage.index, num_microbatches=m, virtual_stages=v
-                    ),
-                    transient_bytes=max(tmp[i] for i in layers),
-                    head_bytes=kept_none[-1] if stage.has_head else 0.0,
+                    choices=parts.choices,
+                    fixed_bytes=parts.fixed_bytes,
+                    inflight=inflight,
+                    transient_bytes=parts.transient_bytes,
+                    head_bytes=parts.head_bytes,
                     budget_bytes=(sm.capacity_bytes - static - boundary) / mbs,
                 )
             )
         return tuple(out)
+
+    def _stage_parts(
+        self, stage: Stage, tp: int, sp: bool, cp: int, ep: int, mbs: int
+    ) -> _StageParts:
+        """What a stage's `StageProblem` takes of its layers (memoized by the stage's id; the
+        memo keeps the stage alive, so its id is not reused)."""
+        key = (id(stage), tp, sp, cp, ep, mbs)
+        found = self._parts.get(key)
+        if found is None:
+            choice, kept_none, tmp = self._layer_choices(tp, sp, cp, ep, mbs)
+            layers = stage.layers
+            found = self._parts[key] = _StageParts(
+                stage=stage,
+                choices=tuple(choice[i] for i in layers),
+                fixed_bytes=sum(kept_none[i] for i in layers if choice[i] is None),
+                transient_bytes=max(tmp[i] for i in layers),
+                head_bytes=kept_none[-1] if stage.has_head else 0.0,
+            )
+        return found
 
     def recompute_lower_bounds_s(self, s: Strategy) -> tuple[float, ...]:
         """Per distinct stage of a `per_layer` strategy, a bound on the recompute seconds per
@@ -131,11 +180,16 @@ class PerLayerRecompute:
 
     def _relaxation(self, choices: tuple[LayerChoice | None, ...]) -> Relaxation:
         """`recompute.relaxation` of a stage's choices, memoized by the identity of its
-        `LayerChoice` objects (kept alive here: their ids are not reused)."""
+        `LayerChoice` objects (kept alive here: their ids are not reused), and first by the
+        identity of the tuple itself (`_stage_parts` hands out one per stage shape)."""
+        known = self._relaxation_of.get(id(choices))
+        if known is not None:
+            return known[1]
         key = tuple(map(id, choices))
         found = self._relaxations.get(key)
         if found is None:
             found = self._relaxations[key] = (choices, relaxation(choices))
+        self._relaxation_of[id(choices)] = (choices, found[1])  # keeps `choices` alive
         return found[1]
 
     def _layer_choices_uncached(

@@ -33,14 +33,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..strategy import Schedule
-from .pipeline_orders import (
-    Op,
-    Phase,
-    dualpipev_order,
-    interleaved_zb_order,
-    v_chunk_stage,
-    zbv_order,
-)
+from .pipeline_orders import Op, Phase, decode, stage_codes, v_chunk_stage
 
 V_SHAPED = (Schedule.ZBV, Schedule.DUALPIPEV)
 """Schedules with two chunks per stage in a V (`pipeline_orders.v_chunk_stage`)."""
@@ -193,37 +186,18 @@ def stage_order(
 ) -> list[Op]:
     """The operations `stage` runs, in order (see the module docstring)."""
     sched = Schedule(schedule)
-    pp, m, v, s = num_stages, num_microbatches, virtual_stages, stage
+    pp, m, v = num_stages, num_microbatches, virtual_stages
     _check(sched, pp, m, v)
-    F, B = Phase.FORWARD, Phase.BACKWARD
-    if sched == Schedule.NONE:
-        return [op for i in range(m) for op in ((F, i, 0), (B, i, 0))]
-    if sched == Schedule.GPIPE:
-        return [(F, i, 0) for i in range(m)] + [(B, i, 0) for i in range(m)]
-    if sched == Schedule.ONE_F_ONE_B:
-        warmup = min(pp - s - 1, m)
-        order = [(F, i, 0) for i in range(warmup)]
-        for k in range(m - warmup):
-            order += [(F, warmup + k, 0), (B, k, 0)]
-        return order + [(B, k, 0) for k in range(m - warmup, m)]
-    if sched == Schedule.INTERLEAVED_ZB:
-        return interleaved_zb_order(pp, m, v, s)
-    if sched == Schedule.ZBV:
-        return zbv_order(pp, m, s)
-    if sched == Schedule.DUALPIPEV:
-        return dualpipev_order(pp, m, s)
+    return decode(stage_codes(sched, pp, m, v, stage), v)
 
-    def virtual(k: int, backward: bool) -> Op:
-        local = (k // pp) % v
-        mb = (k // (pp * v)) * pp + k % pp
-        return (B, mb, v - 1 - local) if backward else (F, mb, local)
 
-    total = m * v
-    warmup = min((pp - s - 1) * 2 + (v - 1) * pp, total)
-    order = [virtual(k, False) for k in range(warmup)]
-    for k in range(total - warmup):
-        order += [virtual(warmup + k, False), virtual(k, True)]
-    return order + [virtual(k, True) for k in range(total - warmup, total)]
+def stage_order_codes(
+    schedule: Schedule, *, num_stages: int, num_microbatches: int, virtual_stages: int, stage: int
+) -> list[int]:
+    """`stage_order` as `pipeline_orders.op_code`s (no tuple per operation)."""
+    pp, m, v = num_stages, num_microbatches, virtual_stages
+    _check(schedule, pp, m, v)
+    return stage_codes(schedule, pp, m, v, stage)
 
 
 def _per_stage(name: str, value: float | Sequence[float], pp: int) -> list[float]:

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..strategy import Schedule
-from .pipeline_orders import Phase
-from .pipeline_replay import chunk_placement, stage_order
+from .pipeline_orders import PHASES
+from .pipeline_replay import chunk_placement, stage_order_codes
 
 RATIO_DIGITS = 3
 """Digits the forward share is rounded to (the cost model's replay cache)."""
 _STEPS = 10**RATIO_DIGITS
-_PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.BACKWARD_INPUT, Phase.BACKWARD_WEIGHT)
+_PHASES = PHASES
 """Row of each phase in the seconds table."""
 _FORWARD, _WEIGHT = 0, 3
 """Rows of the forward and of the weight gradient."""
@@ -59,10 +59,8 @@ def op_graph(schedule: Schedule, pp: int, m: int, v: int) -> OpGraph:
     last = pp * v - 1
     model_chunk = {chunk_placement(schedule, c, pp): c for c in range(pp * v)}
     chunk_of = [[model_chunk[(s, local)] for local in range(v)] for s in range(pp)]
-    row = {phase: i for i, phase in enumerate(_PHASES)}
-    forward, weight = Phase.FORWARD, Phase.BACKWARD_WEIGHT
     orders = [
-        stage_order(schedule, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=s)
+        stage_order_codes(schedule, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=s)
         for s in range(pp)
     ]
     width = pp * v + 1
@@ -79,12 +77,14 @@ def op_graph(schedule: Schedule, pp: int, m: int, v: int) -> OpGraph:
         for s in range(pp):
             order, i, chunks, here = orders[s], pos[s], chunk_of[s], prev[s]
             while i < len(order):
-                phase, mb, local = order[i]
-                chunk = chunks[local]
+                code = order[i]  # `op_code`: (mb * v + local) * 4 + row of its phase
+                row, mb_local = code & 3, code >> 2
+                mb = mb_local // v
+                chunk = chunks[mb_local - mb * v]
                 key = 2 * (mb * width + chunk)  # its (mb, chunk)'s forward; + 1: gradient
-                if phase is forward:
+                if row == _FORWARD:
                     need = key - 2 if chunk > 0 else -1  # the previous chunk's forward
-                elif phase is weight:
+                elif row == _WEIGHT:
                     need = key + 1  # its own input gradient
                 else:  # the next chunk's gradient, or the last chunk's own forward
                     need = key + 3 if chunk < last else key
@@ -97,10 +97,10 @@ def op_graph(schedule: Schedule, pp: int, m: int, v: int) -> OpGraph:
                 prevs.append(here)
                 here = len(deps)
                 deps.append(dep)
-                phases.append(row[phase])
+                phases.append(row)
                 stages.append(s)
-                if phase is not weight:
-                    produced[key if phase is forward else key + 1] = here
+                if row != _WEIGHT:
+                    produced[key if row == _FORWARD else key + 1] = here
                 i += 1
             if i != pos[s]:
                 remaining -= i - pos[s]
@@ -228,7 +228,6 @@ def replay_stages(
             raise ValueError(f"stage time {x!r} must be a finite number of seconds >= 0")
     if not 0.0 <= share <= 1.0:
         raise ValueError(f"weight_share {share} must lie in [0, 1]: it is a part of the backward")
-    graph = op_graph(schedule, pp, m, v)
     seconds = [  # (stage, phase) -> seconds, as `simulate_pipeline` divides them
         x
         for fwd, bwd in zip(forward_s, backward_s, strict=True)
@@ -236,17 +235,13 @@ def replay_stages(
     ]
     work_s = m * sum(f + b for f, b in zip(forward_s, backward_s, strict=True))
     if _in_program_order(seconds, work_s):  # no starts needed: each stage's events in order
-        ends: list[float] = []
-        for prev, dep, phase, stage in zip(
-            graph.prev, graph.dep, graph.phase, graph.stage, strict=True
-        ):
-            start = ends[prev] if prev >= 0 else 0.0
-            if dep >= 0 and ends[dep] > start:
-                start = ends[dep]
-            ends.append(start + seconds[4 * stage + phase])
-        return max(ends), _graph_order_peaks(graph, pp, v, pending_weight)
+        orders = _stage_orders(schedule, pp, m, v)
+        return _resolved_makespan(schedule, orders, v, seconds), _peaks_in_order(
+            orders, v, pending_weight
+        )
+    graph = op_graph(schedule, pp, m, v)
     starts: list[float] = []
-    ends = []
+    ends: list[float] = []
     for prev, dep, phase, stage in zip(
         graph.prev, graph.dep, graph.phase, graph.stage, strict=True
     ):
@@ -258,17 +253,75 @@ def replay_stages(
     return max(ends), _peaks(graph, starts, ends, pp, v, pending_weight)
 
 
-def _graph_order_peaks(graph: OpGraph, pp: int, v: int, pending_weight: float) -> tuple[float, ...]:
-    """`_order_peaks` of a graph's stages: the graph lists each stage's operations in the
-    order the stage runs them (each after its stage's previous one)."""
+def _stage_orders(schedule: Schedule, pp: int, m: int, v: int) -> list[list[int]]:
+    """Every stage's `op_code`s, in the order it runs them."""
+    return [
+        stage_order_codes(schedule, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=s)
+        for s in range(pp)
+    ]
+
+
+def _resolved_makespan(
+    schedule: Schedule, orders: list[list[int]], v: int, seconds: Sequence[float]
+) -> float:
+    """The makespan of the replay on `op_graph` with `seconds[4 * stage + row]` per operation,
+    resolved as `op_graph` resolves the orders, without building the graph (the plan's replay
+    runs once per graph: at pp=64, m=512 it has 137k operations). Each operation ends at
+    max(its stage's previous end, its input's end) + its seconds, the same additions as the
+    replay on the graph; a stage's ends never decrease (seconds are >= 0), so the largest end
+    is the largest of the stages' last ends."""
+    pp = len(orders)
+    last = pp * v - 1
+    model_chunk = {chunk_placement(schedule, c, pp): c for c in range(pp * v)}
+    chunk_of = [[model_chunk[(s, local)] for local in range(v)] for s in range(pp)]
+    width = pp * v + 1
+    produced: dict[int, float] = {}  # `op_graph`'s keys -> the end of that operation
+    pos, end = [0] * pp, [0.0] * pp  # 0.0: a stage's first operation starts at 0
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        moved = False
+        for s in range(pp):
+            order, i, chunks, here = orders[s], pos[s], chunk_of[s], end[s]
+            row_s = 4 * s
+            while i < len(order):
+                code = order[i]
+                row, mb_local = code & 3, code >> 2
+                mb = mb_local // v
+                chunk = chunks[mb_local - mb * v]
+                key = 2 * (mb * width + chunk)
+                if row == _FORWARD:
+                    need = key - 2 if chunk > 0 else -1
+                elif row == _WEIGHT:
+                    need = key + 1
+                else:
+                    need = key + 3 if chunk < last else key
+                if need >= 0:
+                    found = produced.get(need)
+                    if found is None:
+                        break  # its input is not computed yet
+                    if found > here:
+                        here = found
+                here += seconds[row_s + row]
+                if row != _WEIGHT:
+                    produced[key if row == _FORWARD else key + 1] = here
+                i += 1
+            if i != pos[s]:
+                remaining -= i - pos[s]
+                pos[s], end[s] = i, here
+                moved = True
+        if not moved:  # pragma: no cover - the orders never deadlock
+            raise RuntimeError(f"{schedule} with pp={pp}, v={v} deadlocks; this is a bug")
+    return max(end)
+
+
+def _peaks_in_order(orders: list[list[int]], v: int, pending_weight: float) -> tuple[float, ...]:
+    """`_order_peaks` of these stage orders."""
     delta = (1.0, -1.0, pending_weight, -1.0 - pending_weight)  # by row of `_PHASES`
-    held = [0.0] * pp
-    peak = [0.0] * pp
-    for phase, stage in zip(graph.phase, graph.stage, strict=True):
-        now = held[stage] = held[stage] + delta[phase]
-        if now > peak[stage]:
-            peak[stage] = now
-    return tuple(x / v for x in peak)
+    out = []
+    for order in orders:
+        held = itertools.accumulate(delta[code & 3] for code in order)
+        out.append(max(0.0, *held) / v)
+    return tuple(out)
 
 
 _ORDER_MARGIN = 2.0**-40
@@ -299,20 +352,7 @@ def _order_peaks(
     """`Timeline.in_flight(stage, pending_weight)` of every stage whose events sort in the order
     it runs its operations (`_in_program_order`): the running sum over that order, with no
     replay (the same additions in the same order as the sorted events)."""
-    delta = {
-        Phase.FORWARD: 1.0,
-        Phase.BACKWARD: -1.0,
-        Phase.BACKWARD_INPUT: pending_weight,
-        Phase.BACKWARD_WEIGHT: -1.0 - pending_weight,
-    }
-    out = []
-    for stage in range(pp):
-        order = stage_order(
-            schedule, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=stage
-        )
-        held = itertools.accumulate(delta[phase] for phase, _, _ in order)
-        out.append(max(0.0, *held) / v)
-    return tuple(out)
+    return _peaks_in_order(_stage_orders(schedule, pp, m, v), v, pending_weight)
 
 
 @lru_cache(maxsize=1024)
