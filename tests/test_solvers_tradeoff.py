@@ -267,7 +267,9 @@ def test_chain_from_profile_uses_measured_times_and_transients() -> None:
     profile = PRESETS["gpt2"].to_profile(128)
     with pytest.raises(ValueError, match="no measured layer times"):
         chain_from_profile(profile)
-    # Transients (a traced profile has them; the spec's are 0) scale with the micro-batch.
+    # Transients (a traced profile has them; the spec's are 0) scale with the micro-batch,
+    # but for the embedding's backward: its tables' dense gradients, weight-sized, kept per
+    # micro-batch by the profile (schema 5)
     layers = [
         dataclasses.replace(x, fwd_tmp_bytes=100.0 + i, bwd_tmp_bytes=200.0 + i)
         for i, x in enumerate(profile.layers)
@@ -275,7 +277,9 @@ def test_chain_from_profile_uses_measured_times_and_transients() -> None:
     traced = dataclasses.replace(profile, layers=tuple(layers))
     by_flops = chain_from_profile(traced, micro_batch_size=2, seconds_per_flop=1e-12)
     assert [x.fwd_tmp_bytes for x in by_flops.layers] == [2 * (100.0 + i) for i in range(14)]
-    assert [x.bwd_tmp_bytes for x in by_flops.layers] == [2 * (200.0 + i) for i in range(14)]
+    assert [x.bwd_tmp_bytes for x in by_flops.layers] == [200.0] + [
+        2 * (200.0 + i) for i in range(1, 14)
+    ]
     assert by_flops.layers[1].fwd_s == pytest.approx(2 * profile.layers[1].fwd_flops * 1e-12)
     # Measured: per-sequence times scale with the micro-batch; a head traced without its
     # input size (as the profiler leaves it) still chains onto the last block.
