@@ -32,9 +32,8 @@ TP_ROUNDS = 7
 wrapped block's backward varies a lot from one measurement to the next in the calling
 thread's CPU time (one SP block, each a median of 9 calls, quiet machine, 2026-11-25: 4.3 to
 11.2 ms over 9 alternations; the difference of the fastest rounds moved more than the
-median): one
-measurement gave 4.1 ms in one calibration and 9.4 ms in the next, the median of 3
-alternations 4.8 and 9.4 ms, the median of 9 alternations 5.1-5.8 ms in four trials."""
+median). One measurement gave 4.1 ms in one calibration and 9.4 ms in the next, the median of
+3 alternations 4.8 and 9.4 ms, the median of 9 alternations 5.1-5.8 ms in four trials."""
 
 
 def tensor_parallel_dispatch(timer: Timer) -> TensorParallelDispatch:
