@@ -211,8 +211,12 @@ def format_calibration(cluster: Cluster) -> str:
         )
     lines += [
         "",
-        f"links (fitted on {len(cal.collectives)} collectives): "
-        f"{_si(acc.intra_node_bw_bytes_per_s, 'B/s')}, latency "
+        (
+            f"links (fitted on {len(cal.collectives)} collectives): "
+            if cal.collectives
+            else "links (the catalog's: one rank measures no collective): "
+        )
+        + f"{_si(acc.intra_node_bw_bytes_per_s, 'B/s')}, latency "
         f"{acc.intra_node_latency_s * 1e6:.1f} us per step; runtime memory per rank "
         f"{_si(acc.runtime_overhead_bytes, 'B')}",
     ]
