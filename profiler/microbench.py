@@ -9,6 +9,7 @@ starts the ranks and turns the timings into a `planner.calibration.Calibration`.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import statistics
@@ -25,13 +26,13 @@ from ..planner.calibration import CollectiveKind, CollectivePoint
 from ..planner.cost.calibrated import AttentionCurve, GemmGrid, KernelFit
 from .microbench_cold import ColdPool
 from .microbench_stream import (
-    ELEMENTWISE_BYTES,
-    STREAM_SIZES_BYTES,
     _rotating,
     bandwidth_bytes_per_s,
+    elementwise_bytes,
     page_fault_s_per_byte,
     special_rates,
     stream_curve,
+    stream_sizes_bytes,
 )
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -99,6 +100,24 @@ QUICK = Budget(
     gemm_budget_s=3.0,
     rounds=1,
 )
+
+GPU_GEMM_SIZES = (256, 1024, 4096, 8192)
+"""GEMM grid on a GPU: its GEMMs saturate only past ~4096^3 (an 8192^3 bf16 product runs
+~1.4 ms on an H100), and one under 256^3 lasts about its launch."""
+GPU_ATTENTION_SEQS = (256, 1024, 4096, 16384)
+"""Attention curve on a GPU, at `ATTENTION_WIDTH`: 0.07-275 dense GFLOP per call, up to a
+training micro-batch's attention (a 1B Llama, 4 sequences of 2048: 137 GFLOP; larger calls
+take the largest point's rate); the CPU's 64-512 tokens (0.004-0.27 GFLOP) last about a
+launch there."""
+
+
+def for_device(budget: Budget, device: torch.device) -> Budget:
+    """`budget` with the grids sized for `device` (a GPU's kernels are measured where they do
+    not last only a launch, and up to a training step's sizes)."""
+    if device.type != "cuda":
+        return budget
+    seqs = GPU_ATTENTION_SEQS if budget.rounds > 1 else GPU_ATTENTION_SEQS[::2]
+    return dataclasses.replace(budget, gemm_sizes=GPU_GEMM_SIZES, attention_seqs=seqs)
 
 
 class Timer:
@@ -177,7 +196,7 @@ def dispatch_s(timer: Timer, dtype: torch.dtype) -> tuple[float, float]:
 def copy_bytes_per_s(timer: Timer) -> float:
     """Host<->device bandwidth (CUDA: pinned host to device), or on a CPU the bandwidth of a
     plain copy (what offloading to host memory costs there)."""
-    n = ELEMENTWISE_BYTES // 4
+    n = elementwise_bytes(timer.device) // 4
     if timer.device.type == "cuda":
         host = torch.ones(n, dtype=torch.float32).pin_memory()
         dev = torch.empty(n, dtype=torch.float32, device=timer.device)
@@ -315,7 +334,7 @@ def kernel_fit(
         timer, dtype, budget.attention_seqs, budget.attention_head_dims, pool
     )
     tick("attention")
-    sizes, stream_bw = stream_curve(timer, dtype, raw_s, STREAM_SIZES_BYTES, pool)
+    sizes, stream_bw = stream_curve(timer, dtype, raw_s, stream_sizes_bytes(timer.device), pool)
     special = special_rates(timer, dtype, raw_s, pool)
     del pool
     tick("operators")

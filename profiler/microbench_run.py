@@ -157,6 +157,7 @@ def _measure(
     dtypes: tuple[str, ...],
     out: Any,
 ) -> None:
+    budget = mb.for_device(budget, device)
     timer = mb.Timer(device, budget.repeats, group=world > 1)
 
     def tick(label: str) -> None:

@@ -39,6 +39,25 @@ STREAM_SIZES_BYTES = (2**16, 2**18, 2**20, 2**22, 2**24)
 small VM's share)."""
 ELEMENTWISE_BYTES = 32 * 2**20
 """Tensor size of the bandwidth benchmark: far beyond the caches."""
+GPU_STREAM_SIZES_BYTES = (2**18, 2**20, 2**22, 2**24, 2**26, 2**28)
+"""The curve's sizes on a GPU: 256 KiB to 256 MiB. A kernel over a few MiB lasts a few
+microseconds there, about its launch and the timer's synchronization; an H100's 50 MB L2
+holds tensors up to tens of MiB, and a 1B model's activations are 32-128 MiB per tensor."""
+GPU_ELEMENTWISE_BYTES = 512 * 2**20
+"""The bandwidth benchmark's tensor on a GPU: 1 GiB streamed is ~0.3 ms at 3-5 TB/s, so the
+~10 us of launch and synchronization each timed call pays is ~3% (32 MiB: ~50%)."""
+
+
+def stream_sizes_bytes(device: torch.device) -> tuple[int, ...]:
+    """The elementwise curve's tensor sizes on `device`."""
+    return GPU_STREAM_SIZES_BYTES if device.type == "cuda" else STREAM_SIZES_BYTES
+
+
+def elementwise_bytes(device: torch.device) -> int:
+    """The bandwidth benchmark's tensor size on `device`."""
+    return GPU_ELEMENTWISE_BYTES if device.type == "cuda" else ELEMENTWISE_BYTES
+
+
 STREAM_REPEATS = 31
 """Timed calls of each elementwise measurement (cheap; a fresh output's page faults make
 single calls jitter)."""
@@ -53,7 +72,7 @@ FAULT_REPEATS = 5
 
 def bandwidth_bytes_per_s(timer: Timer, dtype: torch.dtype, raw_s: float) -> float:
     """Bytes read plus written per second by an elementwise op on a large tensor."""
-    elems = ELEMENTWISE_BYTES // torch.finfo(dtype).bits * 8
+    elems = elementwise_bytes(timer.device) // torch.finfo(dtype).bits * 8
     x = torch.ones(elems, dtype=dtype, device=timer.device)
     out = torch.empty_like(x)
     seconds = timer(lambda: torch.mul(x, 1.0001, out=out))

@@ -62,3 +62,33 @@ def test_a_rank_failing_once_is_measured_again(
     err = capsys.readouterr().err
     assert "paraplan: warning: a calibration rank failed: " in err
     assert "address already in use" in err and "measuring again on a new port" in err
+
+
+@pytest.mark.multiprocess
+def test_one_rank_calibrates_without_collectives(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One device (1xcpu here, a single GPU the same way) has no link to measure: before, its
+    rank sent a message to itself and hung (in-process) or crashed (SIGSEGV, spawned)."""
+    from paraplan.planner.cluster import load_cluster_file
+
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--cluster", "1xcpu", "-o", str(out), *QUICK_FP32]) == 0
+    assert "one rank measures no collective" in capsys.readouterr().out
+    cal = load_cluster_file(out).calibration
+    assert cal is not None and cal.collectives == () and cal.world_size == 1
+
+
+def test_gpu_budget_reaches_training_sizes_and_cpu_budget_is_unchanged() -> None:
+    import torch
+
+    from paraplan.profiler import microbench as mb
+
+    assert mb.for_device(mb.FULL, torch.device("cpu")) == mb.FULL
+    gpu = mb.for_device(mb.FULL, torch.device("cuda"))
+    assert max(gpu.gemm_sizes) >= 8192
+    # a 1B Llama's attention (32 heads of 64), 4 sequences of 2048 per micro-batch: the curve
+    # reaches it (4 dense FLOPs per head dimension and query-key pair, as the curve counts)
+    largest = 4 * mb.ATTENTION_WIDTH * max(gpu.attention_seqs) ** 2
+    assert largest >= 4 * (32 * 64) * 2048**2 * 4
+    assert gpu.collective_bytes == mb.FULL.collective_bytes and gpu.rounds == mb.FULL.rounds
