@@ -95,22 +95,26 @@ def paraplan(*args: str, timeout_s: float = RUN_TIMEOUT_S) -> subprocess.Complet
         return subprocess.CompletedProcess(cmd, 124, out, f"timed out after {timeout_s:.0f} s")
 
 
-def cluster_spec(cpu: bool) -> str:
-    """`1x<catalog name>` of the device at hand."""
+def cluster_spec(cpu: bool) -> tuple[str, str]:
+    """(`1x<catalog name>`, the device's name) of the device at hand, asked in a child process:
+    a CUDA context in this one would sit on the GPU through every run and count in their
+    measured memory (what lies outside torch's allocator)."""
     if cpu:
-        return "1xcpu"
-    import torch
-
+        return "1xcpu", "cpu"
     from paraplan.planner.hardware import accelerator_for_device_name
 
-    if not torch.cuda.is_available():
+    ask = (
+        "import torch; p = torch.cuda.get_device_properties(0) if torch.cuda.is_available() "
+        "else None; print(p.total_memory if p else 0, torch.cuda.get_device_name(0) if p else '')"
+    )
+    done = subprocess.run([sys.executable, "-c", ask], capture_output=True, text=True, check=True)
+    total, _, name = done.stdout.strip().partition(" ")
+    if not name:
         raise SystemExit("bench_gpu: no CUDA device here; use --cpu for a dry run")
-    name = torch.cuda.get_device_name(0)
-    total = torch.cuda.get_device_properties(0).total_memory
-    acc = accelerator_for_device_name(name, memory_bytes=total)
+    acc = accelerator_for_device_name(name, memory_bytes=int(total))
     if acc is None:
         raise SystemExit(f"bench_gpu: {name!r} is not in the catalog")
-    return f"1x{acc}"
+    return f"1x{acc}", name
 
 
 def plan_rows(setup: Setup, cluster: str, folder: Path, tag: str) -> dict[str, dict]:
@@ -178,14 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     setup = CPU if args.cpu else GPU
     folder = Path(args.folder or tempfile.mkdtemp(prefix="paraplan-bench-gpu-")).resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    spec = cluster_spec(args.cpu)
-    result: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cluster": spec}
-    if not args.cpu:
-        import torch
-
-        result["device"] = torch.cuda.get_device_name(0)
-        result["torch"] = torch.__version__
-    print(f"bench_gpu: {spec} {result.get('device', '')}", flush=True)
+    spec, device = cluster_spec(args.cpu)
+    result: dict = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cluster": spec,
+        "device": device,
+    }
+    print(f"bench_gpu: {spec} ({device})", flush=True)
 
     cal = folder / "cal.yaml"
     if not args.skip_calibrate:
@@ -193,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = ["--quick"] if args.quick else []
         done = paraplan(
             "calibrate", "--cluster", spec, "-o", str(cal), "--no-progress", *extra,
-            "--plot", str(folder / "plots"), timeout_s=400,
+            "--plot", str(folder / "plots"), timeout_s=300,
         )  # fmt: skip
         result["calibrate_s"] = time.perf_counter() - start
         print(done.stdout, done.stderr[-3000:], flush=True)
