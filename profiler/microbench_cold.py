@@ -26,6 +26,10 @@ COLD_POOL_BYTES = 128 * 2**20
 GPU L2 (a CUDA device's own L2 size doubles it when larger)."""
 MAX_SLOTS = 4096
 """Slots precomputed per set of shapes (views cost ~1 us each to make: made once, up front)."""
+ALIGN_ELEMS = 128
+"""Every view starts at a multiple of this many elements (256-512 bytes): fused attention and
+vectorized kernels on a GPU need 16-byte aligned operands (an unaligned one is a CUDA error
+or a slower kernel), and a freshly allocated tensor is aligned so too."""
 
 
 def pool_bytes(device: torch.device) -> int:
@@ -66,18 +70,18 @@ class ColdOperands:
         requires_grad: bool = False,
     ) -> None:
         sizes = [max(1, _numel(s)) for s in shapes]
-        slot = sum(sizes)
+        slot = sum(_aligned(size) for size in sizes)
         if slot > buffer.numel():  # beyond the pool: fresh tensors, one slot
             buffer = torch.ones(slot, dtype=buffer.dtype, device=buffer.device)
         slots = max(1, min(MAX_SLOTS, buffer.numel() // slot))
-        stride = buffer.numel() // slots
+        stride = buffer.numel() // slots // ALIGN_ELEMS * ALIGN_ELEMS
         self._views: list[tuple[torch.Tensor, ...]] = []
         for i in range(slots):
             offset, views = i * stride, []
             for shape, size in zip(shapes, sizes, strict=True):
                 v = buffer[offset : offset + size].view(shape)
                 views.append(v.detach().requires_grad_() if requires_grad else v)
-                offset += size
+                offset += _aligned(size)
             self._views.append(tuple(views))
         self._next = 0
 
@@ -96,3 +100,8 @@ def _numel(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
+
+
+def _aligned(n: int) -> int:
+    """`n` elements rounded up to a multiple of `ALIGN_ELEMS`."""
+    return -(-n // ALIGN_ELEMS) * ALIGN_ELEMS

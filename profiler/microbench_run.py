@@ -14,6 +14,7 @@ import gc
 import importlib
 import os
 import queue as queue_mod
+import re
 import socket
 import sys
 import warnings
@@ -326,11 +327,8 @@ def _run_ranks(
         while not procs.join(timeout=_JOIN_TIMEOUT_S):
             pass
     except mp.ProcessRaisedException as err:  # the rank's traceback is its message
-        lines = [line for line in str(err).strip().splitlines() if line.strip()]
         _stop(procs)
-        raise CalibrationRankError(
-            f"a calibration rank failed: {lines[-1] if lines else err}"
-        ) from None
+        raise CalibrationRankError(f"a calibration rank failed: {_rank_error(str(err))}") from None
     except mp.ProcessExitedException as err:
         _stop(procs)
         raise CalibrationRankError(f"a calibration rank failed: {err}") from None
@@ -389,3 +387,23 @@ def _calibration(
         fsdp_unit_host_s=r.fsdp_unit_s,  # host CPU time: the collectives are the links'
         dtensor_adamw_tensor_s=r.dtensor_adamw_tensor_s,
     )
+
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*:")
+_FRAME_LINE = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
+
+
+def _rank_error(traceback_text: str) -> str:
+    """The line of a rank's traceback that names its exception, and where it was raised: a
+    CUDA error's message runs over several lines whose last only says to compile with
+    TORCH_USE_CUDA_DSA."""
+    lines = [line for line in traceback_text.strip().splitlines() if line.strip()]
+    if not lines:
+        return traceback_text
+    heads = [i for i, line in enumerate(lines) if _EXCEPTION_LINE.match(line)]
+    head = heads[-1] if heads else len(lines) - 1
+    frames = [m for line in lines[:head] if (m := _FRAME_LINE.match(line))]
+    if not frames:
+        return lines[head].strip()
+    file, line, func = frames[-1].groups()
+    return f"{lines[head].strip()} (at {os.path.basename(file)}:{line} in {func})"
