@@ -48,7 +48,7 @@ GPU = Setup(
     seq_len=2048,
     global_batch=16,
     memory_headroom=0.6,  # ~56 GiB usable of an H200's 141: mbs 8 must recompute some blocks
-    steps=12,
+    steps=10,
     warmup=3,
     strategies={
         "no recompute": "mbs=4,recompute=none,zero=0,offload=false",

@@ -13,14 +13,11 @@ It is the `calibration` section of a cluster file (`planner/cluster.py`)::
       dtype_kernels: [{dtype: fp32, fit: {launch_s: ..., gemm: {...}, ...}}, ...]
       collectives: [{kind: all_reduce, ranks: 2, nbytes: 65536, seconds: 1.2e-4}, ...]
       time_scale: 1.0                # refitted by --from-run
-      refit_runs: 0
 
-Loading is strict (unknown or missing keys, wrong types and non-finite numbers are errors;
-`docs/` has no separate schema: it is generated from these dataclasses). `figures` overrides
-the catalog accelerator's figures (`hardware.with_calibration`), `dtype_kernels` replace the
-catalog's kernel model (`cost/calibrated.py`), and the raw `collectives` points stay in the
-file for plots and refits. No torch here: `profiler/microbench.py` measures.
-"""
+Loading is strict (unknown or missing keys, wrong types, non-finite numbers; the schema is
+generated from these dataclasses). `figures` override the catalog's (`with_calibration`),
+`dtype_kernels` its kernel model (`cost/calibrated.py`); the raw `collectives` stay for plots
+and refits. No torch here: `profiler/microbench.py` measures."""
 
 from __future__ import annotations
 
@@ -105,6 +102,9 @@ class DtypeKernels:
     """GEMM grid, attention curve, bandwidth and dispatch cost."""
 
 
+_NON_NEGATIVE = ("fsdp_unit_host_s", "dtensor_adamw_tensor_s", "load_average")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Calibration:
     """Measured figures of one machine, and where and when they were measured."""
@@ -128,8 +128,7 @@ class Calibration:
     collectives: tuple[CollectivePoint, ...]
     """The raw collective timings the link figures were fitted on."""
     time_scale: float = 1.0
-    """Multiplier on every predicted second, refitted from run reports (1: microbenchmarks
-    only)."""
+    """Multiplier on every predicted second, refitted from run reports (1: none yet)."""
     refit_runs: int = 0
     """Run reports the refits have used in all."""
     kind_links: tuple[KindLink, ...] = ()
@@ -144,16 +143,18 @@ class Calibration:
     """The machine's 1-minute load average when the measurement started (`os.getloadavg`; 0
     where unknown): a busy machine measures slower and less stable figures."""
     dtensor_adamw_tensor_s: float = 0.0
-    """Host seconds an AdamW step spends per parameter tensor beyond a plain tensor's when the
-    parameters are DTensors (FSDP2, `replicate`, TP), measured on the ranks' mesh (0: not
-    measured)."""
+    """Host seconds AdamW spends per parameter tensor beyond a plain tensor's when they are
+    DTensors (FSDP2, `replicate`, TP), measured on the ranks' mesh (0: not measured)."""
+    host_adamw_s_per_param: float = 0.0
+    """Seconds per parameter of optimizer offload's AdamW on the host, a training rank's threads
+    (`profiler/microbench_host.py`); 0: not measured (a CPU calibration: the device is the host)."""
     overlap_contention: float = OVERLAP_CONTENTION
     """Seconds of compute lost per second of communication hidden behind it, measured
     (`microbench.overlap_contention`: 0 perfect overlap, 1 none); replaces the cost model's
     assumption `data_parallel.OVERLAP_CONTENTION`."""
 
     def __post_init__(self) -> None:
-        for name in ("fsdp_unit_host_s", "dtensor_adamw_tensor_s", "load_average"):
+        for name in (*_NON_NEGATIVE, "host_adamw_s_per_param"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"calibration: {name}={value!r} must be >= 0")
@@ -192,7 +193,11 @@ class Calibration:
         """The measured kernel model for `dtype` (`compute.Kernels`)."""
         for entry in self.dtype_kernels:
             if entry.dtype == dtype:
-                return CalibratedKernels(entry.fit, time_scale=self.time_scale)
+                return CalibratedKernels(
+                    entry.fit,
+                    time_scale=self.time_scale,
+                    async_launch=self.device_kind == DeviceKind.CUDA,
+                )
         raise ValueError(
             f"the calibration has no {dtype} kernels (measured: {', '.join(self.dtypes)}); "
             f"re-run paraplan calibrate on a device with {dtype}, or plan in "
@@ -236,7 +241,9 @@ def calibration_schema() -> dict[str, Any]:
 
 
 def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calibration:
-    """Read the `calibration` section (strict)."""
+    """Read the `calibration` section (strict; a file from before 2026-11-26 lacks one field)."""
+    if isinstance(data, Mapping) and "host_adamw_s_per_param" not in data:
+        data = {**data, "host_adamw_s_per_param": 0.0}
     validate(data, calibration_schema(), origin, fix="re-run paraplan calibrate or fix the file")
     if not isinstance(data, Mapping):  # the schema says object; kept for the type checker
         raise ValueError(f"{origin}: must be a mapping of calibration fields")
@@ -252,6 +259,7 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
         "overlap_contention": float,
         "fsdp_unit_host_s": float,
         "dtensor_adamw_tensor_s": float,
+        "host_adamw_s_per_param": float,
         "load_average": float,
     }
     for name in fields:

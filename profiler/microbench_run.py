@@ -44,6 +44,7 @@ from . import microbench as mb
 from .host_memory import live_resident_bytes
 from .microbench_cache import gemm_cache_bytes
 from .microbench_checkpoint import checkpoint_region_s
+from .microbench_host import host_adamw_s_per_param
 from .microbench_rounds import median_fit
 from .microbench_tp import (
     dtensor_adamw_tensor_s,
@@ -87,6 +88,7 @@ class _RankResult:
     tensor_parallel: TensorParallelDispatch | None
     fsdp_unit_s: float
     dtensor_adamw_tensor_s: float
+    host_adamw_s_per_param: float
 
 
 def device_name(device: torch.device) -> str:
@@ -199,6 +201,11 @@ def _measure(
     tp_dispatch = tensor_parallel_dispatch(timer) if world > 1 else None
     fsdp_s = fsdp_unit_s(timer) if world > 1 else 0.0
     adamw_s = dtensor_adamw_tensor_s(timer) if world > 1 else 0.0
+    # optimizer offload's host AdamW, with the threads a training rank gets (torchrun: one
+    # per rank when a node runs several)
+    host_adamw = 0.0
+    if device.type == "cuda" and rank == 0:
+        host_adamw = host_adamw_s_per_param(1 if world > 1 else torch.get_num_threads())
     sizes: list[Any] = [None] * world
     dist.all_gather_object(sizes, runtime)
     if rank == 0:
@@ -218,6 +225,7 @@ def _measure(
             tensor_parallel=tp_dispatch,
             fsdp_unit_s=fsdp_s,
             dtensor_adamw_tensor_s=adamw_s,
+            host_adamw_s_per_param=host_adamw,
         )
         out.put(("result", result))
 
@@ -386,6 +394,7 @@ def _calibration(
         tensor_parallel=r.tensor_parallel,
         fsdp_unit_host_s=r.fsdp_unit_s,  # host CPU time: the collectives are the links'
         dtensor_adamw_tensor_s=r.dtensor_adamw_tensor_s,
+        host_adamw_s_per_param=r.host_adamw_s_per_param,
     )
 
 

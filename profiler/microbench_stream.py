@@ -125,9 +125,12 @@ def special_rates(
     timer: Timer, dtype: torch.dtype, raw_s: float, pool: ColdPool
 ) -> tuple[OpRate, ...]:
     """Elements per second of each transcendental operator the profiler records
-    (`tracer.SPECIAL_OPS`), on an activation-sized (256 x 1024) tensor from memory."""
+    (`tracer.SPECIAL_OPS`), on an activation-sized tensor from memory: 256 x 1024 on a CPU,
+    8192 x 8192 on a GPU (a 1B Llama's MLP activation per micro-batch; at the CPU's size a
+    GPU kernel lasts about its launch: the first H200 calibration priced silu 40x slower
+    than it ran, 2026-11-26)."""
     aten = torch.ops.aten
-    shape = (256, 1024)
+    shape = (8192, 8192) if timer.device.type == "cuda" else (256, 1024)
     one, two = pool.operands([shape]), pool.operands([shape, shape])
 
     def unary(op: Callable[..., object], *args: object) -> Callable[[], object]:

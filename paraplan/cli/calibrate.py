@@ -239,6 +239,11 @@ def format_calibration(cluster: Cluster) -> str:
             f"FSDP2 host per unit {cal.fsdp_unit_host_s * 1e3:.2f} ms; AdamW per DTensor "
             f"parameter {cal.dtensor_adamw_tensor_s * 1e6:.0f} us"
         )
+    if cal.host_adamw_s_per_param > 0:
+        lines.append(
+            f"host AdamW (optimizer offload): {cal.host_adamw_s_per_param * 1e9:.2f} ns per "
+            f"parameter, {cal.host_adamw_s_per_param * 1e9:.2f} s per billion"
+        )
     kinds = sorted({p.kind for p in cal.collectives})
     own = cal.kind_link_figures()
     for kind in kinds:

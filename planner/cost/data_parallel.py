@@ -112,9 +112,18 @@ def optimizer_shard_params(s: Strategy, stage: Stage) -> float:
     return stage.dense_params / s.tp / dense_ranks + stage.expert_params / (s.tp * s.ep) / edp
 
 
-def optimizer_s(s: Strategy, stage: Stage, t: TrainConfig, acc: Accelerator) -> float:
+def optimizer_s(
+    s: Strategy,
+    stage: Stage,
+    t: TrainConfig,
+    acc: Accelerator,
+    *,
+    host_s_per_param: float = 0.0,
+) -> float:
     """Optimizer step: memory-bound over the rank's shard of states (read and write), or on
-    the host with the gradient/parameter PCIe transfers (Ren et al. 2021 §4)."""
+    the host with the gradient/parameter PCIe transfers (Ren et al. 2021 §4); the host's
+    update at `host_s_per_param` when measured (`Calibration.host_adamw_s_per_param`), else
+    at the assumed `HOST_OPTIMIZER_BYTES_PER_S`."""
     shard = optimizer_shard_params(s, stage)
     state_bytes = shard * (t.param_bytes + t.grad_bytes + t.optimizer_bytes)
     if not s.offload_optimizer:
@@ -122,4 +131,6 @@ def optimizer_s(s: Strategy, stage: Stage, t: TrainConfig, acc: Accelerator) -> 
     pcie = shard * (t.grad_bytes + t.param_bytes) / acc.pcie_bw_bytes_per_s
     if s.offload_params:  # the shards already live on the host (copies priced in offload.py)
         pcie = 0.0
+    if host_s_per_param > 0:
+        return pcie + shard * host_s_per_param
     return pcie + 2 * state_bytes / HOST_OPTIMIZER_BYTES_PER_S

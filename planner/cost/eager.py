@@ -80,6 +80,18 @@ def loss_parallel_extra_s(k: CalibratedKernels, passes: LogitsPasses, logits_byt
     )
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EagerExtra:
+    """One micro-batch's non-GEMM, non-attention work in a traced layer, as the host's
+    operator dispatch and the device's kernels (`CalibratedKernels.host_and_device_s` joins
+    them: added on a CPU, overlapped on a GPU)."""
+
+    fwd_host_s: float
+    fwd_device_s: float
+    bwd_host_s: float
+    bwd_device_s: float
+
+
 def eager_extra_s(
     x: LayerCost,
     k: CalibratedKernels,
@@ -89,24 +101,26 @@ def eager_extra_s(
     act_scale: float,
     elem_bytes: float,
     tensor_bytes: float,
-) -> tuple[float, float]:
-    """(forward, backward) seconds of one micro-batch's non-GEMM, non-attention work in a
-    traced layer: operator dispatch, memory-bound traffic, the first touch of fresh outputs
-    past the allocator's mmap threshold, and transcendentals. `share` is
-    the part of the layer's activations one rank holds (1 / (tp * cp)); `tensor_bytes` the
-    size of one activation on the rank (what sets the streaming bandwidth)."""
+) -> EagerExtra:
+    """One micro-batch's non-GEMM, non-attention work in a traced layer: operator dispatch
+    (host), and memory-bound traffic, the first touch of fresh outputs past the allocator's
+    mmap threshold and transcendentals (device). `share` is the part of the layer's
+    activations one rank holds (1 / (tp * cp)); `tensor_bytes` the size of one activation on
+    the rank (what sets the streaming bandwidth)."""
     seqs = mbs * share
     out = []
     for ops, stream, written, special in (
         (x.fwd_ops, x.fwd_stream_bytes, x.fwd_written_bytes, x.fwd_special),
         (x.bwd_ops, x.bwd_stream_bytes, x.bwd_written_bytes, x.bwd_special),
     ):
-        t = k.launch_s * ops + k.stream_s(stream * seqs * act_scale, tensor_bytes)
+        t = k.stream_s(stream * seqs * act_scale, tensor_bytes)
         t += k.fresh_output_s(written * seqs * act_scale, tensor_bytes)
         for o in special:
             t += k.special_s(o.op, o.elems * seqs, elem_bytes, tensor_bytes)
-        out.append(t)
-    return out[0], out[1]
+        out += [k.launch_s * ops, t]
+    return EagerExtra(
+        fwd_host_s=out[0], fwd_device_s=out[1], bwd_host_s=out[2], bwd_device_s=out[3]
+    )
 
 
 def unfused_adamw_s(
@@ -126,7 +140,7 @@ def unfused_adamw_s(
     per_tensor_bytes = params * state_bytes / max(1, tensors)
     streamed = ADAMW_STREAMED_VALUES * params * state_bytes
     dispatch_s = (k.dispatch_s * ADAMW_OPS_PER_TENSOR + dtensor_tensor_s) * tensors
-    return dispatch_s + k.stream_s(streamed, per_tensor_bytes)
+    return k.host_and_device_s(dispatch_s, k.stream_s(streamed, per_tensor_bytes))
 
 
 def traced_layer_s(
@@ -161,7 +175,7 @@ def traced_layer_s(
         elem_bytes, tensor_bytes = LOSS_BYTES, tokens * p.vocab / tp * LOSS_BYTES
     else:
         elem_bytes, tensor_bytes = act_bytes, tokens * p.hidden * act_bytes
-    extra_f, extra_b = eager_extra_s(
+    extra = eager_extra_s(
         x,
         k,
         share=1.0 / (tp * cp),
@@ -175,8 +189,12 @@ def traced_layer_s(
     if x.kind == LayerKind.HEAD and tp > 1:  # the executor's vocabulary-parallel loss
         loss_f = loss_parallel_extra_s(k, LOSS_PARALLEL_FWD, tensor_bytes)
         loss_b = loss_parallel_extra_s(k, LOSS_PARALLEL_BWD, tensor_bytes)
-    f = gemm_s[0] + attn_f + extra_f + dt_f + loss_f
-    b = gemm_s[1] + attn_b + extra_b + dt_b + loss_b
+    f = k.host_and_device_s(
+        extra.fwd_host_s + dt_f, gemm_s[0] + attn_f + extra.fwd_device_s + loss_f
+    )
+    b = k.host_and_device_s(
+        extra.bwd_host_s + dt_b, gemm_s[1] + attn_b + extra.bwd_device_s + loss_b
+    )
     # a fully recomputed block re-runs its forward inside one checkpoint region, whose own
     # host work (saved-tensor hooks, the recompute's entry) the calibration measured
     full = f + k.fit.checkpoint_region_s * k.time_scale if block else 0.0

@@ -12,7 +12,7 @@ from functools import cache
 from operator import add
 
 from ..cluster import Cluster
-from ..config import FP32_BYTES, TrainConfig
+from ..config import FP32_BYTES, Optimizer, TrainConfig
 from ..model import ModelProfile
 from ..strategy import MeshAxis, Recompute, Schedule, Strategy
 from . import schedules as split_schedules
@@ -60,6 +60,8 @@ class Evaluator:
         self.dtensor_adamw_tensor_s = (
             0.0 if cal is None else cal.dtensor_adamw_tensor_s * cal.time_scale
         )
+        host = cal.host_adamw_s_per_param * cal.time_scale if cal is not None else 0.0
+        self.host_adamw_s_per_param = host if train.optimizer == Optimizer.ADAMW else 0.0
         """Compute slowdown per second of overlapped communication (measured when calibrated)."""
         cal_kinds = None if cluster.calibration is None else cluster.calibration.kind_link_figures()
         self.coll = Collectives(self.acc, kind_links=cal_kinds)
@@ -401,7 +403,11 @@ class Evaluator:
         """`data_parallel.optimizer_s`; on a calibrated device with a traced model, torch's
         unfused AdamW operator by operator (`eager.unfused_adamw_s`)."""
         k = self.stage_model.kernels
-        if not isinstance(k, CalibratedKernels) or s.offload_optimizer:
+        if s.offload_optimizer:
+            return optimizer_s(
+                s, stage, self.train, self.acc, host_s_per_param=self.host_adamw_s_per_param
+            )
+        if not isinstance(k, CalibratedKernels):
             return optimizer_s(s, stage, self.train, self.acc)
         tensors = sum(self.profile.layers[i].param_tensors for i in stage.layers)
         if not tensors:
