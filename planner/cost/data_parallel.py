@@ -128,7 +128,10 @@ def optimizer_s(
     state_bytes = shard * (t.param_bytes + t.grad_bytes + t.optimizer_bytes)
     if not s.offload_optimizer:
         return 2 * state_bytes / acc.memory_bw_bytes_per_s
-    pcie = shard * (t.grad_bytes + t.param_bytes) / acc.pcie_bw_bytes_per_s
+    # gradients to the host, updated parameters back, once per step; under ZeRO-2 the fp32
+    # parameters go back with each micro-batch's gather instead (`offload.OffloadModel.cost`)
+    back = 0 if s.zero_stage == 2 else t.param_bytes
+    pcie = shard * (t.grad_bytes + back) / acc.pcie_bw_bytes_per_s
     if s.offload_params:  # the shards already live on the host (copies priced in offload.py)
         pcie = 0.0
     if host_s_per_param > 0:

@@ -343,7 +343,7 @@ class Evaluator:
                 self.contention,
                 self.fsdp_unit_host_s,
             )
-            if s.offload_params or s.offload_activations:  # PCIe copies (offload.py)
+            if s.offload_optimizer or s.offload_activations:  # PCIe copies (offload.py)
                 zero_mb += self.options.offload.cost(s, stage, c, self.policy(s)).exposed_s
             out.append(
                 StageTime(
