@@ -281,7 +281,12 @@ def plot_calibration(cal: Calibration, folder: Path) -> list[Path]:
         fitted = [collective_model_s(p, bw=bw, lat=lat) for p in pts]
         ax_c.loglog(xs, fitted, "-", color=line.get_color())
     ax_c.set(xlabel="bytes", ylabel="seconds", title="collectives: measured (o), fitted (-)")
-    ax_c.legend(fontsize=7)
+    if cal.collectives:
+        ax_c.legend(fontsize=7)
+    else:  # one rank: no link to measure
+        ax_c.text(
+            0.5, 0.5, "one rank: no collective measured", ha="center", transform=ax_c.transAxes
+        )
     for entry in cal.dtype_kernels:
         g = entry.fit.gemm
         shapes = [(m, n, k) for m in g.m for n in g.n for k in g.k]
@@ -304,19 +309,22 @@ def plot_calibration(cal: Calibration, folder: Path) -> list[Path]:
                     a.dense_fwd_flops,
                     a.fwd_flops_per_s[i * n : (i + 1) * n],
                     "o-",
-                    label=f"{entry.dtype} d={d} fwd",
+                    label=f"{entry.dtype} d={d}",
                 )
                 ax_a.loglog(
                     a.dense_fwd_flops,
                     a.bwd_flops_per_s[i * n : (i + 1) * n],
                     "s--",
                     color=al.get_color(),
-                    label=f"{entry.dtype} d={d} bwd",
                 )
     ax_g.set(xlabel="GEMM FLOPs", ylabel="FLOP/s", title="GEMM forward rate")
     ax_g.legend(fontsize=7)
-    ax_a.set(xlabel="dense forward FLOPs", ylabel="FLOP/s", title="causal SDPA")
-    ax_a.legend(fontsize=7)
+    ax_a.set(
+        xlabel="dense forward FLOPs",
+        ylabel="FLOP/s",
+        title="causal SDPA: forward (o-), backward (s--)",
+    )
+    ax_a.legend(fontsize=6, ncol=2)
     fig.suptitle(f"calibration: {cal.device_name}, torch {cal.torch_version}, {cal.date}")
     path = folder / "calibration.png"
     fig.savefig(path, dpi=90)
