@@ -1,9 +1,6 @@
-"""A strategy's predicted step time, throughput, MFU and memory per GPU.
-
-Each term names its source; docs/cost-model.md lists them all with their units. The layout,
-per-layer seconds and static memory come from the stage model (`stages.py`); per-layer
-recompute decisions from `per_layer.py`; this module puts memory and time together.
-"""
+"""A strategy's predicted step time, throughput, MFU and memory per GPU: the stage model's
+layout, per-layer seconds and static memory (`stages.py`) and `per_layer.py`'s recompute put
+together. Each term names its source; docs/cost-model.md lists them with their units."""
 
 from __future__ import annotations
 
@@ -28,6 +25,7 @@ from .eager import unfused_adamw_s
 from .estimate import Estimate, StageTime, TimeBreakdown
 from .layout import Layout, Stage, StageSplit
 from .memory import MIN_SPLIT_IN_FLIGHT, MemoryBreakdown, in_flight_microbatches
+from .mixed_precision import autocast_s
 from .options import OptionModel, has_options, option_problem
 from .per_layer import PerLayerRecompute
 from .rules import Assignment, ProblemShape, Violation, violation
@@ -345,11 +343,12 @@ class Evaluator:
             )
             if s.offload_optimizer or s.offload_activations:  # PCIe copies (offload.py)
                 zero_mb += self.options.offload.cost(s, stage, c, self.policy(s)).exposed_s
+            cast_f, cast_b = autocast_s(s, stage, self.stage_model)
             out.append(
                 StageTime(
                     stage=stage.index,
-                    fwd_s=c.fwd_s,
-                    bwd_s=c.bwd_s,
+                    fwd_s=c.fwd_s + cast_f,
+                    bwd_s=c.bwd_s + cast_b,
                     recompute_s=core.recompute_s,
                     comm_s=core.comm_s + zero_mb,
                     tail_comm_s=tail,
