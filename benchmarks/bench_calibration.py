@@ -118,19 +118,25 @@ def rows_from_folder(folder: Path, dtypes: list[str], configs: list[str]) -> lis
                 }
                 report = folder / f"{file.stem}-report.json"
                 if report.is_file():
-                    r = json.loads(report.read_text())
-                    row |= {
-                        "report_file": str(report),
-                        "step_time_s": r["step_time_s"],
-                        "step_time_min_s": r["step_time_min_s"],
-                        "step_time_max_s": r["step_time_max_s"],
-                        "steps_timed": r["steps_timed"],
-                        "peak_memory_bytes": max(r["peak_memory_bytes"]),
-                        "step_time_rel_err": r["step_time_rel_err"],
-                        "memory_rel_err": r["memory_rel_err"],
-                    }
+                    row |= report_figures(report)
                 rows.append(row)
     return rows
+
+
+def report_figures(report: Path) -> dict:
+    """What a run report (`paraplan run ... --report`) measured, for a results row."""
+    r = json.loads(report.read_text())
+    return {
+        "report_file": str(report),
+        "step_time_s": r["step_time_s"],
+        "step_time_min_s": r["step_time_min_s"],
+        "step_time_max_s": r["step_time_max_s"],
+        "steps_timed": r["steps_timed"],
+        "peak_memory_bytes": max(r["peak_memory_bytes"]),
+        "step_time_rel_err": r["step_time_rel_err"],
+        "memory_rel_err": r["memory_rel_err"],
+        "memory_source": r.get("memory_source"),
+    }
 
 
 def run_one(row: dict, folder: Path, suffix: str = "") -> dict:
@@ -147,16 +153,7 @@ def run_one(row: dict, folder: Path, suffix: str = "") -> dict:
     done = paraplan("run", row["plan_file"], "--", str(SCRIPT), *args, "--report", str(report))
     if done.returncode != 0:
         return {"error": done.stderr[-2000:]}
-    r = json.loads(report.read_text())
-    return {
-        "report_file": str(report),
-        "step_time_s": r["step_time_s"],
-        "step_time_min_s": r["step_time_min_s"],
-        "step_time_max_s": r["step_time_max_s"],
-        "steps_timed": r["steps_timed"],
-        "peak_memory_bytes": max(r["peak_memory_bytes"]),
-        "step_time_rel_err": r["step_time_rel_err"],
-        "memory_rel_err": r["memory_rel_err"],
+    return report_figures(report) | {
         "wall_s": time.perf_counter() - start,
         "load_before": load_before,
         "load_after": os.getloadavg()[0],

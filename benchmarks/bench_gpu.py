@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench_calibration import report_figures  # benchmarks/ is this script's folder
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "train_llama.py"
 
@@ -157,17 +159,7 @@ def run_one(setup: Setup, plan_file: str, report: Path) -> dict:
     done = paraplan("run", plan_file, "--no-progress", "--", str(SCRIPT), *args)
     if done.returncode != 0 or not report.is_file():
         return {"error": (done.stdout + done.stderr)[-3000:]}
-    r = json.loads(report.read_text())
-    return {
-        "report_file": str(report),
-        "step_time_s": r["step_time_s"],
-        "step_time_min_s": r["step_time_min_s"],
-        "step_time_max_s": r["step_time_max_s"],
-        "steps_timed": r["steps_timed"],
-        "peak_memory_bytes": max(r["peak_memory_bytes"]),
-        "memory_source": r.get("memory_source"),
-        "wall_s": time.perf_counter() - start,
-    }
+    return report_figures(report) | {"wall_s": time.perf_counter() - start}
 
 
 def main(argv: list[str] | None = None) -> int:
