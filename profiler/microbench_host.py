@@ -4,8 +4,9 @@ With `offload_optimizer` the executor keeps the fp32 parameters, gradients and A
 host memory (FSDP2's `CPUOffloadPolicy`) and torch's AdamW updates them on the CPU: off CUDA
 it runs the single-tensor loop (no foreach kernels), memory-bound over the states. How fast
 depends on the host (its memory bandwidth, the threads each rank gets), which no catalog
-figure knows: the first H200 runs measured 1.5-1.8 s of offloaded AdamW for a 1.24B-parameter
-Llama where the assumed 20 GB/s priced 2.3 s (2026-11-26).
+figure knows: for a 1.24B-parameter Llama on the first H200 machine the assumed 20 GB/s priced
+the update at 2.0 s, this benchmark at 1.0 s, and the whole offload (update and copies)
+measured 1.5-1.8 s per step (2026-11-26).
 """
 
 from __future__ import annotations

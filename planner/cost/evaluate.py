@@ -58,9 +58,9 @@ class Evaluator:
         self.dtensor_adamw_tensor_s = (
             0.0 if cal is None else cal.dtensor_adamw_tensor_s * cal.time_scale
         )
+        """Compute slowdown per second of overlapped communication (measured when calibrated)."""
         host = cal.host_adamw_s_per_param * cal.time_scale if cal is not None else 0.0
         self.host_adamw_s_per_param = host if train.optimizer == Optimizer.ADAMW else 0.0
-        """Compute slowdown per second of overlapped communication (measured when calibrated)."""
         cal_kinds = None if cluster.calibration is None else cluster.calibration.kind_link_figures()
         self.coll = Collectives(self.acc, kind_links=cal_kinds)
         self.lower_bound_coll = Collectives(self.acc, lower_bound=True)

@@ -9,8 +9,9 @@
 - Optimizer offload under ZeRO-2 as the executor runs it (FSDP2's `CPUOffloadPolicy`): the
   fp32 parameter shards live on the host beside the optimizer states, so each micro-batch's
   gather of a unit first copies its fp32 shard host-to-device (kept through backward); the
-  gradients go back once per step (`data_parallel.optimizer_s`). Under ZeRO-3 the same
-  policy is parameter offload, priced above. Priced per step only, a 1.24B Llama on an H200 (4
+  gradients go back once per step (`data_parallel.optimizer_s`). Under ZeRO-3 the executor
+  runs the same policy, priced as parameter offload above when `offload_params` is pinned
+  (without it the parameters' copies are priced once per step: a gap left open). Priced per step only, a 1.24B Llama on an H200 (4
   micro-batches) measured 0.51 s over its prediction (2026-11-26): these copies, 4 x 5 GB at
   55 GB/s, run longer than the forward they hide behind.
 - Activations (vDNN, Rhu et al. 2016; the executor's saved-tensor offload): what each block
