@@ -11,9 +11,10 @@
   gather of a unit first copies its fp32 shard host-to-device (kept through backward); the
   gradients go back once per step (`data_parallel.optimizer_s`). Under ZeRO-3 the executor
   runs the same policy, priced as parameter offload above when `offload_params` is pinned
-  (without it the parameters' copies are priced once per step: a gap left open). Priced per step only, a 1.24B Llama on an H200 (4
-  micro-batches) measured 0.51 s over its prediction (2026-11-26): these copies, 4 x 5 GB at
-  55 GB/s, run longer than the forward they hide behind.
+  (without it the parameters' copies are priced once per step: a gap left open). Priced per
+  step only, a 1.24B Llama on an H200 (4 micro-batches) measured 0.51 s over its prediction
+  (2026-11-26): these copies, 4 x 5 GB at 55 GB/s, run longer than the forward they hide
+  behind.
 - Activations (vDNN, Rhu et al. 2016; the executor's saved-tensor offload): what each block
   keeps for backward is copied to the host during forward and back before its backward. GPU
   memory keeps two blocks' worth per stage (the block being copied out or in, and the next:
