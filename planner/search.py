@@ -33,6 +33,7 @@ from .search_blocks import (
     Block,
     SearchResult,
     Task,
+    gc_paused,
     keep_best,
     least_memory,
 )
@@ -63,13 +64,11 @@ class Search:
         self.ev = ev
         self.pins = pins if pins is not None else Pins()
         self.runnable_only = runnable_only
-        self.consent = consent
-        """Options that change the training math the search may offer (`options.py`)."""
         """Rank only strategies the executor runs (`capabilities.py`; the API and CLI ask for it
         unless told `any_engine`); False: the whole space the cost model prices."""
+        self.consent = consent  # options changing the training math it may offer (`options.py`)
         self._unrunnable: str | None = None
-        self._min_mem: tuple[float, Strategy] | None = None
-        """The least peak memory seen by `run`, and its strategy."""
+        self._min_mem: tuple[float, Strategy] | None = None  # least memory `run` saw, and where
         # Offloading only adds time when the host streams no faster than HBM (true of every
         # catalog entry; a calibration could break it, and then offload is never pruned).
         self._offload_slower = ev.acc.memory_bw_bytes_per_s >= HOST_OPTIMIZER_BYTES_PER_S
@@ -109,6 +108,7 @@ class Search:
                 for order in mesh_orders(s):
                     yield replace(s, mesh_order=order)
 
+    @gc_paused
     def run(self, top_k: int = 3, progress: Callable[[float], None] | None = None) -> SearchResult:
         """The best `top_k + 1` feasible strategies, exactly, by best-first branch and bound:
         blocks are visited in order of their compute lower bound and the search stops when a
