@@ -27,6 +27,12 @@ from pathlib import Path
 
 from bench_calibration import report_figures  # benchmarks/ is this script's folder
 
+from paraplan.api import model_profile
+from paraplan.api import plan as plan_model
+from paraplan.planner.hardware import accelerator_for_device_name
+from paraplan.planner.model import ModelProfile
+from paraplan.planner.plan_io import save_plan
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "train_llama.py"
 
@@ -103,8 +109,6 @@ def cluster_spec(cpu: bool) -> tuple[str, str]:
     measured memory (what lies outside torch's allocator)."""
     if cpu:
         return "1xcpu", "cpu"
-    from paraplan.planner.hardware import accelerator_for_device_name
-
     ask = (
         "import torch; p = torch.cuda.get_device_properties(0) if torch.cuda.is_available() "
         "else None; print(p.total_memory if p else 0, torch.cuda.get_device_name(0) if p else '')"
@@ -119,16 +123,14 @@ def cluster_spec(cpu: bool) -> tuple[str, str]:
     return f"1x{acc}", name
 
 
-def plan_rows(setup: Setup, cluster: str, folder: Path, tag: str) -> dict[str, dict]:
+def plan_rows(
+    setup: Setup, profile: ModelProfile, cluster: str, folder: Path, tag: str
+) -> dict[str, dict]:
     """One plan per strategy on `cluster`, saved in `folder` as `<tag>-<n>.json`."""
-    import paraplan
-    from paraplan.planner.plan_io import save_plan
-
-    profile = paraplan.model_profile(str(setup.config), seq_len=setup.seq_len, precision="bf16")
     rows = {}
     for i, (name, pins) in enumerate(setup.strategies.items()):
         try:
-            outcome = paraplan.plan(
+            outcome = plan_model(
                 profile,
                 cluster,
                 global_batch=setup.global_batch,
@@ -197,11 +199,13 @@ def main(argv: list[str] | None = None) -> int:
             break
         result.setdefault("calibrate_errors", []).append(done.stderr[-3000:])
     calibrated = cal.is_file()
+    # traced once (on the meta device), priced on each cluster file
+    profile = model_profile(str(setup.config), seq_len=setup.seq_len, precision="bf16")
     rows = {name: {"strategy": name} for name in setup.strategies}
-    for name, got in plan_rows(setup, spec, folder, "catalog").items():
+    for name, got in plan_rows(setup, profile, spec, folder, "catalog").items():
         rows[name] |= {f"catalog_{k}": v for k, v in got.items()}
     if calibrated:
-        for name, got in plan_rows(setup, str(cal), folder, "calibrated").items():
+        for name, got in plan_rows(setup, profile, str(cal), folder, "calibrated").items():
             rows[name] |= got
     key = "plan_file" if calibrated else "catalog_plan_file"
     for i, row in enumerate(rows.values()):
@@ -231,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(done.stdout[-2000:], done.stderr[-2000:], flush=True)
         if done.returncode == 0:
-            for name, got in plan_rows(setup, str(refit), folder, "refit").items():
+            for name, got in plan_rows(setup, profile, str(refit), folder, "refit").items():
                 if "predicted_step_time_s" in got:
                     rows[name]["refit_predicted_step_time_s"] = got["predicted_step_time_s"]
                     rows[name]["refit_predicted_memory_bytes"] = got["predicted_memory_bytes"]

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 import time
 from pathlib import Path
@@ -20,12 +21,15 @@ import torch
 
 from paraplan.api import model_profile
 from paraplan.api import plan as paraplan_plan
+from paraplan.cli import main
+from paraplan.executor.data_parallel import data_parallel_kind
 from paraplan.planner.calibration import Calibration, DeviceKind, calibration_from_dict
 from paraplan.planner.cluster import Cluster, load_cluster_file, parse_cluster
 from paraplan.planner.config import FP32_BYTES, TrainConfig
 from paraplan.planner.cost.data_parallel import OVERLAP_CONTENTION
 from paraplan.planner.cost.evaluate import Evaluator
-from paraplan.planner.model import LayerKind
+from paraplan.planner.cost.mixed_precision import autocasts
+from paraplan.planner.model import LayerKind, ModelProfile
 from paraplan.planner.model_spec import parse_model
 from paraplan.planner.strategy import Strategy
 from paraplan.profiler.microbench_host import host_adamw_s_per_param
@@ -36,8 +40,6 @@ TINY = Path(__file__).resolve().parents[1] / "examples" / "configs" / "gpt2-tiny
 @pytest.fixture(scope="module")
 def cpu_cal(tmp_path_factory: pytest.TempPathFactory) -> Cluster:
     """A real (quick, fp32) calibration of this machine's one CPU rank."""
-    from paraplan.cli import main
-
     out = tmp_path_factory.mktemp("cal") / "cal.yaml"
     assert main(["calibrate", "--cluster", "1xcpu", "-o", str(out), "--quick", "--dtypes",
                  "fp32", "--no-progress"]) == 0  # fmt: skip
@@ -150,6 +152,12 @@ STRATEGIES = {
 """benchmarks/bench_gpu.py's strategies, as the record names them."""
 
 
+@pytest.fixture(scope="module")
+def llama_1b() -> ModelProfile:
+    """The record's model, traced once for the module."""
+    return model_profile(str(TINY.parent / "llama-1b.json"), seq_len=2048, precision="bf16")
+
+
 @pytest.mark.parametrize(
     ("pins", "step_tol"),
     [
@@ -160,7 +168,7 @@ STRATEGIES = {
     ids=["none", "per-layer", "offload"],
 )
 def test_the_h200_calibration_prices_the_runs_it_was_measured_with(
-    pins: str, step_tol: float
+    pins: str, step_tol: float, llama_1b: ModelProfile
 ) -> None:
     """The H200 record (docs/benchmarks.md, 2026-11-26): its calibration file, the 1B Llama's
     plans, and the step times and peak memory `paraplan run` measured on that GPU in three
@@ -168,17 +176,14 @@ def test_the_h200_calibration_prices_the_runs_it_was_measured_with(
     here (torch 2.13) differs from the GPU machine's (2.11): 0.634 s against 0.642 s, and
     50.3 GB against 51.1 GB for the plan without recompute (on the GPU: +4.5% memory, here
     +6.2%)."""
-    import json
-
     calls = [json.loads((RECORD / f"bench-gpu-call{i}.json").read_text()) for i in (1, 2, 3)]
     rows = [r for c in calls for r in c["rows"] if "step_time_s" in r]
     strategy = next(name for name, p in STRATEGIES.items() if p == pins)
     mine = [r for r in rows if r["strategy"] == strategy]
     measured_s = min(r["step_time_s"] for r in mine)
     measured_bytes = max(r["peak_memory_bytes"] for r in mine)
-    prof = model_profile(str(TINY.parent / "llama-1b.json"), seq_len=2048, precision="bf16")
     got = paraplan_plan(
-        prof, str(RECORD / "calibration.yaml"), global_batch=16, memory_headroom=0.6, fix=pins
+        llama_1b, str(RECORD / "calibration.yaml"), global_batch=16, memory_headroom=0.6, fix=pins
     ).plan.predicted
     assert abs(measured_s / got.step_time_s - 1) < step_tol
     assert abs(measured_bytes / got.memory_per_gpu_bytes - 1) < 0.07
@@ -198,9 +203,6 @@ def test_the_h200_calibration_prices_the_runs_it_was_measured_with(
 def test_the_autocast_rule_is_the_executors(pins: str) -> None:
     """`mixed_precision.autocasts` (where the cost model prices autocast's casts) against the
     executor's own choice of data-parallel wrapper for the same plan."""
-    from paraplan.executor.data_parallel import data_parallel_kind
-    from paraplan.planner.cost.mixed_precision import autocasts
-
     prof = model_profile(str(TINY), seq_len=128, precision="bf16")
     plan = paraplan_plan(prof, "4xcpu", global_batch=8, fix=pins, top_k=0).plan
     assert autocasts(plan.strategy()) == data_parallel_kind(plan).autocasts
