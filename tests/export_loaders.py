@@ -185,7 +185,13 @@ def main() -> None:
     manifest = json.loads(sys.stdin.read())
     if target == "deepspeed":  # DeepSpeedConfig reads the world size from its process group
         import deepspeed
+        import deepspeed.comm.torch as ds_torch
 
+        # Its CPU backend would JIT-compile a shared-memory all-reduce (C++, ~30 s on two
+        # cores, again for every checkout path) under a lock file in ~/.cache/torch_extensions
+        # that a killed build leaves behind, making every later build wait forever. Reading a
+        # config needs no all-reduce.
+        ds_torch.build_shm_op = lambda: None
         os.environ.update(MASTER_ADDR="127.0.0.1", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         os.environ.setdefault("MASTER_PORT", str(29400 + os.getpid() % 1000))
         deepspeed.init_distributed(dist_backend="gloo")
