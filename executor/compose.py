@@ -40,6 +40,7 @@ from .context_parallel import ContextShard, apply_cp
 from .convert import to_chain_module
 from .data_parallel import (
     PARAM_DTYPES,
+    DataParallelKind,
     apply_data_parallel,
     data_parallel_kind,
     data_parallel_mesh,
@@ -150,10 +151,11 @@ class ParallelModel:
             return torch.stack(full).mean().detach()
         (part,) = self.parts
         n = self.plan.num_microbatches
+        sharded = data_parallel_kind(self.plan) == DataParallelKind.FSDP
         total = torch.zeros((), device=self.device)
         xs, ys = input_ids.to(self.device).chunk(n), labels.to(self.device).chunk(n)
         for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
-            with _grad_sync(part, i == n - 1), self._loss_context():
+            with _grad_sync(part, i == n - 1, sharded), self._loss_context():
                 with self._autocast():
                     loss = self.loss_fn(part(x), y) / n  # x (b, T) -> logits (b, T, V)
                 loss.backward()
@@ -186,14 +188,19 @@ class ParallelModel:
 
 
 @contextlib.contextmanager
-def _grad_sync(part: nn.Module, sync: bool) -> Iterator[None]:
-    """Reduce gradients only on the last micro-batch of gradient accumulation."""
+def _grad_sync(part: nn.Module, sync: bool, sharded: bool) -> Iterator[None]:
+    """Reduce gradients only on the last micro-batch of gradient accumulation where they are
+    replicated (DDP, `replicate`). Sharded gradients (FSDP2, ZeRO-2/3) are reduce-scattered
+    after every micro-batch, as DeepSpeed's ZeRO and torchtitan do and the planner prices:
+    skipping it keeps the whole model's unsharded gradients on every rank until the last
+    micro-batch (8 fully_shard-ed 1024x1024 layers on 2 gloo ranks, torch 2.13: 32 MiB of
+    unsharded gradients held without the sync, 16 MiB of shards with it)."""
     if isinstance(part, DistributedDataParallel) and not sync:
         with part.no_sync():
             yield
         return
     if isinstance(part, FSDPModule):
-        part.set_requires_gradient_sync(sync)
+        part.set_requires_gradient_sync(sync or sharded)
     yield
 
 

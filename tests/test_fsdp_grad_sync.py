@@ -1,0 +1,86 @@
+"""Gradient accumulation under FSDP2 as the planner prices it: sharded gradients (ZeRO-2/3)
+are reduce-scattered after every micro-batch, so no rank holds the whole model's unsharded
+gradients between micro-batches; replicated ones (`replicate`, DDP) are reduced once.
+
+Run as a script (``tests/test_fsdp_grad_sync.py``) it is the one-rank gloo worker: the
+process group lives in a child process with a bounded wait, not in the test session."""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from paraplan.executor.compose import _grad_sync
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILD_TIMEOUT_S = 120
+WIDTH, LAYERS = 256, 4
+
+
+def _unsharded_grad_bytes(blocks: list[nn.Module]) -> int:
+    """Bytes of unsharded gradients FSDP2 holds for `blocks` (accumulated, not reduced)."""
+    total = 0
+    for block in blocks:
+        group = block._get_fsdp_state()._fsdp_param_group  # type: ignore[operator]
+        for fp in group.fsdp_params:
+            unsharded = getattr(fp, "_unsharded_param", None)
+            for g in (
+                getattr(unsharded, "grad", None),
+                getattr(fp, "unsharded_accumulated_grad", None),
+            ):
+                if g is not None:
+                    total += g.numel() * g.element_size()
+    return total
+
+
+def _held_after_a_micro_batch() -> dict[str, int]:
+    """Unsharded gradient bytes held after a non-last micro-batch's backward, with the
+    executor's `_grad_sync` for sharded and for replicated gradients."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        out = {}
+        for name, sharded in (("sharded", True), ("replicated", False)):
+            torch.manual_seed(0)
+            blocks = [nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)]
+            model = nn.Sequential(*blocks)
+            for block in blocks:
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            with _grad_sync(model, False, sharded):  # the first of two micro-batches
+                model(torch.randn(2, WIDTH)).sum().backward()
+            out[name] = _unsharded_grad_bytes(blocks)
+        return out
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sharded_gradients_are_reduced_after_every_micro_batch() -> None:
+    proc = subprocess.run(
+        [sys.executable, __file__],
+        capture_output=True,
+        text=True,
+        timeout=CHILD_TIMEOUT_S,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    held = json.loads(proc.stdout.strip().splitlines()[-1])
+    grads_bytes = LAYERS * (WIDTH * WIDTH + WIDTH) * 4  # fp32
+    assert held["sharded"] == 0  # reduce-scattered into the shards
+    assert held["replicated"] == grads_bytes  # accumulated whole until the last micro-batch
+
+
+if __name__ == "__main__":
+    faulthandler.dump_traceback_later(0.9 * CHILD_TIMEOUT_S, exit=True)
+    print(json.dumps(_held_after_a_micro_batch()))
