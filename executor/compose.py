@@ -151,11 +151,17 @@ class ParallelModel:
             return torch.stack(full).mean().detach()
         (part,) = self.parts
         n = self.plan.num_microbatches
-        sharded = data_parallel_kind(self.plan) == DataParallelKind.FSDP
+        par = self.plan.parallelism
+        # gradients sharded over two ranks or more (FSDP2's shard dimension: the last)
+        sharded = data_parallel_kind(self.plan) == DataParallelKind.FSDP and (
+            self.dp_mesh.shape[-1] > 1
+        )
+        offload = par.offload_optimizer or par.offload_params
+        gathered = sharded and par.zero_stage == 2 and not offload
         total = torch.zeros((), device=self.device)
         xs, ys = input_ids.to(self.device).chunk(n), labels.to(self.device).chunk(n)
         for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
-            with _grad_sync(part, i == n - 1, sharded), self._loss_context():
+            with _grad_sync(part, i == n - 1, sharded, gathered), self._loss_context():
                 with self._autocast():
                     loss = self.loss_fn(part(x), y) / n  # x (b, T) -> logits (b, T, V)
                 loss.backward()
@@ -188,19 +194,26 @@ class ParallelModel:
 
 
 @contextlib.contextmanager
-def _grad_sync(part: nn.Module, sync: bool, sharded: bool) -> Iterator[None]:
+def _grad_sync(part: nn.Module, sync: bool, sharded: bool, gathered: bool) -> Iterator[None]:
     """Reduce gradients only on the last micro-batch of gradient accumulation where they are
     replicated (DDP, `replicate`). Sharded gradients (FSDP2, ZeRO-2/3) are reduce-scattered
     after every micro-batch, as DeepSpeed's ZeRO and torchtitan do and the planner prices:
     skipping it keeps the whole model's unsharded gradients on every rank until the last
     micro-batch (8 fully_shard-ed 1024x1024 layers on 2 gloo ranks, torch 2.13: 32 MiB of
-    unsharded gradients held without the sync, 16 MiB of shards with it)."""
+    unsharded gradients held without the sync, 16 MiB of shards with it). Over one shard rank
+    nothing is sharded and gradients are reduced once (as measured on an H200 with optimizer
+    offload). Under ZeRO-2 without offload (`gathered`: parameters kept whole through the
+    step, as priced) they are resharded only after the last micro-batch, so the step gathers
+    them once, not once per micro-batch; with offload each micro-batch copies the fp32
+    shards in again (`planner/cost/offload.py` prices that)."""
     if isinstance(part, DistributedDataParallel) and not sync:
         with part.no_sync():
             yield
         return
     if isinstance(part, FSDPModule):
         part.set_requires_gradient_sync(sync or sharded)
+        if gathered:
+            part.set_reshard_after_backward(sync)
     yield
 
 

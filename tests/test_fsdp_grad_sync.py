@@ -43,23 +43,31 @@ def _unsharded_grad_bytes(blocks: list[nn.Module]) -> int:
     return total
 
 
+def _is_unsharded(block: nn.Module) -> bool:
+    """Whether the block's parameters are gathered (unsharded) now."""
+    return bool(block._get_fsdp_state()._fsdp_param_group.is_unsharded)  # type: ignore[operator]
+
+
 def _held_after_a_micro_batch() -> dict[str, int]:
     """Unsharded gradient bytes held after a non-last micro-batch's backward, with the
     executor's `_grad_sync` for sharded and for replicated gradients."""
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,))
-        out = {}
-        for name, sharded in (("sharded", True), ("replicated", False)):
+        out: dict[str, int] = {}
+        cases = (("sharded", True, False), ("replicated", False, False), ("zero2", True, True))
+        for name, sharded, gathered in cases:
             torch.manual_seed(0)
             blocks = [nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)]
             model = nn.Sequential(*blocks)
-            for block in blocks:
-                fully_shard(block, mesh=mesh)
-            fully_shard(model, mesh=mesh)
-            with _grad_sync(model, False, sharded):  # the first of two micro-batches
-                model(torch.randn(2, WIDTH)).sum().backward()
-            out[name] = _unsharded_grad_bytes(blocks)
+            for module in (*blocks, model):  # ZeRO-2: parameters not resharded after forward
+                fully_shard(module, mesh=mesh, reshard_after_forward=not gathered)
+            for last in (False, True):  # two micro-batches
+                with _grad_sync(model, last, sharded, gathered):
+                    model(torch.randn(2, WIDTH)).sum().backward()
+                if not last:
+                    out[name] = _unsharded_grad_bytes(blocks)
+                out[f"{name}_gathered_{last}"] = sum(_is_unsharded(b) for b in blocks)
         return out
     finally:
         dist.destroy_process_group()
@@ -77,8 +85,12 @@ def test_sharded_gradients_are_reduced_after_every_micro_batch() -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     held = json.loads(proc.stdout.strip().splitlines()[-1])
     grads_bytes = LAYERS * (WIDTH * WIDTH + WIDTH) * 4  # fp32
-    assert held["sharded"] == 0  # reduce-scattered into the shards
+    assert held["sharded"] == held["zero2"] == 0  # reduce-scattered into the shards
     assert held["replicated"] == grads_bytes  # accumulated whole until the last micro-batch
+    # ZeRO-2 keeps its parameters gathered between micro-batches, and reshards after the last
+    assert held["zero2_gathered_False"] == LAYERS
+    assert held["zero2_gathered_True"] == 0
+    assert held["sharded_gathered_False"] == held["sharded_gathered_True"] == 0
 
 
 if __name__ == "__main__":
