@@ -85,10 +85,11 @@ class OffloadModel:
         self, s: Strategy, stage: Stage, mem: MemoryBreakdown, inflight: float, policy: Policy
     ) -> MemoryBreakdown:
         """`mem` (the stage's memory without offload) with the offloaded parts moved off the
-        GPU: parameter and gradient shards (and optimizer states) under parameter offload;
-        every block's kept activations but `ACTIVATION_BUFFERS` blocks' under activation
-        offload."""
-        if s.offload_params:
+        GPU: parameter and gradient shards (and optimizer states) under parameter offload
+        (beside a pipeline whole parameters and gradients stay on the GPU through the step:
+        `memory.held_zero_stage`); every block's kept activations but `ACTIVATION_BUFFERS`
+        blocks' under activation offload."""
+        if s.offload_params and s.pp == 1:
             mem = replace(mem, params_bytes=0.0, grads_bytes=0.0, optimizer_bytes=0.0)
         if s.offload_activations:
             blocks, largest = self.block_act_bytes(s, stage, policy)

@@ -32,6 +32,7 @@ from .layout import Layout, Stage, StageSplit
 from .memory import (
     BUCKETS_IN_FLIGHT,
     DDP_BUCKET_BYTES,
+    held_zero_stage,
     layer_act_bytes,
     layer_tmp_bytes,
     model_state_bytes,
@@ -349,11 +350,11 @@ class StageModel:
         offload: bool,
         replicate: int = 1,
     ) -> StaticMemory:
-        """What a stage holds whatever the micro-batch. Dense parameters shard over the
-        dp*cp group, or over its HSDP shard group (dpcp / `replicate`); experts over the
-        expert-data-parallel group (dp*cp/ep)."""
-        t = self.train
-        states = [0.0, 0.0, 0.0]
+        """What a stage holds whatever the micro-batch (ZeRO-1's states for ZeRO-2/3 beside a
+        pipeline: `held_zero_stage`). Dense parameters shard over the dp*cp group, or its HSDP
+        shard group (dpcp / `replicate`); experts over the expert-data-parallel group."""
+        t, states = self.train, [0.0, 0.0, 0.0]
+        zero = held_zero_stage(zero, len(stage.layers) < len(self.profile.layers))
         dense_rank = stage.dense_params / tp
         expert_rank = stage.expert_params / (tp * ep)
         for count, ranks in ((dense_rank, dpcp // replicate), (expert_rank, dpcp // ep)):
