@@ -17,6 +17,7 @@ from .calibrated import CalibratedKernels
 from .comm import Collectives, Links, links_for
 from .data_parallel import (
     OVERLAP_CONTENTION,
+    FsdpHost,
     dp_comm,
     optimizer_s,
     optimizer_shard_params,
@@ -54,11 +55,11 @@ class Evaluator:
         """Layout, per-layer seconds and static memory."""
         cal = cluster.calibration
         self.contention = OVERLAP_CONTENTION if cal is None else cal.overlap_contention
-        self.fsdp_unit_host_s = 0.0 if cal is None else cal.fsdp_unit_host_s * cal.time_scale
-        self.dtensor_adamw_tensor_s = (
-            0.0 if cal is None else cal.dtensor_adamw_tensor_s * cal.time_scale
-        )
         """Compute slowdown per second of overlapped communication (measured when calibrated)."""
+        scale = 1.0 if cal is None else cal.time_scale
+        unit_s = 0.0 if cal is None else cal.fsdp_unit_host_s * scale
+        self.fsdp = FsdpHost.of(self.stage_model.kernels, self.acc, unit_s)
+        self.dtensor_adamw_tensor_s = 0.0 if cal is None else cal.dtensor_adamw_tensor_s * scale
         host = cal.host_adamw_s_per_param * cal.time_scale if cal is not None else 0.0
         self.host_adamw_s_per_param = host if train.optimizer == Optimizer.ADAMW else 0.0
         cal_kinds = None if cluster.calibration is None else cluster.calibration.kind_link_figures()
@@ -339,7 +340,7 @@ class Evaluator:
                 c.bwd_s,
                 self.options.powersgd,
                 self.contention,
-                self.fsdp_unit_host_s,
+                self.fsdp,
             )
             if s.offload_optimizer or s.offload_activations:  # PCIe copies (offload.py)
                 zero_mb += self.options.offload.cost(s, stage, c, self.policy(s)).exposed_s
