@@ -79,6 +79,7 @@ class Evaluator:
         self._stage_core: dict[tuple, tuple[StageCore, ...]] = {}  # see `stage_core`'s key
         self._ideal: dict[int, tuple[Links, Links]] = {}  # `ideal_links`, by id of `links`
         self._in_flight: dict[tuple, tuple[float, ...]] = {}  # `in_flight` results
+        self._statics: dict[tuple, tuple[float, ...]] = {}  # `_static_totals`, by stage ids
 
     @property
     def capacity_bytes(self) -> float:
@@ -204,30 +205,26 @@ class Evaluator:
         not fit may be a lower bound on it (still above the capacity): a split-backward
         schedule's in-flight counts (a replay) are then read only for the choices that fit
         with `MIN_SPLIT_IN_FLIGHT` micro-batches in flight."""
-        sm = self.stage_model
+        sm, per_layer = self.stage_model, Recompute.PER_LAYER
+
+        def variant(sp: bool, z: int, o: bool, rc: Recompute) -> Strategy:
+            return replace(s, sequence_parallel=sp, zero_stage=z, offload_optimizer=o, recompute=rc)
+
         if has_options(s):  # the options' terms live in `memory` (options.py): the slow path
             return [
-                None
-                if rc == Recompute.PER_LAYER
-                else self.memory(
-                    replace(
-                        s, sequence_parallel=sp, zero_stage=z, offload_optimizer=o, recompute=rc
-                    )
-                )[0].total_bytes
-                for sp, z, o, rc in choices
+                None if c[3] == per_layer else self.memory(variant(*c))[0].total_bytes
+                for c in choices
             ]
         v, dpcp = s.virtual_stages, s.dp * s.cp
         cap = self.stage_model.capacity_bytes
         lazy = fit_only and split_schedules.is_split_backward(s.schedule)
         single = self.single_pass(s)  # of `s` alone: the same for every choice
         replicate = s.dp_replicate
-        static: dict[tuple[int, bool, int], tuple[float, ...]] = {}  # by the layout's id
         acts: dict[tuple[bool, Recompute], list[float]] = {}  # lazy: at the least in flight
         exact: dict[tuple[bool, Recompute], list[float]] = {}  # lazy: as replayed
         none_totals: dict[tuple[bool, int, bool], float] = {}
         out: list[float | None] = []
         shapes: dict[tuple[bool, Recompute], tuple[Layout, tuple[Stage, ...]]] = {}
-        per_layer = Recompute.PER_LAYER
         for sp, zero, off, rc in choices:
             if rc == per_layer:
                 plain = none_totals.get((sp, zero, off))
@@ -241,16 +238,9 @@ class Evaluator:
                 shape = shapes[(sp, rc)] = (lay, sm.stages(lay))
             lay, stages = shape
             if single and zero < 2:
-                choice = replace(
-                    s, sequence_parallel=sp, zero_stage=zero, offload_optimizer=off, recompute=rc
-                )
-                total = self.memory(choice)[0].total_bytes
+                total = self.memory(variant(sp, zero, off, rc))[0].total_bytes
             else:
-                statics = static.get((zero, off, id(lay)))  # `lay` lives through the call
-                if statics is None:
-                    statics = static[(zero, off, id(lay))] = sm.static_totals(
-                        lay, s.tp, s.ep, dpcp, zero, off, replicate
-                    )
+                statics = self._static_totals(stages, s.tp, s.ep, dpcp, zero, off, replicate)
                 held = acts.get((sp, rc))
                 if held is None:
                     held = acts[(sp, rc)] = self._act_totals(s, sp, rc, lay, stages, lazy)
@@ -264,6 +254,17 @@ class Evaluator:
                 none_totals[(sp, zero, off)] = total
             out.append(total)
         return out
+
+    def _static_totals(self, stages: tuple[Stage, ...], *shape: int | bool) -> tuple[float, ...]:
+        """`StageModel.static_totals` of a layout's `stages` under `shape` (its arguments but the
+        layout), memoized by the ids of the stages (they live as long as the stage model)."""
+        key = (*map(id, stages), *shape)
+        found = self._statics.get(key)
+        if found is None:
+            found = self._statics[key] = tuple(
+                self.stage_model.static_memory(st, *shape).total_bytes for st in stages
+            )
+        return found
 
     def _act_totals(
         self,
