@@ -59,13 +59,11 @@ def op_graph(schedule: Schedule, pp: int, m: int, v: int) -> OpGraph:
     last = pp * v - 1
     model_chunk = {chunk_placement(schedule, c, pp): c for c in range(pp * v)}
     chunk_of = [[model_chunk[(s, local)] for local in range(v)] for s in range(pp)]
-    orders = [
-        stage_order_codes(schedule, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=s)
-        for s in range(pp)
-    ]
+    orders = _stage_orders(schedule, pp, m, v)
     width = pp * v + 1
-    # (micro-batch, chunk, gradient?) -> position, keyed by the int 2 (mb * width + chunk) + grad
-    produced: dict[int, int] = {}
+    # (micro-batch, chunk, gradient?) -> position, at the int 2 (mb * width + chunk) + grad; -1:
+    # not yet (a list: indexing it is cheaper than a dict's get)
+    produced = [-1] * (2 * m * width)
     prevs: list[int] = []
     deps: list[int] = []
     phases: list[int] = []
@@ -90,10 +88,9 @@ def op_graph(schedule: Schedule, pp: int, m: int, v: int) -> OpGraph:
                     need = key + 3 if chunk < last else key
                 dep = -1
                 if need >= 0:
-                    found = produced.get(need)
-                    if found is None:
+                    dep = produced[need]
+                    if dep < 0:
                         break  # its input is not computed yet
-                    dep = found
                 prevs.append(here)
                 here = len(deps)
                 deps.append(dep)
@@ -236,7 +233,7 @@ def replay_stages(
     work_s = m * sum(f + b for f, b in zip(forward_s, backward_s, strict=True))
     if _in_program_order(seconds, work_s):  # no starts needed: each stage's events in order
         orders = _stage_orders(schedule, pp, m, v)
-        return _resolved_makespan(schedule, orders, v, seconds), _peaks_in_order(
+        return _resolved_makespan(schedule, orders, v, m, seconds), _peaks_in_order(
             orders, v, pending_weight
         )
     graph = op_graph(schedule, pp, m, v)
@@ -253,16 +250,22 @@ def replay_stages(
     return max(ends), _peaks(graph, starts, ends, pp, v, pending_weight)
 
 
-def _stage_orders(schedule: Schedule, pp: int, m: int, v: int) -> list[list[int]]:
-    """Every stage's `op_code`s, in the order it runs them."""
-    return [
-        stage_order_codes(schedule, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=s)
+@lru_cache(maxsize=64)
+def _stage_orders(schedule: Schedule, pp: int, m: int, v: int) -> tuple[tuple[int, ...], ...]:
+    """Every stage's `op_code`s, in the order it runs them (memoized: `op_graph` and the
+    in-flight peaks read the same orders)."""
+    return tuple(
+        tuple(
+            stage_order_codes(
+                schedule, num_stages=pp, num_microbatches=m, virtual_stages=v, stage=s
+            )
+        )
         for s in range(pp)
-    ]
+    )
 
 
 def _resolved_makespan(
-    schedule: Schedule, orders: list[list[int]], v: int, seconds: Sequence[float]
+    schedule: Schedule, orders: Sequence[Sequence[int]], v: int, m: int, seconds: Sequence[float]
 ) -> float:
     """The makespan of the replay on `op_graph` with `seconds[4 * stage + row]` per operation,
     resolved as `op_graph` resolves the orders, without building the graph (the plan's replay
@@ -275,7 +278,8 @@ def _resolved_makespan(
     model_chunk = {chunk_placement(schedule, c, pp): c for c in range(pp * v)}
     chunk_of = [[model_chunk[(s, local)] for local in range(v)] for s in range(pp)]
     width = pp * v + 1
-    produced: dict[int, float] = {}  # `op_graph`'s keys -> the end of that operation
+    # `op_graph`'s keys -> the end of that operation (-1.0: not yet ended; ends are >= 0)
+    produced = [-1.0] * (2 * m * width)
     pos, end = [0] * pp, [0.0] * pp  # 0.0: a stage's first operation starts at 0
     remaining = sum(len(o) for o in orders)
     while remaining:
@@ -296,8 +300,8 @@ def _resolved_makespan(
                 else:
                     need = key + 3 if chunk < last else key
                 if need >= 0:
-                    found = produced.get(need)
-                    if found is None:
+                    found = produced[need]
+                    if found < 0.0:
                         break  # its input is not computed yet
                     if found > here:
                         here = found
@@ -314,7 +318,9 @@ def _resolved_makespan(
     return max(end)
 
 
-def _peaks_in_order(orders: list[list[int]], v: int, pending_weight: float) -> tuple[float, ...]:
+def _peaks_in_order(
+    orders: Sequence[Sequence[int]], v: int, pending_weight: float
+) -> tuple[float, ...]:
     """`_order_peaks` of these stage orders."""
     delta = (1.0, -1.0, pending_weight, -1.0 - pending_weight)  # by row of `_PHASES`
     out = []
