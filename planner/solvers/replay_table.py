@@ -74,7 +74,8 @@ def op_graph(schedule: Schedule, pp: int, m: int, v: int) -> OpGraph:
         moved = False
         for s in range(pp):
             order, i, chunks, here = orders[s], pos[s], chunk_of[s], prev[s]
-            while i < len(order):
+            n = len(order)
+            while i < n:
                 code = order[i]  # `op_code`: (mb * v + local) * 4 + row of its phase
                 row, mb_local = code & 3, code >> 2
                 mb = mb_local // v
@@ -286,8 +287,9 @@ def _resolved_makespan(
         moved = False
         for s in range(pp):
             order, i, chunks, here = orders[s], pos[s], chunk_of[s], end[s]
+            n = len(order)
             row_s = 4 * s
-            while i < len(order):
+            while i < n:
                 code = order[i]
                 row, mb_local = code & 3, code >> 2
                 mb = mb_local // v
