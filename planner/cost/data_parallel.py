@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..config import FP32_BYTES, TrainConfig
 from ..hardware import Accelerator
@@ -35,6 +36,15 @@ def hidden_behind(comm_s: float, compute_s: float, contention: float = OVERLAP_C
     return comm_s - hidden + contention * hidden
 
 
+class UnitFigures(Protocol):
+    """The calibration's figures `FsdpHost.of` reads (`Calibration` has them)."""
+
+    @property
+    def fsdp_unit_host_s(self) -> float: ...
+    @property
+    def time_scale(self) -> float: ...
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FsdpHost:
     """What FSDP2 adds to each unit beside its collectives, on the compute stream (GPU) or in
@@ -51,9 +61,11 @@ class FsdpHost:
     FSDP2's side streams are the one thread), not on side streams."""
 
     @classmethod
-    def of(cls, kernels: Kernels | None, acc: Accelerator, unit_s: float) -> FsdpHost:
-        """The device's: copies at its kernels' streaming rate (else the datasheet's)."""
+    def of(cls, kernels: Kernels | None, acc: Accelerator, cal: UnitFigures | None) -> FsdpHost:
+        """The device's: copies at its kernels' streaming rate (else the datasheet's), the
+        fixed cost as calibrated (0 on a catalog device)."""
         copy_s = kernels.elementwise_s(1.0) if kernels else 1 / acc.memory_bw_bytes_per_s
+        unit_s = 0.0 if cal is None else cal.fsdp_unit_host_s * cal.time_scale
         return cls(unit_s=unit_s, copy_s_per_byte=copy_s, on_host=acc.is_host)
 
 
