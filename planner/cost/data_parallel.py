@@ -132,6 +132,10 @@ def dp_comm(
     )
     units = max(1, stage.n_blocks + int(stage.has_embedding) + int(stage.has_head))
     for count, link in groups:
+        if fsdp is not None and count and s.zero_stage == 3 and s.fsdp_wrapped:
+            # FSDP2's hooks and copies, over one shard rank too: not hidden (`FsdpHost`)
+            copies = fsdp_copy_bytes(count / units, link.size, t, fsdp.on_host)
+            per_mb += units * (fsdp.unit_s + copies * fsdp.copy_s_per_byte)
         if not count or link.size <= 1:
             continue
         if s.zero_stage == 3:
@@ -143,9 +147,6 @@ def dp_comm(
             fwd_u, bwd_u = fwd / units, bwd / units
             per_mb += ag + (units - 1) * hidden_behind(ag, fwd_u, contention)
             per_mb += ag + (units - 1) * hidden_behind(ag + rs, bwd_u, contention) + rs
-            if fsdp is not None:  # FSDP2's hooks and copies: not hidden (`FsdpHost`)
-                copies = fsdp_copy_bytes(unit, link.size, t, fsdp.on_host)
-                per_mb += units * (fsdp.unit_s + copies * fsdp.copy_s_per_byte)
             continue
         ag = coll.all_gather(count * t.param_bytes, link)
         rs = coll.reduce_scatter(count * t.grad_bytes, link)
