@@ -8,14 +8,6 @@ reproduced in 20 runs here since)."""
 
 from __future__ import annotations
 
-import faulthandler
-import json
-import os
-import subprocess
-import sys
-import warnings
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -27,10 +19,7 @@ from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.model_spec import parse_model
 from paraplan.planner.strategy import Strategy
-
-ROOT = Path(__file__).resolve().parents[1]
-CHILD_TIMEOUT_S = 120
-"""The worker takes ~3 s; past this it is stuck (its stacks are dumped at 90% of it)."""
+from tests.one_rank import child_main, run_child
 
 
 def _bucket_storage() -> dict[str, int]:
@@ -57,28 +46,10 @@ def _bucket_storage() -> dict[str, int]:
         dist.destroy_process_group()
 
 
-def _run_worker() -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, __file__],
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
-    )
-
-
 def test_ddp_gradients_share_the_bucket_storage() -> None:
     """Without `gradient_as_bucket_view` each gradient has its own storage beside the
     buckets (twice the gradients' bytes); with it, the gradients of a bucket share one."""
-    proc = _run_worker()
-    if proc.returncode != 0 and "Timeout (" in proc.stderr:  # stuck, stacks dumped: once more
-        warnings.warn(
-            f"the one-rank gloo worker was stuck, run again:\n{proc.stderr[-3000:]}", stacklevel=1
-        )
-        proc = _run_worker()
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = run_child(__file__)
     assert got["grads"] == got["params"] == 12
     assert got["storages"] < got["grads"]  # 12 gradients in far fewer (bucket) storages
     assert got["storage_bytes"] == got["grad_bytes"]  # the buckets are exactly the gradients
@@ -101,5 +72,4 @@ def test_planner_prices_ddp_gradients_whole() -> None:
 
 
 if __name__ == "__main__":
-    faulthandler.dump_traceback_later(0.9 * CHILD_TIMEOUT_S, exit=True)
-    print(json.dumps(_bucket_storage()))
+    child_main(_bucket_storage)

@@ -7,13 +7,6 @@ process group lives in a child process with a bounded wait, not in the test sess
 
 from __future__ import annotations
 
-import faulthandler
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -21,9 +14,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from paraplan.executor.compose import _grad_sync
+from tests.one_rank import child_main, run_child
 
-ROOT = Path(__file__).resolve().parents[1]
-CHILD_TIMEOUT_S = 120
 WIDTH, LAYERS = 256, 4
 
 
@@ -74,16 +66,7 @@ def _held_after_a_micro_batch() -> dict[str, int]:
 
 
 def test_sharded_gradients_are_reduced_after_every_micro_batch() -> None:
-    proc = subprocess.run(
-        [sys.executable, __file__],
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    held = json.loads(proc.stdout.strip().splitlines()[-1])
+    held = run_child(__file__)
     grads_bytes = LAYERS * (WIDTH * WIDTH + WIDTH) * 4  # fp32
     assert held["sharded"] == held["zero2"] == 0  # reduce-scattered into the shards
     assert held["replicated"] == grads_bytes  # accumulated whole until the last micro-batch
@@ -94,5 +77,4 @@ def test_sharded_gradients_are_reduced_after_every_micro_batch() -> None:
 
 
 if __name__ == "__main__":
-    faulthandler.dump_traceback_later(0.9 * CHILD_TIMEOUT_S, exit=True)
-    print(json.dumps(_held_after_a_micro_batch()))
+    child_main(_held_after_a_micro_batch)
