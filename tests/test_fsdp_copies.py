@@ -8,6 +8,7 @@ Run under torchrun (``tests/test_fsdp_copies.py OUT``) it is the worker."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -81,6 +82,12 @@ def _worker(out_dir: Path, bf16: bool) -> None:
     if dist.get_rank() == 0:
         payload = {"calls": dict(mode.calls), "bytes": dict(mode.bytes)}
         (out_dir / ("bf16.json" if bf16 else "fp32.json")).write_text(json.dumps(payload))
+    # both ranks done with FSDP's collectives before the group goes (a rank that tore it down
+    # while its peer still ran aborted once in CI: "terminate called without an active
+    # exception")
+    del model, blocks, mode
+    gc.collect()
+    dist.barrier()
     dist.destroy_process_group()
 
 
