@@ -124,8 +124,14 @@ def rescuable(ev: Evaluator, s: Strategy, pins: Pins) -> bool:
         return True
     sm = ev.stage_model
     dpcp = s.dp * s.cp
-    statics = sm.static_totals(
-        sm.layout_of(s), s.tp, s.ep, dpcp, s.zero_stage, s.offload_optimizer, s.dp_replicate
+    statics = ev.static_totals(
+        sm.stages(sm.layout_of(s)),
+        s.tp,
+        s.ep,
+        dpcp,
+        s.zero_stage,
+        s.offload_optimizer,
+        s.dp_replicate,
     )  # each stage's `ev.static_memory(s, stage).total_bytes`
     return max(statics) + ev.pipeline_buffer_bytes(s) <= ev.capacity_bytes
 

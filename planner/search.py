@@ -419,10 +419,10 @@ class Search:
         if has_options(s) or ev.single_pass(s):
             return False
         sm = ev.stage_model
-        lay = sm.layout_of(s)
+        stages = sm.stages(sm.layout_of(s))
         static = max(
-            sm.static_totals(
-                lay, s.tp, s.ep, s.dp * s.cp, s.zero_stage, s.offload_optimizer, s.dp_replicate
+            ev.static_totals(
+                stages, s.tp, s.ep, s.dp * s.cp, s.zero_stage, s.offload_optimizer, s.dp_replicate
             )
         )
         return static + ev.pipeline_buffer_bytes(s) > ev.capacity_bytes

@@ -77,7 +77,7 @@ class Evaluator:
         self._stage_core: dict[tuple, tuple[StageCore, ...]] = {}  # see `stage_core`'s key
         self._ideal: dict[int, tuple[Links, Links]] = {}  # `ideal_links`, by id of `links`
         self._in_flight: dict[tuple, tuple[float, ...]] = {}  # `in_flight` results
-        self._statics: dict[tuple, tuple[float, ...]] = {}  # `_static_totals`, by stage ids
+        self._statics: dict[tuple, tuple[float, ...]] = {}  # `static_totals`, by stage ids
 
     @property
     def capacity_bytes(self) -> float:
@@ -238,7 +238,7 @@ class Evaluator:
             if single and zero < 2:
                 total = self.memory(variant(sp, zero, off, rc))[0].total_bytes
             else:
-                statics = self._static_totals(stages, s.tp, s.ep, dpcp, zero, off, replicate)
+                statics = self.static_totals(stages, s.tp, s.ep, dpcp, zero, off, replicate)
                 held = acts.get((sp, rc))
                 if held is None:
                     held = acts[(sp, rc)] = self._act_totals(s, sp, rc, lay, stages, lazy)
@@ -253,9 +253,9 @@ class Evaluator:
             out.append(total)
         return out
 
-    def _static_totals(self, stages: tuple[Stage, ...], *shape: int | bool) -> tuple[float, ...]:
-        """`StageModel.static_totals` of a layout's `stages` under `shape` (its arguments but the
-        layout), memoized by the ids of the stages (they live as long as the stage model)."""
+    def static_totals(self, stages: tuple[Stage, ...], *shape: int | bool) -> tuple[float, ...]:
+        """`StageModel.static_memory(stage, *shape).total_bytes` of each of a layout's `stages`,
+        memoized by the stages' ids (they live as long as the stage model)."""
         key = (*map(id, stages), *shape)
         found = self._statics.get(key)
         if found is None:

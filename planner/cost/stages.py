@@ -122,7 +122,6 @@ class StageModel:
         self.stage_compute = cache(self._stage_compute)
         self._compute_of: dict[tuple, StageCompute] = {}  # by (id(stage), tp, cp, ep, mbs)
         self.static_memory = cache(self._static_memory)
-        self.static_totals = cache(self._static_totals)
         self.uniform = cache(self._uniform)
         self.act_prefix = cache(self._act_prefix)
         self._act_terms = cache(self._act_terms_uncached)
@@ -390,15 +389,6 @@ class StageModel:
             for i in range(c.first_layer, c.last_layer + 1)
         ]
         return gemm_kernel_cache_bytes(self.profile, layers, tp, self.kernels.fit)
-
-    def _static_totals(
-        self, lay: Layout, tp: int, ep: int, dpcp: int, zero: int, offload: bool, replicate: int
-    ) -> tuple[float, ...]:
-        """`static_memory(...).total_bytes` of each stage of `stages(lay)`."""
-        return tuple(
-            self.static_memory(st, tp, ep, dpcp, zero, offload, replicate).total_bytes
-            for st in self.stages(lay)
-        )
 
     def boundary_bytes(self, s: Strategy, sp: bool | None = None) -> float:
         """Bytes of one micro-batch's activation crossing a stage boundary (per rank), with
