@@ -94,6 +94,10 @@ class LayerCost:
     """The same in backward."""
     param_tensors: int = 0
     """Parameter tensors first used by the layer (an unfused optimizer steps each one)."""
+    saved_tensors: int = 0
+    """Tensors autograd saves for backward in the layer's forward, parameters and repeats
+    included (0: not traced). A fully recomputed block pays an activation checkpoint's pack
+    and unpack hooks on each (`KernelFit.checkpoint_saved_tensor_s`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -44,6 +44,7 @@ def median_fit(fits: Sequence[KernelFit]) -> KernelFit:
         ),
         special_rates=_median_ops([f.special_rates for f in fits]),
         checkpoint_region_s=med(f.checkpoint_region_s for f in fits),
+        checkpoint_saved_tensor_s=med(f.checkpoint_saved_tensor_s for f in fits),
         page_fault_s_per_byte=med(f.page_fault_s_per_byte for f in fits),
     )
 

@@ -33,9 +33,8 @@ from ..planner.calibration import (
     CollectivePoint,
     DeviceKind,
     DtypeKernels,
-    fit_kind_links,
-    fit_links,
 )
+from ..planner.calibration_links import fit_kind_links, fit_links
 from ..planner.calibration_tp import TensorParallelDispatch
 from ..planner.cluster import Cluster
 from ..planner.cost.calibrated import KernelFit
@@ -43,7 +42,7 @@ from ..planner.cost.data_parallel import OVERLAP_CONTENTION
 from . import microbench as mb
 from .host_memory import live_resident_bytes
 from .microbench_cache import gemm_cache_bytes
-from .microbench_checkpoint import checkpoint_region_s
+from .microbench_checkpoint import checkpoint_region_cost
 from .microbench_host import host_adamw_s_per_param
 from .microbench_rounds import median_fit
 from .microbench_tp import (
@@ -183,8 +182,14 @@ def _measure(
         for key in dtypes:
             label = key if budget.rounds == 1 else f"{key} (round {r + 1}/{budget.rounds})"
             fit, _ = mb.kernel_fit(timer, key, budget, partial(_tick_part, tick, label))
-            region_s = checkpoint_region_s(timer, mb.DTYPES[key])
-            rounds[key].append(dataclasses.replace(fit, checkpoint_region_s=region_s))
+            region = checkpoint_region_cost(timer, mb.DTYPES[key])
+            rounds[key].append(
+                dataclasses.replace(
+                    fit,
+                    checkpoint_region_s=region.region_s,
+                    checkpoint_saved_tensor_s=region.saved_tensor_s,
+                )
+            )
     fits = []
     for key in dtypes:
         fit = dataclasses.replace(

@@ -34,6 +34,9 @@ class SegmentStats:
     """FLOPs in forward, backward."""
     saved_bytes: float = 0.0
     """Bytes kept for backward (deduplicated by storage)."""
+    saved_tensors: int = 0
+    """Tensors autograd saves for backward in the forward, parameters and repeats included:
+    each passes an activation checkpoint's pack and unpack hooks."""
     replicated_bytes: float = 0.0
     """Part of `saved_bytes` a tensor-parallel rank would hold whole (norm inputs/outputs and
     residual-path dropout masks, see docs/cost-model.md)."""
@@ -337,9 +340,12 @@ class Tracer(TorchDispatchMode):
         """saved_tensors_hooks pack: count what autograd keeps, once per storage, and note
         which op's backward reads it (the op about to run saves its inputs, the op that just
         ran its outputs: autograd saves inputs before calling the kernel, outputs after)."""
+        if self.phase != FWD:
+            return t
+        self.stats[self.seg].saved_tensors += 1
         st = t.untyped_storage()
         key = id(st)
-        if key in self._params or self.phase != FWD:
+        if key in self._params:
             return t
         if self.seg in self.graph_segments:
             self._pending.append(key)

@@ -23,12 +23,11 @@ from paraplan.planner.calibration import (
     DtypeKernels,
     RunSample,
     calibration_from_dict,
-    fit_kind_links,
-    fit_links,
     recalibrate_hint,
     refit,
     run_sample,
 )
+from paraplan.planner.calibration_links import fit_kind_links, fit_links
 from paraplan.planner.cluster import cluster_from_dict, load_cluster_file, save_cluster_file
 from paraplan.planner.cost.calibrated import AttentionCurve, CalibratedKernels, GemmGrid, KernelFit
 from paraplan.planner.cost.comm import BUS_EFFICIENCY_INTRA, HALF_BANDWIDTH_BYTES_INTRA
@@ -365,10 +364,12 @@ def test_closed_loop_on_two_gloo_ranks(tmp_path: Path) -> None:
     # an AdamW step over DTensor parameters (FSDP2, TP) dispatches each operator through
     # DTensor: dearer per tensor than ADAMW_OPS_PER_TENSOR plain operators
     assert calibrated.calibration.dtensor_adamw_tensor_s > 10 * plain_s
-    # a checkpoint region's own host work (hooks, the recompute's entry) costs more than
-    # one operator on every measured dtype
+    # a checkpoint region's own host work costs more than one operator on every measured
+    # dtype: its entry and exit, and per saved tensor three Python hooks (pack, the
+    # recompute's pack, unpack)
     fits = [d.fit for d in calibrated.calibration.dtype_kernels]
     assert fits and all(f.checkpoint_region_s > f.launch_s for f in fits)
+    assert all(f.checkpoint_saved_tensor_s > f.launch_s for f in fits)
 
     import paraplan
     from paraplan.executor.launch import run_plan

@@ -81,6 +81,18 @@ def test_gpt2_block_operator_counts_match_the_real_module() -> None:
     # gelu_new is written out: tanh is the block's one transcendental
     assert [o.op for o in prof.layers[2].fwd_special] == ["aten.tanh"]
     assert prof.layers[2].param_tensors == 12
+    # what an activation checkpoint's hooks see: every tensor autograd saves in the block's
+    # forward, counted here by hooks of our own on the block called alone
+    saved = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        saved += 1
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x.requires_grad_())
+    assert prof.layers[2].saved_tensors == saved > 10, (prof.layers[2].saved_tensors, saved)
 
 
 def _adamw_step_ops(tensors: int) -> int:

@@ -186,7 +186,7 @@ def _calibration_of(cluster: Cluster) -> Calibration:
 
 def format_calibration(cluster: Cluster) -> str:
     """The measured figures and the fit as a short table."""
-    from ..planner.calibration import collective_model_s
+    from ..planner.calibration_links import collective_model_s
     from ..planner.cost.calibrated import MMAP_THRESHOLD_BYTES
 
     cal = _calibration_of(cluster)
@@ -227,6 +227,13 @@ def format_calibration(cluster: Cluster) -> str:
             f"fresh pages (outputs of {size} or more): {fault * 1e9:.2f} ns per byte to first "
             f"touch, {fault * MMAP_THRESHOLD_BYTES * 1e3:.1f} ms per {size} output"
         )
+    region = max(cal.dtype_kernels, key=lambda e: e.fit.checkpoint_saved_tensor_s).fit
+    if region.checkpoint_region_s or region.checkpoint_saved_tensor_s:
+        lines.append(
+            f"activation checkpoint, beyond the recomputed forward: "
+            f"{region.checkpoint_region_s * 1e6:.0f} us per region + "
+            f"{region.checkpoint_saved_tensor_s * 1e6:.1f} us per saved tensor"
+        )
     if cal.tensor_parallel is not None:
         per_block = ", ".join(
             f"{'gated' if b.gated else 'plain'} MLP{' + SP' if b.sequence_parallel else ''} "
@@ -264,7 +271,7 @@ def plot_calibration(cal: Calibration, folder: Path) -> list[Path]:
     work (the grid, and the interpolation along the diagonal), attention."""
     from matplotlib.figure import Figure
 
-    from ..planner.calibration import collective_model_s
+    from ..planner.calibration_links import collective_model_s
     from ..planner.hardware import get_accelerator, with_calibration
 
     folder.mkdir(parents=True, exist_ok=True)

@@ -156,8 +156,11 @@ class KernelFit:
     """Seconds per operator outside autograd (an optimizer's in-place updates); 0: not
     measured, `launch_s` is used."""
     checkpoint_region_s: float = 0.0
-    """Host seconds one activation-checkpoint region adds beyond its recomputed forward
-    (`profiler/microbench_checkpoint.py`; 0: not measured)."""
+    """Host seconds one activation-checkpoint region adds beyond its recomputed forward, fixed
+    per region (`profiler/microbench_checkpoint.py`; 0: not measured)."""
+    checkpoint_saved_tensor_s: float = 0.0
+    """And per tensor the region's forward saves (its hooks pack, repack and unpack each;
+    0: not measured, calibrations before 2026-11-26)."""
     gemm_cache_init_bytes: float = 0.0
     """Resident bytes the first GEMMs of this dtype leave behind, once per process (the BLAS's
     or oneDNN's runtime, beyond what `runtime_overhead_bytes` measured after an fp32 step;
@@ -185,6 +188,7 @@ class KernelFit:
         for name in (
             "raw_dispatch_s",
             "checkpoint_region_s",
+            "checkpoint_saved_tensor_s",
             "gemm_cache_init_bytes",
             "gemm_shape_bytes",
             "page_fault_s_per_byte",

@@ -196,8 +196,10 @@ def traced_layer_s(
         extra.bwd_host_s + dt_b, gemm_s[1] + attn_b + extra.bwd_device_s + loss_b
     )
     # a fully recomputed block re-runs its forward inside one checkpoint region, whose own
-    # host work (saved-tensor hooks, the recompute's entry) the calibration measured
-    full = f + k.fit.checkpoint_region_s * k.time_scale if block else 0.0
+    # host work the calibration measured: the region's entry and exit, and the saved-tensor
+    # hooks on each tensor the forward saves (`profiler/microbench_checkpoint.py`)
+    region_s = k.fit.checkpoint_region_s + k.fit.checkpoint_saved_tensor_s * x.saved_tensors
+    full = f + region_s * k.time_scale if block else 0.0
     return f, b, full, attn_f, attn_f
 
 
