@@ -94,6 +94,9 @@ class LayerCost:
     """The same in backward."""
     param_tensors: int = 0
     """Parameter tensors first used by the layer (an unfused optimizer steps each one)."""
+    param_tensor_sizes: tuple[int, ...] = ()
+    """Elements of each of those tensors, in the order the forward first uses them (empty:
+    not traced); torch DDP fills its gradient buckets tensor by tensor."""
     saved_tensors: int = 0
     """Tensors autograd saves for backward in the layer's forward, parameters and repeats
     included (0: not traced). A fully recomputed block pays an activation checkpoint's pack

@@ -294,6 +294,7 @@ def _layer(
         fwd_special=_special(st.special[FWD], b),
         bwd_special=_special(st.special[BWD], b),
         param_tensors=st.param_tensors,
+        param_tensor_sizes=tuple(st.param_sizes),
         saved_tensors=st.saved_tensors,
     )
 

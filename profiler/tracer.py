@@ -58,6 +58,8 @@ class SegmentStats:
     """Parameters first used by this segment."""
     param_tensors: int = 0
     """Parameter tensors first used by this segment."""
+    param_sizes: list[int] = field(default_factory=list)
+    """Elements of each, in the order of first use."""
     ops: list[int] = field(default_factory=lambda: [0, 0])
     """Aten operators dispatched in forward, backward (views included)."""
     stream_bytes: list[float] = field(default_factory=lambda: [0.0, 0.0])
@@ -392,6 +394,7 @@ class Tracer(TorchDispatchMode):
                     numel, expert = self._params[key]
                     seg.params += numel
                     seg.param_tensors += 1
+                    seg.param_sizes.append(numel)
                     seg.expert_params += numel if expert else 0
             if flops and (
                 is_attention_op(func)

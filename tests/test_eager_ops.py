@@ -81,6 +81,9 @@ def test_gpt2_block_operator_counts_match_the_real_module() -> None:
     # gelu_new is written out: tanh is the block's one transcendental
     assert [o.op for o in prof.layers[2].fwd_special] == ["aten.tanh"]
     assert prof.layers[2].param_tensors == 12
+    assert sorted(prof.layers[2].param_tensor_sizes) == sorted(
+        p.numel() for p in block.parameters()
+    )
     # what an activation checkpoint's hooks see: every tensor autograd saves in the block's
     # forward, counted here by hooks of our own on the block called alone
     saved = 0

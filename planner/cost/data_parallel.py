@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from ..config import FP32_BYTES, TrainConfig
 from ..hardware import Accelerator
+from ..model import LayerCost
 from ..strategy import Strategy
-from .comm import Collectives, Links
+from .comm import AxisLink, Collectives, Links
 from .compression import PowerSGDModel
 from .compute import Kernels
 from .layout import Stage
+from .memory import DDP_BUCKET_BYTES
 
 HOST_OPTIMIZER_BYTES_PER_S = 20e9
 """Effective host memory bandwidth one GPU's share of a CPU optimizer step streams at. An
@@ -69,6 +72,46 @@ class FsdpHost:
         return cls(unit_s=unit_s, copy_s_per_byte=copy_s, on_host=acc.is_host)
 
 
+DDP_FIRST_BUCKET_BYTES = 2**20
+"""DDP's first gradient bucket (torch `dist._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB): the
+gradients backward produces first go out early; the rest in `DDP_BUCKET_BYTES` buckets."""
+
+
+def ddp_last_bucket_bytes(layers: Sequence[LayerCost], grad_bytes: float) -> float:
+    """Gradient bytes in torch DDP's last bucket. DDP fills its buckets in the order backward
+    produces the gradients (rebuilt so after the first step), a tensor at a time, closing a
+    bucket once it holds 1 MiB (the first) or 25 MiB: each closes past its cap by part of a
+    tensor, and the last holds what remains, the first layers' gradients (Li et al. 2020,
+    PyTorch DDP §3.2.3; torch `_compute_bucket_assignment_by_size`), from the traced tensor
+    sizes (`LayerCost.param_tensor_sizes`; a layer not traced counts as one tensor)."""
+    size = closed = 0.0
+    cap = DDP_FIRST_BUCKET_BYTES
+    for layer in reversed(layers):
+        sizes = layer.param_tensor_sizes or (layer.params,) * bool(layer.params)
+        for numel in reversed(sizes):
+            size += numel * grad_bytes
+            if size >= cap:
+                size, closed, cap = 0.0, size, DDP_BUCKET_BYTES
+    return size or closed
+
+
+def ddp_buckets_s(
+    grad_bytes: float, last_bytes: float, coll: Collectives, link: AxisLink
+) -> tuple[float, float]:
+    """(all-reduce seconds of the buckets that can overlap the backward, of the last one) for
+    torch DDP's `grad_bytes` of gradients (Li et al. 2020, §3.2.3 and §4.2.3): a bucket goes
+    out once backward has produced all its gradients, one after the other; the last
+    (`last_bytes`, `ddp_last_bucket_bytes`) holds the first layers' gradients (the
+    embedding's, produced last) and starts when backward ends: not hidden at all. A model
+    under 1 MiB of gradients (GPT-2 tiny's 0.96 MB) is one bucket, reduced after its
+    backward."""
+    last = min(last_bytes, grad_bytes) if last_bytes > 0 else grad_bytes
+    early_bytes = grad_bytes - last
+    buckets = max(1, round(early_bytes / DDP_BUCKET_BYTES))
+    early = buckets * coll.all_reduce(early_bytes / buckets, link) if early_bytes > 0 else 0.0
+    return early, coll.all_reduce(last, link)
+
+
 def fsdp_copy_bytes(unit_params: float, shard_ranks: int, t: TrainConfig, on_host: bool) -> float:
     """Bytes (read + written) FSDP2's own copies stream per ZeRO-3 unit and micro-batch where
     nothing hides them (torch 2.13, `distributed/fsdp/_fully_shard/_fsdp_collectives.py`):
@@ -102,6 +145,7 @@ def dp_comm(
     powersgd: PowerSGDModel | None = None,
     contention: float = OVERLAP_CONTENTION,
     fsdp: FsdpHost | None = None,
+    ddp_last_bytes: float = 0.0,
 ) -> tuple[float, float]:
     """(exposed seconds per micro-batch, exposed seconds once per step) of ZeRO/DDP traffic
     for one stage; `fwd`/`bwd` are the stage's compute seconds per micro-batch.
@@ -159,6 +203,9 @@ def dp_comm(
             tail += hidden_behind(ag, fwd, contention)
         elif s.zero_stage == 1:  # reduce-scatter once per step, gather after the step
             tail += hidden_behind(rs, bwd, contention) + hidden_behind(ag, fwd, contention)
+        elif s.tp == 1 and s.pp == 1 and link is dense_link:  # torch DDP, in buckets
+            early, last = ddp_buckets_s(count * t.grad_bytes, ddp_last_bytes, coll, link)
+            tail += hidden_behind(early, bwd, contention) + last
         else:  # all-reduce once per step, overlapped with the last backward
             tail += hidden_behind(coll.all_reduce(count * t.grad_bytes, link), bwd, contention)
     return per_mb, tail

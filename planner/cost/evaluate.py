@@ -5,7 +5,7 @@ together. Each term names its source; docs/cost-model.md lists them with their u
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import cache
+from functools import cache, partial
 from operator import add
 
 from ..cluster import Cluster
@@ -18,6 +18,7 @@ from .comm import Collectives, Links, links_for
 from .data_parallel import (
     OVERLAP_CONTENTION,
     FsdpHost,
+    ddp_last_bucket_bytes,
     dp_comm,
     optimizer_s,
     optimizer_shard_params,
@@ -71,6 +72,14 @@ class Evaluator:
         self.per_layer = PerLayerRecompute(self.stage_model)
         self.options = OptionModel(self.stage_model, train, self.acc)
         """PowerSGD, parameter/activation offload and asynchronous pipeline terms."""
+        ddp_last = ddp_last_bucket_bytes(profile.layers, train.grad_bytes)
+        self._dp_comm = partial(
+            dp_comm,
+            powersgd=self.options.powersgd,
+            contention=self.contention,
+            fsdp=self.fsdp,
+            ddp_last_bytes=ddp_last,
+        )  # the ZeRO/DDP traffic with this model's fixed figures
         self.weight_share = split_schedules.weight_grad_share(profile)
         """Share of a backward that is weight gradients (split-backward schedules)."""
         self._links = cache(self._links_uncached)
@@ -329,18 +338,7 @@ class Evaluator:
         out = []
         for core in self.stage_core(s, links, coll):
             c, stage = core.compute, core.stage
-            zero_mb, tail = dp_comm(
-                s,
-                stage,
-                links,
-                coll,
-                self.train,
-                c.fwd_s,
-                c.bwd_s,
-                self.options.powersgd,
-                self.contention,
-                self.fsdp,
-            )
+            zero_mb, tail = self._dp_comm(s, stage, links, coll, self.train, c.fwd_s, c.bwd_s)
             if s.offload_optimizer or s.offload_activations:  # PCIe copies (offload.py)
                 zero_mb += self.options.offload.cost(s, stage, c, self.policy(s)).exposed_s
             cast_f, cast_b = autocast_s(s, stage, self.stage_model)
