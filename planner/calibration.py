@@ -102,7 +102,12 @@ class DtypeKernels:
     """GEMM grid, attention curve, bandwidth and dispatch cost."""
 
 
-_NON_NEGATIVE = ("fsdp_unit_host_s", "dtensor_adamw_tensor_s", "load_average")
+_NON_NEGATIVE = (
+    "fsdp_unit_host_s",
+    "fsdp_tensor_host_s",
+    "dtensor_adamw_tensor_s",
+    "load_average",
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -138,7 +143,11 @@ class Calibration:
     fsdp_unit_host_s: float = 0.0
     """Host seconds one FSDP2 unit adds per forward+backward beyond its collectives (hooks,
     copy-in/out, gradient division): the calling thread's CPU time, measured on the ranks'
-    mesh (0: not measured)."""
+    mesh (0: not measured); fixed per unit, beside `fsdp_tensor_host_s`."""
+    fsdp_tensor_host_s: float = 0.0
+    """And per parameter tensor of the unit (FSDP2 handles each: views of the gathered
+    buffer, its sharded gradient made a DTensor); 0: not measured (files before
+    2026-11-26, whose unit figure was measured on two-tensor units)."""
     load_average: float = 0.0
     """The machine's 1-minute load average when the measurement started (`os.getloadavg`; 0
     where unknown): a busy machine measures slower and less stable figures."""
@@ -244,7 +253,7 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
     """Read the `calibration` section (strict; files from before 2026-11-26 lack the two
     fields filled in here, read as not measured)."""
     if isinstance(data, Mapping):
-        data = {"host_adamw_s_per_param": 0.0, **data}
+        data = {"host_adamw_s_per_param": 0.0, "fsdp_tensor_host_s": 0.0, **data}
         if isinstance(data.get("dtype_kernels"), list):
             data["dtype_kernels"] = [_with_saved_tensor_s(d) for d in data["dtype_kernels"]]
     validate(data, calibration_schema(), origin, fix="re-run paraplan calibrate or fix the file")
@@ -261,6 +270,7 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
         "tensor_parallel": TensorParallelDispatch | None,
         "overlap_contention": float,
         "fsdp_unit_host_s": float,
+        "fsdp_tensor_host_s": float,
         "dtensor_adamw_tensor_s": float,
         "host_adamw_s_per_param": float,
         "load_average": float,

@@ -46,8 +46,9 @@ from .microbench_checkpoint import checkpoint_region_cost
 from .microbench_host import host_adamw_s_per_param
 from .microbench_rounds import median_fit
 from .microbench_tp import (
+    FsdpUnitCost,
     dtensor_adamw_tensor_s,
-    fsdp_unit_s,
+    fsdp_unit_cost,
     tensor_parallel_dispatch,
 )
 
@@ -85,7 +86,7 @@ class _RankResult:
     threads: int
     overlap_contention: float
     tensor_parallel: TensorParallelDispatch | None
-    fsdp_unit_s: float
+    fsdp_unit: FsdpUnitCost
     dtensor_adamw_tensor_s: float
     host_adamw_s_per_param: float
 
@@ -204,7 +205,7 @@ def _measure(
     points = mb.collectives(timer, budget, lambda: tick("collectives")) if world > 1 else []
     contention = mb.overlap_contention(timer) if world > 1 else OVERLAP_CONTENTION
     tp_dispatch = tensor_parallel_dispatch(timer) if world > 1 else None
-    fsdp_s = fsdp_unit_s(timer) if world > 1 else 0.0
+    fsdp = fsdp_unit_cost(timer) if world > 1 else FsdpUnitCost(unit_s=0.0, tensor_s=0.0)
     adamw_s = dtensor_adamw_tensor_s(timer) if world > 1 else 0.0
     # optimizer offload's host AdamW, with the threads a training rank gets (torchrun: one
     # per rank when a node runs several)
@@ -228,7 +229,7 @@ def _measure(
             threads=torch.get_num_threads(),
             overlap_contention=contention,
             tensor_parallel=tp_dispatch,
-            fsdp_unit_s=fsdp_s,
+            fsdp_unit=fsdp,
             dtensor_adamw_tensor_s=adamw_s,
             host_adamw_s_per_param=host_adamw,
         )
@@ -397,7 +398,8 @@ def _calibration(
         kind_links=kinds,
         overlap_contention=r.overlap_contention,
         tensor_parallel=r.tensor_parallel,
-        fsdp_unit_host_s=r.fsdp_unit_s,  # host CPU time: the collectives are the links'
+        fsdp_unit_host_s=r.fsdp_unit.unit_s,  # host CPU time: the collectives are the links'
+        fsdp_tensor_host_s=r.fsdp_unit.tensor_s,
         dtensor_adamw_tensor_s=r.dtensor_adamw_tensor_s,
         host_adamw_s_per_param=r.host_adamw_s_per_param,
     )

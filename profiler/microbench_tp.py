@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -129,41 +130,71 @@ def _thread_s(timer: Timer, block: nn.Module, x: torch.Tensor) -> tuple[float, f
 
 
 FSDP_UNITS = 4
-"""Linear units of the FSDP2 host-cost benchmark (the slope from 1 to this many)."""
+"""Units of the FSDP2 host-cost benchmark (the slope from 1 to this many)."""
 FSDP_WIDTH = 16
-"""Width of each benchmark unit (a width x width Linear with bias)."""
-FSDP_ROUNDS = 3
-"""Alternations of the one-unit and the many-unit stack (the median slope is kept)."""
+"""Width of each benchmark Linear (width x width, with bias: two parameter tensors)."""
+FSDP_LINEARS = 4
+"""Linears per unit in the second stack, whose slope over the first gives the per-tensor
+part: FSDP2 handles every parameter of a unit on its own (views of the gathered buffer,
+the sharded gradient made a DTensor, hooks), 50 us per tensor on this VM (2026-11-26: 1.41,
+1.54 and 1.91 ms per unit of 2, 6 and 12 tensors), so a 12-tensor GPT-2 block costs ~0.5 ms
+more per micro-batch than a one-Linear unit."""
+FSDP_ROUNDS = 5
+"""Alternations of the stacks (the median slopes are kept)."""
 
 
-def fsdp_unit_s(timer: Timer, width: int = FSDP_WIDTH) -> float:
-    """Host seconds one FSDP2 unit adds to a forward+backward on the ranks' mesh: the slope
-    of a stack of `fully_shard` Linear units from 1 to `FSDP_UNITS`, in the calling thread's
-    CPU time (its pre/post hooks, copy-in and copy-out, the gradient division), so that
-    waiting on the unit's three collectives (priced by the links) is left out. The slope is
-    the median of `FSDP_ROUNDS` alternations of the two stacks: the wall-clock slope this
-    replaced measured 0.4-7.5 ms across calibrations of this VM."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FsdpUnitCost:
+    """Host seconds FSDP2 adds per unit and micro-batch beyond its collectives."""
+
+    unit_s: float
+    """Fixed per unit."""
+    tensor_s: float
+    """Per parameter tensor of the unit."""
+
+
+def fsdp_unit_cost(timer: Timer, width: int = FSDP_WIDTH) -> FsdpUnitCost:
+    """Host seconds one FSDP2 unit adds to a forward+backward on the ranks' mesh, in the
+    calling thread's CPU time (its pre/post hooks, copy-in and copy-out, the gradient
+    division), so that waiting on the unit's collectives (priced by the links) is left out:
+    the slope of stacks of `fully_shard` units from 1 to `FSDP_UNITS` units of one Linear
+    (per unit), and from units of one Linear to units of `FSDP_LINEARS` (per tensor), each
+    less the same stacks unwrapped (their kernels). Medians of `FSDP_ROUNDS` alternations:
+    the wall-clock slope this replaced measured 0.4-7.5 ms across calibrations of this VM."""
     from torch.distributed.fsdp import fully_shard
 
     dev = timer.device
     mesh = init_device_mesh(dev.type, (dist.get_world_size(),))
     x = torch.randn(4, width, device=dev)
+    shapes = ((1, 1), (FSDP_UNITS, 1), (FSDP_UNITS, FSDP_LINEARS))  # (units, Linears each)
     steps = []
-    for units in (1, FSDP_UNITS):
-        stack = nn.Sequential(*(nn.Linear(width, width, device=dev) for _ in range(units)))
-        for layer in stack:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(stack, mesh=mesh)
+    for units, linears in shapes:
+        for wrap in (True, False):
+            stack = nn.Sequential(
+                *(
+                    nn.Sequential(*(nn.Linear(width, width, device=dev) for _ in range(linears)))
+                    for _ in range(units)
+                )
+            )
+            if wrap:
+                for unit in stack:
+                    fully_shard(unit, mesh=mesh)
+                fully_shard(stack, mesh=mesh)
 
-        def step(stack: nn.Module = stack) -> None:
-            stack(x).sum().backward()
+            def step(stack: nn.Module = stack) -> None:
+                stack(x).sum().backward()
 
-        steps.append(step)
-    slopes = []
+            steps.append(step)
+    per_unit, per_tensor = [], []
     for _ in range(FSDP_ROUNDS):
-        one, many = (timer(step, TP_REPEATS, clock=time.thread_time) for step in steps)
-        slopes.append((many - one) / (FSDP_UNITS - 1))
-    return max(0.0, statistics.median(slopes))
+        t = [timer(step, TP_REPEATS, clock=time.thread_time) for step in steps]
+        one, many, wide = (t[i] - t[i + 1] for i in (0, 2, 4))  # wrapped less unwrapped
+        per_unit.append((many - one) / (FSDP_UNITS - 1))
+        per_tensor.append((wide - many) / (FSDP_UNITS * 2 * (FSDP_LINEARS - 1)))
+    tensor_s = max(0.0, statistics.median(per_tensor))
+    return FsdpUnitCost(
+        unit_s=max(0.0, statistics.median(per_unit) - 2 * tensor_s), tensor_s=tensor_s
+    )
 
 
 ADAMW_TENSORS = 16

@@ -243,7 +243,8 @@ def format_calibration(cluster: Cluster) -> str:
         lines.append(f"DTensor host per TP block (forward/backward): {per_block}")
     if cal.world_size > 1:
         lines.append(
-            f"FSDP2 host per unit {cal.fsdp_unit_host_s * 1e3:.2f} ms; AdamW per DTensor "
+            f"FSDP2 host per unit {cal.fsdp_unit_host_s * 1e3:.2f} ms + "
+            f"{cal.fsdp_tensor_host_s * 1e6:.0f} us per parameter tensor; AdamW per DTensor "
             f"parameter {cal.dtensor_adamw_tensor_s * 1e6:.0f} us"
         )
     if cal.host_adamw_s_per_param > 0:

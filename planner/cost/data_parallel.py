@@ -45,6 +45,8 @@ class UnitFigures(Protocol):
     @property
     def fsdp_unit_host_s(self) -> float: ...
     @property
+    def fsdp_tensor_host_s(self) -> float: ...
+    @property
     def time_scale(self) -> float: ...
 
 
@@ -55,7 +57,9 @@ class FsdpHost:
 
     unit_s: float = 0.0
     """Fixed seconds per unit and micro-batch: hooks and bookkeeping (measured by `paraplan
-    calibrate` on a small unit, `fsdp_unit_host_s`; 0 on catalog devices)."""
+    calibrate` on small units, `fsdp_unit_host_s`; 0 on catalog devices)."""
+    tensor_s: float = 0.0
+    """Seconds per parameter tensor of a unit and micro-batch (`fsdp_tensor_host_s`)."""
     copy_s_per_byte: float = 0.0
     """Seconds per byte (read + written) of the copies `fsdp_copy_bytes` counts: the
     device's streaming rate (calibrated elementwise bandwidth, else the datasheet's)."""
@@ -68,8 +72,14 @@ class FsdpHost:
         """The device's: copies at its kernels' streaming rate (else the datasheet's), the
         fixed cost as calibrated (0 on a catalog device)."""
         copy_s = kernels.elementwise_s(1.0) if kernels else 1 / acc.memory_bw_bytes_per_s
-        unit_s = 0.0 if cal is None else cal.fsdp_unit_host_s * cal.time_scale
-        return cls(unit_s=unit_s, copy_s_per_byte=copy_s, on_host=acc.is_host)
+        if cal is None:
+            return cls(copy_s_per_byte=copy_s, on_host=acc.is_host)
+        return cls(
+            unit_s=cal.fsdp_unit_host_s * cal.time_scale,
+            tensor_s=cal.fsdp_tensor_host_s * cal.time_scale,
+            copy_s_per_byte=copy_s,
+            on_host=acc.is_host,
+        )
 
 
 DDP_FIRST_BUCKET_BYTES = 2**20
@@ -146,6 +156,7 @@ def dp_comm(
     contention: float = OVERLAP_CONTENTION,
     fsdp: FsdpHost | None = None,
     ddp_last_bytes: float = 0.0,
+    layers: Sequence[LayerCost] = (),
 ) -> tuple[float, float]:
     """(exposed seconds per micro-batch, exposed seconds once per step) of ZeRO/DDP traffic
     for one stage; `fwd`/`bwd` are the stage's compute seconds per micro-batch.
@@ -175,6 +186,8 @@ def dp_comm(
         (stage.expert_params / (s.tp * s.ep), links.edp),
     )
     units = max(1, stage.n_blocks + int(stage.has_embedding) + int(stage.has_head))
+    if fsdp is not None and s.zero_stage == 3 and s.fsdp_wrapped:  # per tensor, either group
+        per_mb += fsdp.tensor_s * sum(layers[i].param_tensors for i in stage.layers)
     for count, link in groups:
         if fsdp is not None and count and s.zero_stage == 3 and s.fsdp_wrapped:
             # FSDP2's hooks and copies, over one shard rank too: not hidden (`FsdpHost`)
@@ -189,7 +202,11 @@ def dp_comm(
             if link is dense_link and links.replicate.size > 1:
                 rs += coll.all_reduce(unit * t.grad_bytes / link.size, links.replicate)
             fwd_u, bwd_u = fwd / units, bwd / units
-            per_mb += ag + (units - 1) * hidden_behind(ag, fwd_u, contention)
+            # a unit's forward gather is prefetched only by running ahead of the device
+            # (FSDP2's implicit prefetch: stream events, `_fsdp_param_group.wait_for_unshard`);
+            # a host CPU's one thread gathers each unit when it gets there and waits for it
+            on_host = fsdp is not None and fsdp.on_host
+            per_mb += ag + (units - 1) * (ag if on_host else hidden_behind(ag, fwd_u, contention))
             per_mb += ag + (units - 1) * hidden_behind(ag + rs, bwd_u, contention) + rs
             continue
         ag = coll.all_gather(count * t.param_bytes, link)

@@ -79,6 +79,7 @@ class Evaluator:
             contention=self.contention,
             fsdp=self.fsdp,
             ddp_last_bytes=ddp_last,
+            layers=profile.layers,
         )  # the ZeRO/DDP traffic with this model's fixed figures
         self.weight_share = split_schedules.weight_grad_share(profile)
         """Share of a backward that is weight gradients (split-backward schedules)."""
