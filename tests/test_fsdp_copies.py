@@ -38,7 +38,7 @@ def _written(func_name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out:
     return sum(int(t.numel() * t.element_size()) for t in tensors if t is not None)
 
 
-def _worker(out_dir: Path, bf16: bool) -> None:
+def _worker(out_dir: Path, bf16: bool, root: bool = False) -> None:
     import torch.distributed as dist
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
@@ -69,7 +69,9 @@ def _worker(out_dir: Path, bf16: bool) -> None:
     )
     torch.manual_seed(0)
     blocks = [nn.Linear(WIDTH, WIDTH, bias=False) for _ in range(UNITS)]
-    model = nn.Sequential(*blocks)
+    # `root`: a head of the root unit's own, as the executor's chain keeps its embedding and
+    # head in the root
+    model = nn.Sequential(*blocks, *([nn.Linear(WIDTH, WIDTH, bias=False)] if root else []))
     for module in (*blocks, model):
         fully_shard(module, mesh=mesh, mp_policy=policy)
     x = torch.randn(2, WIDTH)
@@ -81,7 +83,8 @@ def _worker(out_dir: Path, bf16: bool) -> None:
         model(x).sum().backward()
     if dist.get_rank() == 0:
         payload = {"calls": dict(mode.calls), "bytes": dict(mode.bytes)}
-        (out_dir / ("bf16.json" if bf16 else "fp32.json")).write_text(json.dumps(payload))
+        name = "root.json" if root else "bf16.json" if bf16 else "fp32.json"
+        (out_dir / name).write_text(json.dumps(payload))
     # both ranks done with FSDP's collectives before the group goes (a rank that tore it down
     # while its peer still ran aborted once in CI: "terminate called without an active
     # exception")
@@ -122,5 +125,21 @@ def test_fsdp_copy_bytes_are_the_copies_fsdp2_runs(tmp_path: Path, precision: Pr
     assert fsdp_copy_bytes(unit, 2, t, on_host=True) * UNITS == pytest.approx(expected)
 
 
+@pytest.mark.multiprocess
+def test_fsdp2_regathers_the_blocks_not_the_root(tmp_path: Path) -> None:
+    """What `dp_comm` prices for ZeRO-3's backward: the blocks are gathered again (they
+    reshard after forward), the root unit (the executor's embedding and head) is not: it stays
+    gathered from its forward, torch's default for the root, and backward starts with it."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd += [__file__, str(tmp_path), "root"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    calls = json.loads((tmp_path / "root.json").read_text())["calls"]
+    # forward: root + every block; backward: every block again; one reduce-scatter per unit
+    assert calls["all_gather_copy_in"] == (UNITS + 1) + UNITS
+    assert calls["chunk_cat"] == UNITS + 1
+
+
 if __name__ == "__main__":
-    _worker(Path(sys.argv[1]), bf16=len(sys.argv) > 2)
+    _worker(Path(sys.argv[1]), bf16=sys.argv[2:] == ["bf16"], root=sys.argv[2:] == ["root"])

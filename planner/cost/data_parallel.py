@@ -207,7 +207,18 @@ def dp_comm(
             # a host CPU's one thread gathers each unit when it gets there and waits for it
             on_host = fsdp is not None and fsdp.on_host
             per_mb += ag + (units - 1) * (ag if on_host else hidden_behind(ag, fwd_u, contention))
-            per_mb += ag + (units - 1) * hidden_behind(ag + rs, bwd_u, contention) + rs
+            # backward re-gathers the blocks only: the unit backward starts with (the head's,
+            # or torch's root: embedding and head) stays gathered from its forward (torch's
+            # `fully_shard` default for the root; torchtitan keeps the last block and the
+            # output, re-gathering the embedding); each gather is prefetched under the unit
+            # before it, each reduce-scatter hides under the next unit's backward
+            first = 0.0 if stage.has_head else ag
+            hidden_ag = max(0, stage.n_blocks - int(not stage.has_head)) * ag
+            if units > 1:
+                per_mb += (units - 1) * hidden_behind(
+                    rs + hidden_ag / (units - 1), bwd_u, contention
+                )
+            per_mb += first + rs
             continue
         ag = coll.all_gather(count * t.param_bytes, link)
         rs = coll.reduce_scatter(count * t.grad_bytes, link)
