@@ -198,7 +198,11 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
         # torchtitan's "selective" is per-operator SAC (`selective_ac_option = "op"`, its
         # default and what every torchtitan row here states or implies).
         eager = "no torch.compile" in text or "torch.compile" not in text
-        return Runtime(fused_elementwise=not eager, selective=SelectiveRecompute.EVERY_OTHER_MATMUL)
+        return Runtime(
+            fused_elementwise=not eager,
+            selective=SelectiveRecompute.EVERY_OTHER_MATMUL,
+            fsdp_shared_root=False,  # torchtitan wraps the embedding and the output apart
+        )
     return Runtime(fused_elementwise=True, sp_saves_gathered_input=False, torch_loss=False)
 
 

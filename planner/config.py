@@ -87,6 +87,10 @@ class Runtime:
     fp32 buffers at its peak, 3 under `loss_parallel` (cost/memory.py, measured). False:
     Megatron-LM's fused vocabulary-parallel cross-entropy, which works in place on the logits
     (megatron/core/tensor_parallel/cross_entropy.py) and holds no more than them."""
+    fsdp_shared_root: bool = True
+    """Under FSDP the embedding and the head share one unit, the root (paraplan's executor:
+    tied weights must share a unit), beside one unit per block; False: each its own unit, as
+    torchtitan wraps them (`fully_shard` on tok_embeddings, each block, and norm + output)."""
     fp32_grads: bool = True
     """Gradients are accumulated and reduced in fp32 whatever the compute precision: Megatron-LM
     turns `--accumulate-allreduce-grads-in-fp32` on for bf16 (its distributed-optimizer guide:

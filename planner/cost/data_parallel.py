@@ -82,6 +82,15 @@ class FsdpHost:
         )
 
 
+def fsdp_units(stage: Stage, t: TrainConfig) -> int:
+    """FSDP units of a stage: one per block, and the embedding and head as one root unit
+    (`Runtime.fsdp_shared_root`, the executor's) or as one unit each (torchtitan's)."""
+    ends = int(stage.has_embedding) + int(stage.has_head)
+    if t.runtime.fsdp_shared_root:
+        ends = min(ends, 1)
+    return max(1, stage.n_blocks + ends)
+
+
 DDP_FIRST_BUCKET_BYTES = 2**20
 """DDP's first gradient bucket (torch `dist._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB): the
 gradients backward produces first go out early; the rest in `DDP_BUCKET_BYTES` buckets."""
@@ -185,7 +194,7 @@ def dp_comm(
         (stage.dense_params / s.tp, dense_link),
         (stage.expert_params / (s.tp * s.ep), links.edp),
     )
-    units = max(1, stage.n_blocks + int(stage.has_embedding) + int(stage.has_head))
+    units = fsdp_units(stage, t)
     if fsdp is not None and s.zero_stage == 3 and s.fsdp_wrapped:  # per tensor, either group
         per_mb += fsdp.tensor_s * sum(layers[i].param_tensors for i in stage.layers)
     for count, link in groups:

@@ -34,7 +34,7 @@ from ..config import FP32_BYTES, TrainConfig
 from ..hardware import Accelerator
 from ..model import LayerKind
 from ..strategy import Strategy
-from .data_parallel import hidden_behind
+from .data_parallel import fsdp_units, hidden_behind
 from .layout import Stage
 from .memory import MemoryBreakdown
 from .stage_parts import StageCompute
@@ -101,7 +101,7 @@ class OffloadModel:
     def cost(self, s: Strategy, stage: Stage, c: StageCompute, policy: Policy) -> OffloadCost:
         """Copies per micro-batch and their exposed seconds for one stage."""
         t, bw = self.train, self.acc.pcie_bw_bytes_per_s
-        units = max(1, stage.n_blocks + int(stage.has_embedding) + int(stage.has_head))
+        units = fsdp_units(stage, t)
         fwd_u, bwd_u = c.fwd_s / units, c.bwd_s / units
         fwd_copy = bwd_copy = 0.0  # bytes per unit, per pass
         param_bytes = act_bytes = 0.0
