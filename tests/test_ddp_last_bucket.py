@@ -12,8 +12,11 @@ import torch.distributed as dist
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import paraplan
-from paraplan.planner.cost.data_parallel import DDP_FIRST_BUCKET_BYTES, ddp_last_bucket_bytes
-from paraplan.planner.cost.memory import DDP_BUCKET_BYTES
+from paraplan.planner.cost.data_parallel import (
+    DDP_BUCKET_BYTES,
+    DDP_FIRST_BUCKET_BYTES,
+    ddp_last_bucket_bytes,
+)
 
 CONFIGS = Path(__file__).resolve().parents[1] / "examples" / "configs"
 LLAMA_MID = {  # untied, several 25 MiB buckets

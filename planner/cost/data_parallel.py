@@ -14,7 +14,6 @@ from .comm import AxisLink, Collectives, Links
 from .compression import PowerSGDModel
 from .compute import Kernels
 from .layout import Stage
-from .memory import DDP_BUCKET_BYTES
 
 HOST_OPTIMIZER_BYTES_PER_S = 20e9
 """Effective host memory bandwidth one GPU's share of a CPU optimizer step streams at. An
@@ -91,6 +90,8 @@ def fsdp_units(stage: Stage, t: TrainConfig) -> int:
     return max(1, stage.n_blocks + ends)
 
 
+DDP_BUCKET_BYTES = 25 * 2**20
+"""Gradient bucket of DDP / ZeRO-1/2 reduction (PyTorch DDP default `bucket_cap_mb=25`)."""
 DDP_FIRST_BUCKET_BYTES = 2**20
 """DDP's first gradient bucket (torch `dist._DEFAULT_FIRST_BUCKET_BYTES`, 1 MiB): the
 gradients backward produces first go out early; the rest in `DDP_BUCKET_BYTES` buckets."""

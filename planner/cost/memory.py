@@ -11,10 +11,9 @@ from ..strategy import Recompute, Schedule
 from . import schedules as split_schedules
 from .eager import LOSS_BYTES
 
-DDP_BUCKET_BYTES = 25 * 2**20
-"""Gradient bucket of DDP / ZeRO-1/2 reduction (PyTorch DDP default `bucket_cap_mb=25`);
-two are in flight (one filling while one reduces)."""
 BUCKETS_IN_FLIGHT = 2
+"""DDP / ZeRO-1/2 gradient buckets (`DDP_BUCKET_BYTES`) in flight: one filling while one
+reduces."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -26,12 +26,12 @@ from .compute import (
     is_math_attention,
     layer_gemms,
 )
+from .data_parallel import DDP_BUCKET_BYTES
 from .eager import traced_layer_s
 from .kernel_cache import gemm_kernel_cache_bytes
 from .layout import Layout, Stage, StageSplit
 from .memory import (
     BUCKETS_IN_FLIGHT,
-    DDP_BUCKET_BYTES,
     held_zero_stage,
     layer_act_bytes,
     layer_tmp_bytes,
