@@ -138,6 +138,10 @@ class BalancedCuts:
 
     def __init__(self, unit_costs_s: Sequence[float]) -> None:
         self.costs = [float(c) for c in unit_costs_s]
+        self._total = sum(self.costs)
+        self._largest = max(self.costs, default=0.0)
+        self._even_only = any(c < 0 for c in self.costs) or self._total <= 0
+        """Whether every chunk count gets the even split (a negative or no cost at all)."""
         self._starts: list[float] = []
         """Sorted lower ends of the known intervals (with their `_ends`, `_parts`)."""
         self._ends: list[float] = []
@@ -161,11 +165,11 @@ class BalancedCuts:
         costs = self.costs
         n = len(costs)
         even = block_counts(n, num_chunks)
-        if num_chunks == 1 or any(c < 0 for c in costs) or sum(costs) <= 0:
+        if num_chunks == 1 or self._even_only:
             return even
         if num_chunks == n:  # one unit per chunk: the only split
             return even
-        lo, hi = max(costs), sum(costs)
+        lo, hi = self._largest, self._total
         for _ in range(_BISECTIONS):
             if hi - lo <= _REL * hi:
                 break
@@ -176,6 +180,8 @@ class BalancedCuts:
                 lo = mid
         bound = hi * (1 + _REL)
         low_k, high_k = -(-n // num_chunks), n  # the fewest units the largest chunk can hold
+        if low_k < high_k and _parts_needed(costs, bound, low_k) <= num_chunks:
+            high_k = low_k  # the usual answer: the fewest parts never grow with the limit
         while low_k < high_k:
             mid_k = (low_k + high_k) // 2
             if _parts_needed(costs, bound, mid_k) <= num_chunks:
@@ -189,11 +195,15 @@ class BalancedCuts:
         for p in range(n):
             if end < p:
                 end, running = p, 0.0
-            while end < n and end - p < most and running + costs[end] <= bound:
+            stop = min(n, p + most)  # end < n and end - p < most
+            while end < stop and running + costs[end] <= bound:
                 running += costs[end]
                 end += 1
-            reach_of[p] = max(end, p + 1)
-            running -= costs[p] if end > p else 0.0
+            if end > p:
+                reach_of[p] = end
+                running -= costs[p]
+            else:  # an empty reach (nothing fits): the unit alone
+                reach_of[p] = p + 1
         # -suffix_parts[p]: the fewest parts the units p.. need, negated; `reach_of` never
         # decreases, so neither does this (greedy from a later unit needs no more parts)
         neg_parts = [0] * (n + 1)
