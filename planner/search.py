@@ -39,6 +39,7 @@ from .search_blocks import (
 )
 from .search_bounds import (
     FamilyBounds,
+    bound_stage_times,
     compute_lower_bound_s,
     per_layer_lower_bound_s,
     schedule_lower_bound_s,
@@ -279,8 +280,7 @@ class Search:
 
     def _rescuable(self, s: Strategy) -> bool:
         """Whether `_rescue` may offer anything for `s` (its cheap checks)."""
-        rescued = s.recompute in options.RESCUED_RECOMPUTE
-        return rescued and options.rescuable(self.ev, s, self.pins)
+        return s.recompute in options.RESCUED_RECOMPUTE and options.rescuable(self.ev, s, self.pins)
 
     def _fitted(
         self,
@@ -441,7 +441,7 @@ class Search:
         bound = self._lb_s.get(s)
         if bound is None:
             coll = self._families.coll(s)
-            stages = self.ev.stage_times(s, self.ev.ideal_links(s), coll)
+            stages = bound_stage_times(self.ev, s, coll)
             if s.recompute == Recompute.NONE:  # a per-layer bound reads them again
                 self._plain_stages[s] = stages
             bound = self._lb_s[s] = strategy_lower_bound_s(self.ev, s, coll, stages)

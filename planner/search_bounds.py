@@ -186,6 +186,21 @@ def family_lower_bound_s(
     return (m * slot + least_bubble_s(ev, s, slot, shares)) * (1.0 - SAFETY)
 
 
+def bound_stage_times(ev: Evaluator, s: Strategy, coll: Collectives) -> tuple[StageTime, ...]:
+    """`ev.stage_times(s, ev.ideal_links(s), coll)`, as the bounds read it. Under a split
+    backward with a uniform recompute policy, each distinct stage is priced once (the merged
+    stages of `family_cores`, whose seconds equal those of the stages they stand for but for
+    rounding, which `SAFETY` and `_SHARE_NUDGE` absorb) and handed to every pipeline stage
+    that looks like it (`StageModel.stage_copies`), in the order `stage_times` gives them."""
+    links = ev.ideal_links(s)
+    lay = ev.stage_model.layout_of(s)
+    if not lay.per_stage or s.recompute == Recompute.PER_LAYER:  # per_layer: solved per stage
+        return ev.stage_times(s, links, coll)
+    merged = ev.stage_times(s, links, coll, merged=True)
+    copies = ev.stage_model.stage_copies(replace(lay, per_stage=False))
+    return tuple(merged[rep] for _, rep in copies)
+
+
 def strategy_lower_bound_s(
     ev: Evaluator, s: Strategy, coll: Collectives, stages: tuple[StageTime, ...] | None = None
 ) -> float:
@@ -194,7 +209,7 @@ def strategy_lower_bound_s(
     the largest once-per-step tail, and the bubble of the slowest slot at the least unit
     bubble of the stages' forward shares (the slowest stage may differ between the bound and
     a mesh order). `stages`: its `stage_times` on ideal links with `coll`, when known."""
-    stages = ev.stage_times(s, ev.ideal_links(s), coll) if stages is None else stages
+    stages = bound_stage_times(ev, s, coll) if stages is None else stages
     slot = max(x.per_microbatch_s for x in stages)
     tail = max(x.tail_comm_s + x.optimizer_s for x in stages)
     m = ev.num_microbatches(s)
@@ -215,7 +230,7 @@ def per_layer_lower_bound_s(
     added to its slot."""
     plain = replace(s, recompute=Recompute.NONE) if plain is None else plain
     if stages is None:  # `plain`'s on ideal links with `coll`, when not given
-        stages = ev.stage_times(plain, ev.ideal_links(plain), coll)
+        stages = bound_stage_times(ev, plain, coll)
     extra = ev.per_layer.recompute_lower_bounds_s(s)
     slot = max(x.per_microbatch_s + r for x, r in zip(stages, extra, strict=True))
     tail = max(x.tail_comm_s + x.optimizer_s for x in stages)

@@ -30,7 +30,7 @@ from .mixed_precision import autocast_s
 from .options import OptionModel, has_options, option_problem
 from .per_layer import PerLayerRecompute
 from .rules import Assignment, ProblemShape, Violation, violation
-from .stage_core import StageCore, stage_core
+from .stage_core import StageCore, StageCores
 from .stages import Policy, StageActivations, StageModel, StaticMemory
 
 
@@ -74,7 +74,15 @@ class Evaluator:
         self.weight_share = split_schedules.weight_grad_share(profile)
         """Share of a backward that is weight gradients (split-backward schedules)."""
         self._links = cache(self._links_uncached)
-        self._stage_core: dict[tuple, tuple[StageCore, ...]] = {}  # see `stage_core`'s key
+        self.cores = StageCores(
+            self.stage_model,
+            self.per_layer,
+            train,
+            self.contention,
+            self.coll,
+            self.lower_bound_coll,
+        )
+        """Memoized `stage_core` (stage_core.py)."""
         self._ideal: dict[int, tuple[Links, Links]] = {}  # `ideal_links`, by id of `links`
         self._in_flight: dict[tuple, tuple[float, ...]] = {}  # `in_flight` results
         self._statics: dict[tuple, tuple[float, ...]] = {}  # `static_totals`, by stage ids
@@ -321,13 +329,17 @@ class Evaluator:
         s: Strategy,
         links: Links | None = None,
         coll: Collectives | None = None,
+        *,
+        merged: bool = False,
     ) -> tuple[StageTime, ...]:
         """Seconds of each distinct pipeline stage (`StageModel.stages`) under the strategy
-        (links default to its mesh order's; `coll` to this accelerator's collectives)."""
+        (links default to its mesh order's; `coll` to this accelerator's collectives). With
+        `merged` (bounds only), a split backward's stages that look alike once
+        (`StageCores.get`)."""
         links = self.links(s) if links is None else links
         coll = self.coll if coll is None else coll
         out = []
-        for core in self.stage_core(s, links, coll):
+        for core in self.cores.get(s, links, coll, merged=merged):
             c, stage = core.compute, core.stage
             zero_mb, tail = dp_comm(
                 s,
@@ -357,46 +369,12 @@ class Evaluator:
             )
         return tuple(out)
 
-    def stage_core(self, s: Strategy, links: Links, coll: Collectives) -> tuple[StageCore, ...]:
-        """Each distinct stage's compute, recompute and TP/CP/EP/PP communication per
-        micro-batch under `links` and `coll` (`stage_core.py`): `stage_times` less the
-        data-parallel, offload and optimizer terms. Memoized for its `Collectives` and for
-        `PlacementBound`s: with a uniform recompute policy it depends on neither the ZeRO
-        stage, the offloads, PowerSGD nor the mesh order (given the links), which the search
-        varies most."""
-        which = 0 if coll is self.coll else 1 if coll is self.lower_bound_coll else None
-        which = getattr(coll, "memo_key", None) if which is None else which  # PlacementBound
-        if which is None:
-            return stage_core(
-                s, links, coll, self.stage_model, self.per_layer, self.train, self.contention
-            )
-        per_layer = s.recompute == Recompute.PER_LAYER  # its solution depends on all of them
-        key = (
-            s.dp,
-            s.tp,
-            s.pp,
-            s.cp,
-            s.ep,
-            s.sequence_parallel,
-            s.schedule,
-            s.virtual_stages,
-            s.micro_batch_size,
-            s.recompute,
-            s if per_layer else None,
-            # all it reads of the links (mesh orders moving only dp groups share it)
-            links.tp,
-            links.cp.nodes > 1,
-            links.ep,
-            links.pp.nodes > 1,
-            which,
-        )
-        found = self._stage_core.get(key)
-        if found is None:
-            found = stage_core(
-                s, links, coll, self.stage_model, self.per_layer, self.train, self.contention
-            )
-            self._stage_core[key] = found
-        return found
+    def stage_core(
+        self, s: Strategy, links: Links, coll: Collectives, *, merged: bool = False
+    ) -> tuple[StageCore, ...]:
+        """`StageCores.get` (stage_core.py): `stage_times` less the data-parallel, offload and
+        optimizer terms, memoized for this evaluator's collectives and `PlacementBound`s."""
+        return self.cores.get(s, links, coll, merged=merged)
 
     def _optimizer_s(self, s: Strategy, stage: Stage) -> float:
         """`data_parallel.optimizer_s`; on a calibrated device with a traced model, torch's
