@@ -261,14 +261,26 @@ class Evaluator:
             out.append(total)
         return out
 
-    def static_totals(self, stages: tuple[Stage, ...], *shape: int | bool) -> tuple[float, ...]:
-        """`StageModel.static_memory(stage, *shape).total_bytes` of each of a layout's `stages`,
+    def static_totals(
+        self,
+        stages: tuple[Stage, ...],
+        tp: int,
+        ep: int,
+        dpcp: int,
+        zero: int,
+        offload: bool,
+        replicate: int,
+    ) -> tuple[float, ...]:
+        """`StageModel.static_memory(stage, ...).total_bytes` of each of a layout's `stages`,
         memoized by the stages' ids (they live as long as the stage model)."""
-        key = (*map(id, stages), *shape)
+        key = (*map(id, stages), tp, ep, dpcp, zero, offload, replicate)
         found = self._statics.get(key)
         if found is None:
             found = self._statics[key] = tuple(
-                self.stage_model.static_memory(st, *shape).total_bytes for st in stages
+                self.stage_model.static_memory(
+                    st, tp, ep, dpcp, zero, offload, replicate
+                ).total_bytes
+                for st in stages
             )
         return found
 

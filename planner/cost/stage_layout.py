@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from functools import cache
 
 from ..model import LayerKind, ModelProfile
+from ..solvers.pipeline_replay import SPLIT_BACKWARD, V_SHAPED
+from ..strategy import Recompute, Schedule
 from .layout import (
     BalancedCuts,
     Chunk,
@@ -53,6 +55,7 @@ class StageLayouts:
         self._costs: dict[tuple, BalancedCuts] = {}  # by (recompute, tp, sequence parallel)
         self._placed: dict[tuple, tuple[tuple[Chunk, ...], list[_Placed]]] = {}
         self._stage: dict[tuple, Stage] = {}
+        self._layouts: dict[tuple, Layout] = {}  # `layout`'s
         layers = profile.layers
         blocks = [x.kind == LayerKind.BLOCK for x in layers]
         # prefix sums over the chain (of ints: a range's sum is exact, as `sum` over it)
@@ -69,6 +72,24 @@ class StageLayouts:
         self._block_expert = [
             x.expert_params if b else 0 for x, b in zip(layers, blocks, strict=True)
         ]
+
+    def layout(
+        self, pp: int, v: int, recompute: Recompute, tp: int, sp: bool, schedule: Schedule | None
+    ) -> Layout:
+        """The layout of a pp x v pipeline (blocks weighed under `recompute`, none for per-layer
+        policies) under `schedule`: chunks in a V for ZB-V and DualPipeV, every stage kept under
+        a split backward; one for every pp = 1. Memoized: one object per layout, which the memos
+        keyed by layouts then find by identity."""
+        key = (pp, v, recompute, tp, sp, schedule)
+        found = self._layouts.get(key)
+        if found is None:
+            if pp == 1:
+                found = Layout(1, 1, Recompute.NONE, 1, False)
+            else:
+                v_shaped, split = schedule in V_SHAPED, schedule in SPLIT_BACKWARD
+                found = Layout(pp, v, recompute, tp, sp, v_shaped, split)
+            self._layouts[key] = found
+        return found
 
     def _placement(self, lay: Layout) -> tuple:
         """What a layout's chunks depend on: blocks per chunk, stages, V or loop."""
