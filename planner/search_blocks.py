@@ -11,7 +11,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any, ParamSpec, TypeVar
 
+from . import options
 from .cost.evaluate import Estimate, Evaluator
+from .cost.options import has_options
+from .pins import Pins
 from .strategy import Recompute, Schedule, Strategy
 
 STRATEGY_FIELDS = tuple(f.name for f in fields(Strategy))
@@ -205,3 +208,44 @@ def least_memory(ev: Evaluator, blocks: list[Block], found: Estimate | None) -> 
             if best is None or memory.total_bytes < best.memory.total_bytes:
                 best = ev.finish(s, memory, stage, ev.time(s))
     return best
+
+
+def states_overflow(ev: Evaluator, s: Strategy) -> bool:
+    """Whether what some stage of `s` holds whatever its activations (model states and
+    pipeline buffers) already exceeds the memory: then no recompute policy fits. Not for
+    options (offloaded states) nor one micro-batch without a pipeline (the gradients then
+    grow as the activations are freed, `Evaluator.single_pass`)."""
+    if has_options(s) or ev.single_pass(s):
+        return False
+    sm = ev.stage_model
+    stages = sm.stages(sm.layout_of(s))
+    static = max(
+        ev.static_totals(
+            stages, s.tp, s.ep, s.dp * s.cp, s.zero_stage, s.offload_optimizer, s.dp_replicate
+        )
+    )
+    return static + ev.pipeline_buffer_bytes(s) > ev.capacity_bytes
+
+
+def static_rejects(
+    ev: Evaluator,
+    pins: Pins,
+    probe: Strategy,
+    choice: tuple[bool, int, bool, Recompute],
+    total: float | None,
+    static: tuple[float, ...] | None,
+) -> bool:
+    """Whether the search, its heap full, drops the strategy of `choice` under `probe`'s block
+    and schedule (peak memory `total`, None for an unsolved per_layer) for what its stages hold
+    whatever their activations, answered from its `static` totals (`Evaluator.memory_totals`;
+    None: not known, so False) without building it: by `states_overflow` (per_layer) or, as it
+    does not fit, by `options.rescuable` (and the recompute policies `Search._rescue` offers)."""
+    sp, zero, off, rc = choice
+    cap = ev.capacity_bytes
+    if static is None or (total is not None and total <= cap):
+        return False  # not known, or it fits
+    if total is not None and rc not in options.RESCUED_RECOMPUTE:
+        return True
+    if total is not None and pins.offload_params is None and zero == 3 and off:
+        return False  # `options.rescuable`: parameter offload may make it fit
+    return max(static) + ev.pipeline_buffer_bytes(probe, sp) > cap

@@ -203,6 +203,7 @@ class Evaluator:
         choices: tuple[tuple[bool, int, bool, Recompute], ...],
         *,
         fit_only: bool = False,
+        statics: list[tuple[float, ...] | None] | None = None,
     ) -> list[float | None]:
         """Peak memory (`memory(...)[0].total_bytes`) of `s` under each (sp, zero, offload,
         recompute) choice, computed together: the search's fast path. A `per_layer` choice
@@ -210,13 +211,17 @@ class Evaluator:
         the same sharding, which makes it that strategy. With `fit_only`, a total that does
         not fit may be a lower bound on it (still above the capacity): a split-backward
         schedule's in-flight counts (a replay) are then read only for the choices that fit
-        with `MIN_SPLIT_IN_FLIGHT` micro-batches in flight."""
+        with `MIN_SPLIT_IN_FLIGHT` micro-batches in flight. With `statics`, each choice's
+        `static_totals` are appended to it (for `per_layer`, those of its layout, recompute
+        none's), or None where its total does not add them up (options, single pass)."""
         sm, per_layer = self.stage_model, Recompute.PER_LAYER
 
         def variant(sp: bool, z: int, o: bool, rc: Recompute) -> Strategy:
             return replace(s, sequence_parallel=sp, zero_stage=z, offload_optimizer=o, recompute=rc)
 
         if has_options(s):  # the options' terms live in `memory` (options.py): the slow path
+            if statics is not None:
+                statics.extend([None] * len(choices))
             return [
                 None if c[3] == per_layer else self.memory(variant(*c))[0].total_bytes
                 for c in choices
@@ -228,36 +233,42 @@ class Evaluator:
         replicate = s.dp_replicate
         acts: dict[tuple[bool, Recompute], list[float]] = {}  # lazy: at the least in flight
         exact: dict[tuple[bool, Recompute], list[float]] = {}  # lazy: as replayed
-        none_totals: dict[tuple[bool, int, bool], float] = {}
+        # recompute none's total and static totals (`statics`), by (sp, zero, offload)
+        nones: dict[tuple[bool, int, bool], tuple[float, tuple[float, ...] | None]] = {}
         out: list[float | None] = []
         shapes: dict[tuple[bool, Recompute], tuple[Layout, tuple[Stage, ...]]] = {}
         for sp, zero, off, rc in choices:
             if rc == per_layer:
-                plain = none_totals.get((sp, zero, off))
+                plain, static = nones.get((sp, zero, off), (None, None))
                 # `none` fits: the solver keeps everything, so this is that strategy (or one
                 # recomputing more where `none` fits only by the single-pass timeline).
                 out.append(plain if plain is not None and plain <= cap else None)
+                if statics is not None:  # its layout is none's
+                    statics.append(static)
                 continue
             shape = shapes.get((sp, rc))
             if shape is None:
                 lay = sm.layout(s.pp, v, rc, s.tp, sp, s.schedule)
                 shape = shapes[(sp, rc)] = (lay, sm.stages(lay))
             lay, stages = shape
+            static = None
             if single and zero < 2:
                 total = self.memory(variant(sp, zero, off, rc))[0].total_bytes
             else:
-                statics = self.static_totals(stages, s.tp, s.ep, dpcp, zero, off, replicate)
+                static = self.static_totals(stages, s.tp, s.ep, dpcp, zero, off, replicate)
                 held = acts.get((sp, rc))
                 if held is None:
                     held = acts[(sp, rc)] = self._act_totals(s, sp, rc, lay, stages, lazy)
-                total = max(map(add, statics, held))
+                total = max(map(add, static, held))
                 if lazy and total <= cap:  # it may fit: the replayed counts decide
                     held = exact.get((sp, rc))
                     if held is None:
                         held = exact[(sp, rc)] = self._act_totals(s, sp, rc, lay, stages, False)
-                    total = max(map(add, statics, held))
+                    total = max(map(add, static, held))
+            if statics is not None:
+                statics.append(static)
             if rc == Recompute.NONE:
-                none_totals[(sp, zero, off)] = total
+                nones[(sp, zero, off)] = (total, static)
             out.append(total)
         return out
 
