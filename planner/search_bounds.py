@@ -104,6 +104,15 @@ def family_key(s: Strategy) -> Strategy:
     """The member of `s`'s family the bound is computed for: what it leaves out (ZeRO stage,
     offloads, PowerSGD, HSDP shard, mesh order) set to a default, per_layer read as none."""
     rc = Recompute.NONE if s.recompute == Recompute.PER_LAYER else s.recompute
+    if (
+        s.zero_stage == 0
+        and not (s.offload_optimizer or s.offload_params or s.offload_activations)
+        and s.powersgd_rank is None
+        and s.dp_shard is None
+        and s.mesh_order == DEFAULT_MESH_ORDER
+        and s.recompute == rc
+    ):
+        return s  # already its family's (as `fast_choices` asks): no copy
     return replace(
         s,
         zero_stage=0,
