@@ -195,7 +195,7 @@ class BalancedCuts:
         for p in range(n):
             if end < p:
                 end, running = p, 0.0
-            stop = min(n, p + most)  # end < n and end - p < most
+            stop = p + most if p + most < n else n  # end < n and end - p < most
             while end < stop and running + costs[end] <= bound:
                 running += costs[end]
                 end += 1
@@ -215,11 +215,15 @@ class BalancedCuts:
             left = num_chunks - c - 1  # chunks still to place after this one
             # the cut e must leave `left` non-empty chunks that meet both limits: e in
             # (start, reach], e <= n - left and at most `left` parts from e, an interval
-            first = max(start + 1, bisect.bisect_left(neg_parts, -left))
-            last = min(reach_of[start], n - left)
+            # (max and min written out: this loop runs for every chunk of every count)
+            first = bisect.bisect_left(neg_parts, -left)
+            first = first if first > start else start + 1
+            last = reach_of[start]
+            last = last if last < n - left else n - left
             if first > last:  # cannot happen (the optimum is reachable); keep the even split
                 return even
-            end = min(max(even_end, first), last)  # the cut nearest the even split's
+            end = even_end if even_end > first else first  # the cut nearest the even split's
+            end = end if end < last else last
             cuts.append(end - start)
             start = end
         cuts.append(n - start)
