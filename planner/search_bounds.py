@@ -50,7 +50,7 @@ from .cost.estimate import StageTime
 from .cost.evaluate import Evaluator
 from .cost.placement import PlacementBound
 from .cost.schedules import bubble_bound_s, is_split_backward
-from .cost.stage_core import StageCore, stage_core
+from .cost.stage_core import StageCore
 from .options import rescues
 from .pins import Pins
 from .search_blocks import Block
@@ -154,12 +154,7 @@ def placement_bound(ev: Evaluator, s: Strategy) -> PlacementBound:
 def family_cores(ev: Evaluator, s: Strategy, coll: Collectives) -> tuple[StageCore, ...]:
     """The stage cores `family_lower_bound_s` prices `s` by: each distinct stage's (a split
     backward's layout keeps every stage; the bound needs only the distinct ones)."""
-    lay = ev.stage_model.layout_of(s)
-    if lay.per_stage:
-        sm, merged = ev.stage_model, replace(lay, per_stage=False)
-        links = ev.ideal_links(s)
-        return stage_core(s, links, coll, sm, ev.per_layer, ev.train, ev.contention, merged)
-    return ev.stage_core(s, ev.ideal_links(s), coll)
+    return ev.stage_core(s, ev.ideal_links(s), coll, merged=True)
 
 
 def family_lower_bound_s(
@@ -206,7 +201,7 @@ def bound_stage_times(ev: Evaluator, s: Strategy, coll: Collectives) -> tuple[St
     if not lay.per_stage or s.recompute == Recompute.PER_LAYER:  # per_layer: solved per stage
         return ev.stage_times(s, links, coll)
     merged = ev.stage_times(s, links, coll, merged=True)
-    copies = ev.stage_model.stage_copies(replace(lay, per_stage=False))
+    copies = ev.stage_model.stage_copies(ev.stage_model.layouts.merged(lay))
     return tuple(merged[rep] for _, rep in copies)
 
 

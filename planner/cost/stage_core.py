@@ -8,7 +8,7 @@ step to it; the search bounds a whole family of strategies by it alone
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..config import TrainConfig
 from ..strategy import Recompute, Strategy
@@ -134,8 +134,10 @@ class StageCores:
         for but for the rounding of sums over other positions of the chain (search_bounds.py)."""
         which = 0 if coll is self.coll else 1 if coll is self.lower_bound_coll else None
         which = getattr(coll, "memo_key", None) if which is None else which  # PlacementBound
+        lay = self.sm.layout_of(s)
+        lay = self.sm.layouts.merged(lay) if merged else lay
         if which is None:
-            return self._cores(s, links, coll, merged)
+            return self._cores(s, links, coll, lay)
         per_layer = s.recompute == Recompute.PER_LAYER  # its solution depends on all of them
         key = (
             s.dp,
@@ -144,10 +146,10 @@ class StageCores:
             s.cp,
             s.ep,
             s.sequence_parallel,
-            s.schedule,
             s.virtual_stages,
             s.micro_batch_size,
             s.recompute,
+            lay,  # not the schedule: those of one layout share it (1F1B and ZB's merged, ...)
             s if per_layer else None,
             # all it reads of the links (mesh orders moving only dp groups share it)
             links.tp,
@@ -155,15 +157,13 @@ class StageCores:
             links.ep,
             links.pp.nodes > 1,
             which,
-            merged,
         )
         found = self._found.get(key)
         if found is None:
-            found = self._found[key] = self._cores(s, links, coll, merged)
+            found = self._found[key] = self._cores(s, links, coll, lay)
         return found
 
     def _cores(
-        self, s: Strategy, links: Links, coll: Collectives, merged: bool
+        self, s: Strategy, links: Links, coll: Collectives, lay: Layout
     ) -> tuple[StageCore, ...]:
-        lay = replace(self.sm.layout_of(s), per_stage=False) if merged else None
         return stage_core(s, links, coll, self.sm, self.per_layer, self.train, self.contention, lay)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from functools import cache
 
 from ..model import LayerKind, ModelProfile
@@ -56,6 +57,7 @@ class StageLayouts:
         self._placed: dict[tuple, tuple[tuple[Chunk, ...], list[_Placed]]] = {}
         self._stage: dict[tuple, Stage] = {}
         self._layouts: dict[tuple, Layout] = {}  # `layout`'s
+        self._merged: dict[Layout, Layout] = {}  # `merged`'s
         layers = profile.layers
         blocks = [x.kind == LayerKind.BLOCK for x in layers]
         # prefix sums over the chain (of ints: a range's sum is exact, as `sum` over it)
@@ -89,6 +91,16 @@ class StageLayouts:
                 v_shaped, split = schedule in V_SHAPED, schedule in SPLIT_BACKWARD
                 found = Layout(pp, v, recompute, tp, sp, v_shaped, split)
             self._layouts[key] = found
+        return found
+
+    def merged(self, lay: Layout) -> Layout:
+        """`lay` without `Layout.per_stage` (a split backward's stages that look alike once:
+        the bounds'), memoized; `lay` itself when it keeps only distinct stages."""
+        if not lay.per_stage:
+            return lay
+        found = self._merged.get(lay)
+        if found is None:
+            found = self._merged[lay] = replace(lay, per_stage=False)
         return found
 
     def _placement(self, lay: Layout) -> tuple:
