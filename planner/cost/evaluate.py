@@ -5,7 +5,6 @@ together. Each term names its source; docs/cost-model.md lists them with their u
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import cache
 from operator import add
 
 from ..cluster import Cluster
@@ -25,6 +24,7 @@ from .data_parallel import (
 from .eager import unfused_adamw_s
 from .estimate import Estimate, StageTime, TimeBreakdown
 from .layout import Layout, Stage, StageSplit
+from .memo import memo_method
 from .memory import MIN_SPLIT_IN_FLIGHT, MemoryBreakdown, in_flight_microbatches
 from .mixed_precision import autocast_s
 from .options import OptionModel, has_options, option_problem
@@ -73,7 +73,7 @@ class Evaluator:
         """PowerSGD, parameter/activation offload and asynchronous pipeline terms."""
         self.weight_share = split_schedules.weight_grad_share(profile)
         """Share of a backward that is weight gradients (split-backward schedules)."""
-        self._links = cache(self._links_uncached)
+        self._links = memo_method(self, Evaluator._links_uncached)
         self.cores = StageCores(
             self.stage_model,
             self.per_layer,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from functools import cache
 
 from ..model import LayerKind, ModelProfile
 from ..solvers.pipeline_replay import SPLIT_BACKWARD, V_SHAPED
@@ -26,6 +25,7 @@ from .layout import (
     block_counts,
     chunks_from_counts,
 )
+from .memo import memo_method
 
 
 class StageLayouts:
@@ -49,9 +49,9 @@ class StageLayouts:
         self.unit_costs_s = unit_costs_s
         """Seconds per sequence of each block under a layout (what the split balances): it
         reads the layout's recompute, TP degree and sequence parallelism only."""
-        self.chunks = cache(self._chunks)
-        self.stages = cache(self._stages)
-        self.stage_copies = cache(self._stage_copies)
+        self.chunks = memo_method(self, StageLayouts._chunks)
+        self.stages = memo_method(self, StageLayouts._stages)
+        self.stage_copies = memo_method(self, StageLayouts._stage_copies)
         self._cuts: dict[tuple, list[int]] = {}
         self._costs: dict[tuple, BalancedCuts] = {}  # by (recompute, tp, sequence parallel)
         self._placed: dict[tuple, tuple[tuple[Chunk, ...], list[_Placed]]] = {}

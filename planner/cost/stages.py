@@ -28,6 +28,7 @@ from .compute import (
 from .eager import traced_layer_s
 from .kernel_cache import gemm_kernel_cache_bytes
 from .layout import Layout, Stage, StageSplit
+from .memo import memo_method, weak_method
 from .memory import (
     BUCKETS_IN_FLIGHT,
     DDP_BUCKET_BYTES,
@@ -112,20 +113,21 @@ class StageModel:
         )
         """What makes two layers cost the same (identical layers share their decisions)."""
         self.num_blocks = profile.num_blocks
-        self.layouts = StageLayouts(profile, split, self.layer_keys, self.unit_costs_s)
+        unit_costs_s = weak_method(self, StageModel.unit_costs_s)
+        self.layouts = StageLayouts(profile, split, self.layer_keys, unit_costs_s)
         """Chunks and stages per layout (`stage_layout.py`)."""
         self.chunks = self.layouts.chunks
         self.stages = self.layouts.stages
         self.stage_copies = self.layouts.stage_copies
-        self.layer_times = cache(self._layer_times)
-        self.stage_compute = cache(self._stage_compute)
+        self.layer_times = memo_method(self, StageModel._layer_times)
+        self.stage_compute = memo_method(self, StageModel._stage_compute)
         self._compute_of: dict[tuple, StageCompute] = {}  # by (id(stage), tp, cp, ep, mbs)
         self._static: dict[tuple, tuple[Stage, StaticMemory]] = {}  # by the stage's id
-        self.uniform = cache(self._uniform)
-        self.act_prefix = cache(self._act_prefix)
-        self._act_terms = cache(self._act_terms_uncached)
+        self.uniform = memo_method(self, StageModel._uniform)
+        self.act_prefix = memo_method(self, StageModel._act_prefix)
+        self._act_terms = memo_method(self, StageModel._act_terms_uncached)
         self.step_tmp = cache(partial(step_tmps, profile.layers, self.act_scale))
-        self.stage_activations = cache(self._stage_activations)
+        self.stage_activations = memo_method(self, StageModel._stage_activations)
 
     def num_microbatches(self, s: Strategy) -> int:
         """Micro-batches per replica per step."""
