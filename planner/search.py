@@ -18,11 +18,9 @@ from typing import TypeVar
 
 from . import options
 from .capabilities import Job, executor_gaps
-from .cost.comm import Links
 from .cost.data_parallel import HOST_OPTIMIZER_BYTES_PER_S
 from .cost.estimate import StageTime
 from .cost.evaluate import Estimate, Evaluator
-from .cost.memory import MemoryBreakdown
 from .cost.options import has_options, option_problem
 from .cost.rules import Rule, Violation
 from .pins import Pins
@@ -36,16 +34,19 @@ from .search_blocks import (
     gc_paused,
     keep_best,
     least_memory,
+    states_overflow,
+    static_rejects,
 )
 from .search_bounds import (
     FamilyBounds,
+    bound_stage_times,
     compute_lower_bound_s,
     per_layer_lower_bound_s,
     schedule_lower_bound_s,
     strategy_lower_bound_s,
 )
-from .search_space import mesh_orders, space_blocks
-from .strategy import LOCALITY_RANK, MeshAxis, Recompute, Schedule, Strategy
+from .search_space import best_order, mesh_orders, space_blocks
+from .strategy import Recompute, Schedule, Strategy
 
 _T = TypeVar("_T")
 
@@ -189,14 +190,25 @@ class Search:
                     if not fast:
                         continue
                     rest = fast
-                totals = ev.memory_totals(probe, rest, fit_only=len(heap) == keep)
+                statics: list[tuple[float, ...] | None] = []
+                totals = ev.memory_totals(probe, rest, fit_only=len(heap) == keep, statics=statics)
                 fitted: list[tuple[bool, int, bool, int]] = []  # (sp, zero, offload, rc)
                 deferred: dict[tuple[bool, int], Task] = {}  # per-layer solves by (sp, zero)
                 cap, rescued = ev.capacity_bytes, options.RESCUED_RECOMPUTE
-                for (sp, zero, off, rc), total in zip(rest, totals, strict=True):
+                unbuilt = not pinned and (runnable or not self.runnable_only)  # no `_gap` below
+                for choice, total, static in zip(rest, totals, statics, strict=True):
+                    sp, zero, off, rc = choice
                     if runnable and total is not None and total > cap and rc not in rescued:
                         evaluated += 1  # does not fit, nor is offload tried on it: it cannot
                         continue  # rank (the heap is full: its memory is not needed either)
+                    full = len(heap) == keep
+                    if (
+                        full
+                        and unbuilt
+                        and static_rejects(ev, self.pins, probe, choice, total, static)
+                    ):
+                        evaluated += 1  # what its stages hold decides: no need to build it
+                        continue
                     s = block.strategy(sched, v, sp, zero, off, rc)
                     if pinned:
                         broken = ev.violation(s)
@@ -204,7 +216,6 @@ class Search:
                             note(broken)
                             continue
                     evaluated += 1
-                    full = len(heap) == keep
                     if not runnable and full and self.runnable_only and self._gap(s):
                         # Neither it nor its offload rescues run (`_rescue_runs_only_if`): it
                         # cannot rank, so neither its per-layer solve nor its rescue is needed.
@@ -212,7 +223,7 @@ class Search:
                         # that names an unrunnable strategy is not needed either.
                         continue
                     if total is None:  # per_layer: solve it only if it could make the top k
-                        if full and self._states_overflow(s):
+                        if full and states_overflow(ev, s):
                             continue  # no recompute policy fits it: no need to solve
                         if full and not self.consent.any:  # never faster than rc=none
                             plain = block.strategy(sched, v, sp, zero, off, Recompute.NONE)
@@ -279,8 +290,7 @@ class Search:
 
     def _rescuable(self, s: Strategy) -> bool:
         """Whether `_rescue` may offer anything for `s` (its cheap checks)."""
-        rescued = s.recompute in options.RESCUED_RECOMPUTE
-        return rescued and options.rescuable(self.ev, s, self.pins)
+        return s.recompute in options.RESCUED_RECOMPUTE and options.rescuable(self.ev, s, self.pins)
 
     def _fitted(
         self,
@@ -320,7 +330,7 @@ class Search:
         if len(heap) == keep and self._slower(s, -heap[0][0]):
             return
         memory, peak_stage = self.ev.memory(s)
-        keep_best(heap, keep, self._best_order(s, memory, peak_stage))
+        keep_best(heap, keep, best_order(self.ev, s, memory, peak_stage))
 
     def _task(self, task: Task, heap: list[tuple], keep: int) -> None:
         """Deferred work (`run`), with the K-th best as it stands now."""
@@ -381,7 +391,7 @@ class Search:
             fits = True
             if len(heap) == keep and self._slower(s, -heap[0][0]):
                 continue  # fits, but slower than the K-th best in any mesh order
-            keep_best(heap, keep, self._best_order(s, memory, peak_stage))
+            keep_best(heap, keep, best_order(self.ev, s, memory, peak_stage))
         return fits
 
     def _runnable(
@@ -410,23 +420,6 @@ class Search:
         found = self._runs[key] = tuple(out)
         return found
 
-    def _states_overflow(self, s: Strategy) -> bool:
-        """Whether what some stage of `s` holds whatever its activations (model states and
-        pipeline buffers) already exceeds the memory: then no recompute policy fits. Not for
-        options (offloaded states) nor one micro-batch without a pipeline (the gradients then
-        grow as the activations are freed, `Evaluator.single_pass`)."""
-        ev = self.ev
-        if has_options(s) or ev.single_pass(s):
-            return False
-        sm = ev.stage_model
-        stages = sm.stages(sm.layout_of(s))
-        static = max(
-            ev.static_totals(
-                stages, s.tp, s.ep, s.dp * s.cp, s.zero_stage, s.offload_optimizer, s.dp_replicate
-            )
-        )
-        return static + ev.pipeline_buffer_bytes(s) > ev.capacity_bytes
-
     def _slower(self, s: Strategy, worst_s: float) -> bool:
         """Whether `s` is slower than `worst_s` in every mesh order: its family's bound first
         (shared, cheap), then its own (`_time_lower_bound_s`)."""
@@ -441,7 +434,7 @@ class Search:
         bound = self._lb_s.get(s)
         if bound is None:
             coll = self._families.coll(s)
-            stages = self.ev.stage_times(s, self.ev.ideal_links(s), coll)
+            stages = bound_stage_times(self.ev, s, coll)
             if s.recompute == Recompute.NONE:  # a per-layer bound reads them again
                 self._plain_stages[s] = stages
             bound = self._lb_s[s] = strategy_lower_bound_s(self.ev, s, coll, stages)
@@ -464,25 +457,6 @@ class Search:
     def _estimate(self, s: Strategy) -> Estimate:
         memory, stage = self.ev.memory(s)
         return self.ev.finish(s, memory, stage, self.ev.time(s))
-
-    def _best_order(self, s: Strategy, memory: MemoryBreakdown, peak_stage: int) -> Estimate:
-        """The strategy in its fastest mesh order (ties broken by `sort_key`)."""
-        ev = self.ev
-        # Time depends on the mesh order only through the links each group gets: orders with
-        # equal links tie exactly, and the tie goes to the smallest `sort_key`.
-        # Orders of one strategy differ in `sort_key` only by their locality ranks.
-        by_links: dict[Links, tuple[tuple[int, ...], tuple[MeshAxis, ...]]] = {}
-        for order in mesh_orders(s):
-            links = ev.links_in_order(s, order)
-            rank = tuple(LOCALITY_RANK[a] for a in reversed(order))
-            known = by_links.get(links)
-            if known is None or rank < known[0]:
-                by_links[links] = (rank, order)
-        timed = [
-            (ev.time(so), so) for so in (replace(s, mesh_order=o) for _, o in by_links.values())
-        ]
-        tb, so = min(timed, key=lambda x: (x[0].step_time_s, x[1].sort_key()))
-        return ev.finish(so, memory, peak_stage, tb)
 
 
 def rank_key(e: Estimate) -> tuple:

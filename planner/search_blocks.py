@@ -11,7 +11,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any, ParamSpec, TypeVar
 
+from . import options
 from .cost.evaluate import Estimate, Evaluator
+from .cost.options import has_options
+from .pins import Pins
 from .strategy import Recompute, Schedule, Strategy
 
 STRATEGY_FIELDS = tuple(f.name for f in fields(Strategy))
@@ -33,7 +36,13 @@ def gc_paused(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     """`fn` with Python's cyclic garbage collector paused while it runs (its previous state
     restored after). The search makes few reference cycles but keeps hundreds of thousands of
     memo entries alive, which every full collection walks again: about a tenth of the search's
-    time on issue 16's 1T GPT case. Reference counting still frees what the search drops."""
+    time on issue 16's 1T GPT case. Reference counting still frees what the search drops.
+
+    Before the collector resumes, what the search left alive goes to the oldest generation
+    without a scan (`gc.freeze` then `gc.unfreeze`, unless the caller froze objects of its
+    own): else the next young collection walks all of it (0.07 s after a 1T plan). The memos
+    hold their objects weakly (`cost/memo.py`), so reference counting frees them with the
+    evaluator; they do not wait for a full collection."""
 
     @functools.wraps(fn)
     def paused(*args: _P.args, **kwargs: _P.kwargs) -> _R:
@@ -42,6 +51,9 @@ def gc_paused(fn: Callable[_P, _R]) -> Callable[_P, _R]:
         try:
             return fn(*args, **kwargs)
         finally:
+            if gc.get_freeze_count() == 0:
+                gc.freeze()
+                gc.unfreeze()
             if was:
                 gc.enable()
 
@@ -205,3 +217,44 @@ def least_memory(ev: Evaluator, blocks: list[Block], found: Estimate | None) -> 
             if best is None or memory.total_bytes < best.memory.total_bytes:
                 best = ev.finish(s, memory, stage, ev.time(s))
     return best
+
+
+def states_overflow(ev: Evaluator, s: Strategy) -> bool:
+    """Whether what some stage of `s` holds whatever its activations (model states and
+    pipeline buffers) already exceeds the memory: then no recompute policy fits. Not for
+    options (offloaded states) nor one micro-batch without a pipeline (the gradients then
+    grow as the activations are freed, `Evaluator.single_pass`)."""
+    if has_options(s) or ev.single_pass(s):
+        return False
+    sm = ev.stage_model
+    stages = sm.stages(sm.layout_of(s))
+    static = max(
+        ev.static_totals(
+            stages, s.tp, s.ep, s.dp * s.cp, s.zero_stage, s.offload_optimizer, s.dp_replicate
+        )
+    )
+    return static + ev.pipeline_buffer_bytes(s) > ev.capacity_bytes
+
+
+def static_rejects(
+    ev: Evaluator,
+    pins: Pins,
+    probe: Strategy,
+    choice: tuple[bool, int, bool, Recompute],
+    total: float | None,
+    static: tuple[float, ...] | None,
+) -> bool:
+    """Whether the search, its heap full, drops the strategy of `choice` under `probe`'s block
+    and schedule (peak memory `total`, None for an unsolved per_layer) for what its stages hold
+    whatever their activations, answered from its `static` totals (`Evaluator.memory_totals`;
+    None: not known, so False) without building it: by `states_overflow` (per_layer) or, as it
+    does not fit, by `options.rescuable` (and the recompute policies `Search._rescue` offers)."""
+    sp, zero, off, rc = choice
+    cap = ev.capacity_bytes
+    if static is None or (total is not None and total <= cap):
+        return False  # not known, or it fits
+    if total is not None and rc not in options.RESCUED_RECOMPUTE:
+        return True
+    if total is not None and pins.offload_params is None and zero == 3 and off:
+        return False  # `options.rescuable`: parameter offload may make it fit
+    return max(static) + ev.pipeline_buffer_bytes(probe, sp) > cap

@@ -50,7 +50,7 @@ from .cost.estimate import StageTime
 from .cost.evaluate import Evaluator
 from .cost.placement import PlacementBound
 from .cost.schedules import bubble_bound_s, is_split_backward
-from .cost.stage_core import StageCore, stage_core
+from .cost.stage_core import StageCore
 from .options import rescues
 from .pins import Pins
 from .search_blocks import Block
@@ -104,6 +104,15 @@ def family_key(s: Strategy) -> Strategy:
     """The member of `s`'s family the bound is computed for: what it leaves out (ZeRO stage,
     offloads, PowerSGD, HSDP shard, mesh order) set to a default, per_layer read as none."""
     rc = Recompute.NONE if s.recompute == Recompute.PER_LAYER else s.recompute
+    if (
+        s.zero_stage == 0
+        and not (s.offload_optimizer or s.offload_params or s.offload_activations)
+        and s.powersgd_rank is None
+        and s.dp_shard is None
+        and s.mesh_order == DEFAULT_MESH_ORDER
+        and s.recompute == rc
+    ):
+        return s  # already its family's (as `fast_choices` asks): no copy
     return replace(
         s,
         zero_stage=0,
@@ -145,12 +154,7 @@ def placement_bound(ev: Evaluator, s: Strategy) -> PlacementBound:
 def family_cores(ev: Evaluator, s: Strategy, coll: Collectives) -> tuple[StageCore, ...]:
     """The stage cores `family_lower_bound_s` prices `s` by: each distinct stage's (a split
     backward's layout keeps every stage; the bound needs only the distinct ones)."""
-    lay = ev.stage_model.layout_of(s)
-    if lay.per_stage:
-        sm, merged = ev.stage_model, replace(lay, per_stage=False)
-        links = ev.ideal_links(s)
-        return stage_core(s, links, coll, sm, ev.per_layer, ev.train, ev.contention, merged)
-    return ev.stage_core(s, ev.ideal_links(s), coll)
+    return ev.stage_core(s, ev.ideal_links(s), coll, merged=True)
 
 
 def family_lower_bound_s(
@@ -186,6 +190,21 @@ def family_lower_bound_s(
     return (m * slot + least_bubble_s(ev, s, slot, shares)) * (1.0 - SAFETY)
 
 
+def bound_stage_times(ev: Evaluator, s: Strategy, coll: Collectives) -> tuple[StageTime, ...]:
+    """`ev.stage_times(s, ev.ideal_links(s), coll)`, as the bounds read it. Under a split
+    backward with a uniform recompute policy, each distinct stage is priced once (the merged
+    stages of `family_cores`, whose seconds equal those of the stages they stand for but for
+    rounding, which `SAFETY` and `_SHARE_NUDGE` absorb) and handed to every pipeline stage
+    that looks like it (`StageModel.stage_copies`), in the order `stage_times` gives them."""
+    links = ev.ideal_links(s)
+    lay = ev.stage_model.layout_of(s)
+    if not lay.per_stage or s.recompute == Recompute.PER_LAYER:  # per_layer: solved per stage
+        return ev.stage_times(s, links, coll)
+    merged = ev.stage_times(s, links, coll, merged=True)
+    copies = ev.stage_model.stage_copies(ev.stage_model.layouts.merged(lay))
+    return tuple(merged[rep] for _, rep in copies)
+
+
 def strategy_lower_bound_s(
     ev: Evaluator, s: Strategy, coll: Collectives, stages: tuple[StageTime, ...] | None = None
 ) -> float:
@@ -194,7 +213,7 @@ def strategy_lower_bound_s(
     the largest once-per-step tail, and the bubble of the slowest slot at the least unit
     bubble of the stages' forward shares (the slowest stage may differ between the bound and
     a mesh order). `stages`: its `stage_times` on ideal links with `coll`, when known."""
-    stages = ev.stage_times(s, ev.ideal_links(s), coll) if stages is None else stages
+    stages = bound_stage_times(ev, s, coll) if stages is None else stages
     slot = max(x.per_microbatch_s for x in stages)
     tail = max(x.tail_comm_s + x.optimizer_s for x in stages)
     m = ev.num_microbatches(s)
@@ -215,7 +234,7 @@ def per_layer_lower_bound_s(
     added to its slot."""
     plain = replace(s, recompute=Recompute.NONE) if plain is None else plain
     if stages is None:  # `plain`'s on ideal links with `coll`, when not given
-        stages = ev.stage_times(plain, ev.ideal_links(plain), coll)
+        stages = bound_stage_times(ev, plain, coll)
     extra = ev.per_layer.recompute_lower_bounds_s(s)
     slot = max(x.per_microbatch_s + r for x, r in zip(stages, extra, strict=True))
     tail = max(x.tail_comm_s + x.optimizer_s for x in stages)

@@ -1,18 +1,22 @@
 """The search space (`search.py`): candidate degrees, micro-batch sizes, schedules and the
-choices searched, in blocks (`search_blocks.Block`), and the mesh orders of a strategy."""
+choices searched, in blocks (`search_blocks.Block`), and the mesh orders of a strategy (and
+the fastest of them)."""
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TypeVar
 
 from . import options
-from .cost.evaluate import Evaluator
+from .cost.comm import Links
+from .cost.evaluate import Estimate, Evaluator
+from .cost.memory import MemoryBreakdown
 from .intmath import divisors
 from .pins import Pins
 from .search_blocks import Block
-from .strategy import DEFAULT_MESH_ORDER, MeshAxis, Recompute, Schedule, Strategy
+from .strategy import DEFAULT_MESH_ORDER, LOCALITY_RANK, MeshAxis, Recompute, Schedule, Strategy
 
 MAX_VIRTUAL_STAGES = 8
 """Largest interleaving factor searched unless pinned: each chunk adds p2p sends, and
@@ -42,6 +46,24 @@ def mesh_orders(s: Strategy) -> list[tuple[MeshAxis, ...]]:
             order[i] = axis
         orders.append(tuple(order))
     return orders
+
+
+def best_order(ev: Evaluator, s: Strategy, memory: MemoryBreakdown, peak_stage: int) -> Estimate:
+    """The strategy in its fastest mesh order (ties broken by `sort_key`), with its `memory`
+    (the same in every order) peaking on `peak_stage`."""
+    # Time depends on the mesh order only through the links each group gets: orders with
+    # equal links tie exactly, and the tie goes to the smallest `sort_key`.
+    # Orders of one strategy differ in `sort_key` only by their locality ranks.
+    by_links: dict[Links, tuple[tuple[int, ...], tuple[MeshAxis, ...]]] = {}
+    for order in mesh_orders(s):
+        links = ev.links_in_order(s, order)
+        rank = tuple(LOCALITY_RANK[a] for a in reversed(order))
+        known = by_links.get(links)
+        if known is None or rank < known[0]:
+            by_links[links] = (rank, order)
+    timed = [(ev.time(so), so) for so in (replace(s, mesh_order=o) for _, o in by_links.values())]
+    tb, so = min(timed, key=lambda x: (x[0].step_time_s, x[1].sort_key()))
+    return ev.finish(so, memory, peak_stage, tb)
 
 
 def space_blocks(ev: Evaluator, pins: Pins) -> Iterator[Block]:

@@ -5,7 +5,7 @@ together. Each term names its source; docs/cost-model.md lists them with their u
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import cache, partial
+from functools import partial
 from operator import add
 
 from ..cluster import Cluster
@@ -26,12 +26,13 @@ from .data_parallel import (
 from .eager import unfused_adamw_s
 from .estimate import Estimate, StageTime, TimeBreakdown
 from .layout import Layout, Stage, StageSplit
+from .memo import memo_method
 from .memory import MIN_SPLIT_IN_FLIGHT, MemoryBreakdown, in_flight_microbatches
 from .mixed_precision import autocast_s
 from .options import OptionModel, has_options, option_problem
 from .per_layer import PerLayerRecompute
 from .rules import Assignment, ProblemShape, Violation, violation
-from .stage_core import StageCore, stage_core
+from .stage_core import StageCore, StageCores
 from .stages import Policy, StageActivations, StageModel, StaticMemory
 
 
@@ -83,8 +84,16 @@ class Evaluator:
         )  # the ZeRO/DDP traffic with this model's fixed figures
         self.weight_share = split_schedules.weight_grad_share(profile)
         """Share of a backward that is weight gradients (split-backward schedules)."""
-        self._links = cache(self._links_uncached)
-        self._stage_core: dict[tuple, tuple[StageCore, ...]] = {}  # see `stage_core`'s key
+        self._links = memo_method(self, Evaluator._links_uncached)
+        self.cores = StageCores(
+            self.stage_model,
+            self.per_layer,
+            train,
+            self.contention,
+            self.coll,
+            self.lower_bound_coll,
+        )
+        """Memoized `stage_core` (stage_core.py)."""
         self._ideal: dict[int, tuple[Links, Links]] = {}  # `ideal_links`, by id of `links`
         self._in_flight: dict[tuple, tuple[float, ...]] = {}  # `in_flight` results
         self._statics: dict[tuple, tuple[float, ...]] = {}  # `static_totals`, by stage ids
@@ -205,6 +214,7 @@ class Evaluator:
         choices: tuple[tuple[bool, int, bool, Recompute], ...],
         *,
         fit_only: bool = False,
+        statics: list[tuple[float, ...] | None] | None = None,
     ) -> list[float | None]:
         """Peak memory (`memory(...)[0].total_bytes`) of `s` under each (sp, zero, offload,
         recompute) choice, computed together: the search's fast path. A `per_layer` choice
@@ -212,13 +222,17 @@ class Evaluator:
         the same sharding, which makes it that strategy. With `fit_only`, a total that does
         not fit may be a lower bound on it (still above the capacity): a split-backward
         schedule's in-flight counts (a replay) are then read only for the choices that fit
-        with `MIN_SPLIT_IN_FLIGHT` micro-batches in flight."""
+        with `MIN_SPLIT_IN_FLIGHT` micro-batches in flight. With `statics`, each choice's
+        `static_totals` are appended to it (for `per_layer`, those of its layout, recompute
+        none's), or None where its total does not add them up (options, single pass)."""
         sm, per_layer = self.stage_model, Recompute.PER_LAYER
 
         def variant(sp: bool, z: int, o: bool, rc: Recompute) -> Strategy:
             return replace(s, sequence_parallel=sp, zero_stage=z, offload_optimizer=o, recompute=rc)
 
         if has_options(s):  # the options' terms live in `memory` (options.py): the slow path
+            if statics is not None:
+                statics.extend([None] * len(choices))
             return [
                 None if c[3] == per_layer else self.memory(variant(*c))[0].total_bytes
                 for c in choices
@@ -230,47 +244,65 @@ class Evaluator:
         replicate = s.dp_replicate
         acts: dict[tuple[bool, Recompute], list[float]] = {}  # lazy: at the least in flight
         exact: dict[tuple[bool, Recompute], list[float]] = {}  # lazy: as replayed
-        none_totals: dict[tuple[bool, int, bool], float] = {}
+        # recompute none's total and static totals (`statics`), by (sp, zero, offload)
+        nones: dict[tuple[bool, int, bool], tuple[float, tuple[float, ...] | None]] = {}
         out: list[float | None] = []
         shapes: dict[tuple[bool, Recompute], tuple[Layout, tuple[Stage, ...]]] = {}
         for sp, zero, off, rc in choices:
             if rc == per_layer:
-                plain = none_totals.get((sp, zero, off))
+                plain, static = nones.get((sp, zero, off), (None, None))
                 # `none` fits: the solver keeps everything, so this is that strategy (or one
                 # recomputing more where `none` fits only by the single-pass timeline).
                 out.append(plain if plain is not None and plain <= cap else None)
+                if statics is not None:  # its layout is none's
+                    statics.append(static)
                 continue
             shape = shapes.get((sp, rc))
             if shape is None:
                 lay = sm.layout(s.pp, v, rc, s.tp, sp, s.schedule)
                 shape = shapes[(sp, rc)] = (lay, sm.stages(lay))
             lay, stages = shape
+            static = None
             if single and zero < 2:
                 total = self.memory(variant(sp, zero, off, rc))[0].total_bytes
             else:
-                statics = self.static_totals(stages, s.tp, s.ep, dpcp, zero, off, replicate)
+                static = self.static_totals(stages, s.tp, s.ep, dpcp, zero, off, replicate)
                 held = acts.get((sp, rc))
                 if held is None:
                     held = acts[(sp, rc)] = self._act_totals(s, sp, rc, lay, stages, lazy)
-                total = max(map(add, statics, held))
+                total = max(map(add, static, held))
                 if lazy and total <= cap:  # it may fit: the replayed counts decide
                     held = exact.get((sp, rc))
                     if held is None:
                         held = exact[(sp, rc)] = self._act_totals(s, sp, rc, lay, stages, False)
-                    total = max(map(add, statics, held))
+                    total = max(map(add, static, held))
+            if statics is not None:
+                statics.append(static)
             if rc == Recompute.NONE:
-                none_totals[(sp, zero, off)] = total
+                nones[(sp, zero, off)] = (total, static)
             out.append(total)
         return out
 
-    def static_totals(self, stages: tuple[Stage, ...], *shape: int | bool) -> tuple[float, ...]:
-        """`StageModel.static_memory(stage, *shape).total_bytes` of each of a layout's `stages`,
+    def static_totals(
+        self,
+        stages: tuple[Stage, ...],
+        tp: int,
+        ep: int,
+        dpcp: int,
+        zero: int,
+        offload: bool,
+        replicate: int,
+    ) -> tuple[float, ...]:
+        """`StageModel.static_memory(stage, ...).total_bytes` of each of a layout's `stages`,
         memoized by the stages' ids (they live as long as the stage model)."""
-        key = (*map(id, stages), *shape)
+        key = (*map(id, stages), tp, ep, dpcp, zero, offload, replicate)
         found = self._statics.get(key)
         if found is None:
             found = self._statics[key] = tuple(
-                self.stage_model.static_memory(st, *shape).total_bytes for st in stages
+                self.stage_model.static_memory(
+                    st, tp, ep, dpcp, zero, offload, replicate
+                ).total_bytes
+                for st in stages
             )
         return found
 
@@ -331,13 +363,17 @@ class Evaluator:
         s: Strategy,
         links: Links | None = None,
         coll: Collectives | None = None,
+        *,
+        merged: bool = False,
     ) -> tuple[StageTime, ...]:
         """Seconds of each distinct pipeline stage (`StageModel.stages`) under the strategy
-        (links default to its mesh order's; `coll` to this accelerator's collectives)."""
+        (links default to its mesh order's; `coll` to this accelerator's collectives). With
+        `merged` (bounds only), a split backward's stages that look alike once
+        (`StageCores.get`)."""
         links = self.links(s) if links is None else links
         coll = self.coll if coll is None else coll
         out = []
-        for core in self.stage_core(s, links, coll):
+        for core in self.cores.get(s, links, coll, merged=merged):
             c, stage = core.compute, core.stage
             zero_mb, tail = self._dp_comm(s, stage, links, coll, self.train, c.fwd_s, c.bwd_s)
             if s.offload_optimizer or s.offload_activations:  # PCIe copies (offload.py)
@@ -356,46 +392,12 @@ class Evaluator:
             )
         return tuple(out)
 
-    def stage_core(self, s: Strategy, links: Links, coll: Collectives) -> tuple[StageCore, ...]:
-        """Each distinct stage's compute, recompute and TP/CP/EP/PP communication per
-        micro-batch under `links` and `coll` (`stage_core.py`): `stage_times` less the
-        data-parallel, offload and optimizer terms. Memoized for its `Collectives` and for
-        `PlacementBound`s: with a uniform recompute policy it depends on neither the ZeRO
-        stage, the offloads, PowerSGD nor the mesh order (given the links), which the search
-        varies most."""
-        which = 0 if coll is self.coll else 1 if coll is self.lower_bound_coll else None
-        which = getattr(coll, "memo_key", None) if which is None else which  # PlacementBound
-        if which is None:
-            return stage_core(
-                s, links, coll, self.stage_model, self.per_layer, self.train, self.contention
-            )
-        per_layer = s.recompute == Recompute.PER_LAYER  # its solution depends on all of them
-        key = (
-            s.dp,
-            s.tp,
-            s.pp,
-            s.cp,
-            s.ep,
-            s.sequence_parallel,
-            s.schedule,
-            s.virtual_stages,
-            s.micro_batch_size,
-            s.recompute,
-            s if per_layer else None,
-            # all it reads of the links (mesh orders moving only dp groups share it)
-            links.tp,
-            links.cp.nodes > 1,
-            links.ep,
-            links.pp.nodes > 1,
-            which,
-        )
-        found = self._stage_core.get(key)
-        if found is None:
-            found = stage_core(
-                s, links, coll, self.stage_model, self.per_layer, self.train, self.contention
-            )
-            self._stage_core[key] = found
-        return found
+    def stage_core(
+        self, s: Strategy, links: Links, coll: Collectives, *, merged: bool = False
+    ) -> tuple[StageCore, ...]:
+        """`StageCores.get` (stage_core.py): `stage_times` less the data-parallel, offload and
+        optimizer terms, memoized for this evaluator's collectives and `PlacementBound`s."""
+        return self.cores.get(s, links, coll, merged=merged)
 
     def _optimizer_s(self, s: Strategy, stage: Stage) -> float:
         """`data_parallel.optimizer_s`; on a calibrated device with a traced model, torch's

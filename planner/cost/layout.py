@@ -138,6 +138,10 @@ class BalancedCuts:
 
     def __init__(self, unit_costs_s: Sequence[float]) -> None:
         self.costs = [float(c) for c in unit_costs_s]
+        self._total = sum(self.costs)
+        self._largest = max(self.costs, default=0.0)
+        self._even_only = any(c < 0 for c in self.costs) or self._total <= 0
+        """Whether every chunk count gets the even split (a negative or no cost at all)."""
         self._starts: list[float] = []
         """Sorted lower ends of the known intervals (with their `_ends`, `_parts`)."""
         self._ends: list[float] = []
@@ -161,11 +165,11 @@ class BalancedCuts:
         costs = self.costs
         n = len(costs)
         even = block_counts(n, num_chunks)
-        if num_chunks == 1 or any(c < 0 for c in costs) or sum(costs) <= 0:
+        if num_chunks == 1 or self._even_only:
             return even
         if num_chunks == n:  # one unit per chunk: the only split
             return even
-        lo, hi = max(costs), sum(costs)
+        lo, hi = self._largest, self._total
         for _ in range(_BISECTIONS):
             if hi - lo <= _REL * hi:
                 break
@@ -176,6 +180,8 @@ class BalancedCuts:
                 lo = mid
         bound = hi * (1 + _REL)
         low_k, high_k = -(-n // num_chunks), n  # the fewest units the largest chunk can hold
+        if low_k < high_k and _parts_needed(costs, bound, low_k) <= num_chunks:
+            high_k = low_k  # the usual answer: the fewest parts never grow with the limit
         while low_k < high_k:
             mid_k = (low_k + high_k) // 2
             if _parts_needed(costs, bound, mid_k) <= num_chunks:
@@ -189,11 +195,15 @@ class BalancedCuts:
         for p in range(n):
             if end < p:
                 end, running = p, 0.0
-            while end < n and end - p < most and running + costs[end] <= bound:
+            stop = p + most if p + most < n else n  # end < n and end - p < most
+            while end < stop and running + costs[end] <= bound:
                 running += costs[end]
                 end += 1
-            reach_of[p] = max(end, p + 1)
-            running -= costs[p] if end > p else 0.0
+            if end > p:
+                reach_of[p] = end
+                running -= costs[p]
+            else:  # an empty reach (nothing fits): the unit alone
+                reach_of[p] = p + 1
         # -suffix_parts[p]: the fewest parts the units p.. need, negated; `reach_of` never
         # decreases, so neither does this (greedy from a later unit needs no more parts)
         neg_parts = [0] * (n + 1)
@@ -205,11 +215,15 @@ class BalancedCuts:
             left = num_chunks - c - 1  # chunks still to place after this one
             # the cut e must leave `left` non-empty chunks that meet both limits: e in
             # (start, reach], e <= n - left and at most `left` parts from e, an interval
-            first = max(start + 1, bisect.bisect_left(neg_parts, -left))
-            last = min(reach_of[start], n - left)
+            # (max and min written out: this loop runs for every chunk of every count)
+            first = bisect.bisect_left(neg_parts, -left)
+            first = first if first > start else start + 1
+            last = reach_of[start]
+            last = last if last < n - left else n - left
             if first > last:  # cannot happen (the optimum is reachable); keep the even split
                 return even
-            end = min(max(even_end, first), last)  # the cut nearest the even split's
+            end = even_end if even_end > first else first  # the cut nearest the even split's
+            end = end if end < last else last
             cuts.append(end - start)
             start = end
         cuts.append(n - start)

@@ -12,6 +12,7 @@ from functools import cache
 from ..model import LayerKind
 from ..strategy import DEFAULT_MESH_ORDER, Recompute, Strategy
 from .layout import Stage
+from .memo import memo_method
 from .memory import in_flight_microbatches, layer_act_bytes, layer_tmp_bytes, step_tmp_bytes
 from .recompute import (
     LayerChoice,
@@ -46,11 +47,11 @@ class PerLayerRecompute:
 
     def __init__(self, stage_model: StageModel) -> None:
         self.sm = stage_model
-        self._solved = cache(self._solved_uncached)
-        self._layer_choices = cache(self._layer_choices_uncached)
-        self._stage_rc = cache(self._stage_rc_uncached)
+        self._solved = memo_method(self, PerLayerRecompute._solved_uncached)
+        self._layer_choices = memo_method(self, PerLayerRecompute._layer_choices_uncached)
+        self._stage_rc = memo_method(self, PerLayerRecompute._stage_rc_uncached)
         self._solve_stage = cache(solve_stage)
-        self._problems = cache(self._problems_uncached)
+        self._problems = memo_method(self, PerLayerRecompute._problems_uncached)
         self._relaxations: dict[tuple[int, ...], tuple[tuple, Relaxation]] = {}
         self._relaxation_of: dict[int, tuple[tuple, Relaxation]] = {}  # by id of the tuple
         self._parts: dict[tuple, _StageParts] = {}  # `_stage_parts`, by the stage's id

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import TrainConfig
-from ..strategy import Strategy
+from ..strategy import Recompute, Strategy
 from .comm import Collectives, Links
 from .compute import ATTENTION_BACKWARD_FACTOR
 from .data_parallel import hidden_behind
@@ -101,3 +101,69 @@ def stage_core(
             comm += p2p_sends(stage, s.pp * s.virtual_stages) * p2p
         out.append(StageCore(stage=stage, compute=c, recompute_s=rc, comm_s=comm))
     return tuple(out)
+
+
+class StageCores:
+    """`stage_core` memoized for one evaluator's collectives (`coll`, `lower_bound_coll`) and
+    for `PlacementBound`s (by their `memo_key`): with a uniform recompute policy it depends on
+    neither the ZeRO stage, the offloads, PowerSGD nor the mesh order (given the links), which
+    the search varies most."""
+
+    def __init__(
+        self,
+        sm: StageModel,
+        per_layer: PerLayerRecompute,
+        train: TrainConfig,
+        contention: float,
+        coll: Collectives,
+        lower_bound_coll: Collectives,
+    ) -> None:
+        self.sm, self.per_layer, self.train, self.contention = sm, per_layer, train, contention
+        self.coll = coll
+        """The evaluator's collectives."""
+        self.lower_bound_coll = lower_bound_coll
+        """The evaluator's fastest-link collectives (bounds)."""
+        self._found: dict[tuple, tuple[StageCore, ...]] = {}  # see `get`'s key
+
+    def get(
+        self, s: Strategy, links: Links, coll: Collectives, *, merged: bool = False
+    ) -> tuple[StageCore, ...]:
+        """`stage_core` of `s` under `links` and `coll`. With `merged` (for bounds, under a
+        uniform recompute policy), a split backward's stages that look alike once: the layout
+        without `Layout.per_stage`, whose stages' seconds equal those of the stages they stand
+        for but for the rounding of sums over other positions of the chain (search_bounds.py)."""
+        which = 0 if coll is self.coll else 1 if coll is self.lower_bound_coll else None
+        which = getattr(coll, "memo_key", None) if which is None else which  # PlacementBound
+        lay = self.sm.layout_of(s)
+        lay = self.sm.layouts.merged(lay) if merged else lay
+        if which is None:
+            return self._cores(s, links, coll, lay)
+        per_layer = s.recompute == Recompute.PER_LAYER  # its solution depends on all of them
+        key = (
+            s.dp,
+            s.tp,
+            s.pp,
+            s.cp,
+            s.ep,
+            s.sequence_parallel,
+            s.virtual_stages,
+            s.micro_batch_size,
+            s.recompute,
+            lay,  # not the schedule: those of one layout share it (1F1B and ZB's merged, ...)
+            s if per_layer else None,
+            # all it reads of the links (mesh orders moving only dp groups share it)
+            links.tp,
+            links.cp.nodes > 1,
+            links.ep,
+            links.pp.nodes > 1,
+            which,
+        )
+        found = self._found.get(key)
+        if found is None:
+            found = self._found[key] = self._cores(s, links, coll, lay)
+        return found
+
+    def _cores(
+        self, s: Strategy, links: Links, coll: Collectives, lay: Layout
+    ) -> tuple[StageCore, ...]:
+        return stage_core(s, links, coll, self.sm, self.per_layer, self.train, self.contention, lay)

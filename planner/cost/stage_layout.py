@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable
-from functools import cache
+from dataclasses import replace
 
 from ..model import LayerKind, ModelProfile
+from ..solvers.pipeline_replay import SPLIT_BACKWARD, V_SHAPED
+from ..strategy import Recompute, Schedule
 from .layout import (
     BalancedCuts,
     Chunk,
@@ -23,6 +25,7 @@ from .layout import (
     block_counts,
     chunks_from_counts,
 )
+from .memo import memo_method
 
 
 class StageLayouts:
@@ -46,13 +49,15 @@ class StageLayouts:
         self.unit_costs_s = unit_costs_s
         """Seconds per sequence of each block under a layout (what the split balances): it
         reads the layout's recompute, TP degree and sequence parallelism only."""
-        self.chunks = cache(self._chunks)
-        self.stages = cache(self._stages)
-        self.stage_copies = cache(self._stage_copies)
+        self.chunks = memo_method(self, StageLayouts._chunks)
+        self.stages = memo_method(self, StageLayouts._stages)
+        self.stage_copies = memo_method(self, StageLayouts._stage_copies)
         self._cuts: dict[tuple, list[int]] = {}
         self._costs: dict[tuple, BalancedCuts] = {}  # by (recompute, tp, sequence parallel)
         self._placed: dict[tuple, tuple[tuple[Chunk, ...], list[_Placed]]] = {}
         self._stage: dict[tuple, Stage] = {}
+        self._layouts: dict[tuple, Layout] = {}  # `layout`'s
+        self._merged: dict[Layout, Layout] = {}  # `merged`'s
         layers = profile.layers
         blocks = [x.kind == LayerKind.BLOCK for x in layers]
         # prefix sums over the chain (of ints: a range's sum is exact, as `sum` over it)
@@ -69,6 +74,34 @@ class StageLayouts:
         self._block_expert = [
             x.expert_params if b else 0 for x, b in zip(layers, blocks, strict=True)
         ]
+
+    def layout(
+        self, pp: int, v: int, recompute: Recompute, tp: int, sp: bool, schedule: Schedule | None
+    ) -> Layout:
+        """The layout of a pp x v pipeline (blocks weighed under `recompute`, none for per-layer
+        policies) under `schedule`: chunks in a V for ZB-V and DualPipeV, every stage kept under
+        a split backward; one for every pp = 1. Memoized: one object per layout, which the memos
+        keyed by layouts then find by identity."""
+        key = (pp, v, recompute, tp, sp, schedule)
+        found = self._layouts.get(key)
+        if found is None:
+            if pp == 1:
+                found = Layout(1, 1, Recompute.NONE, 1, False)
+            else:
+                v_shaped, split = schedule in V_SHAPED, schedule in SPLIT_BACKWARD
+                found = Layout(pp, v, recompute, tp, sp, v_shaped, split)
+            self._layouts[key] = found
+        return found
+
+    def merged(self, lay: Layout) -> Layout:
+        """`lay` without `Layout.per_stage` (a split backward's stages that look alike once:
+        the bounds'), memoized; `lay` itself when it keeps only distinct stages."""
+        if not lay.per_stage:
+            return lay
+        found = self._merged.get(lay)
+        if found is None:
+            found = self._merged[lay] = replace(lay, per_stage=False)
+        return found
 
     def _placement(self, lay: Layout) -> tuple:
         """What a layout's chunks depend on: blocks per chunk, stages, V or loop."""

@@ -11,7 +11,6 @@ from functools import cache, partial
 from ..cluster import Cluster
 from ..config import AttentionKernel, SelectiveRecompute, TrainConfig
 from ..model import LayerCost, LayerKind, ModelProfile
-from ..solvers.pipeline_replay import SPLIT_BACKWARD, V_SHAPED
 from ..strategy import Recompute, Schedule, Strategy
 from .calibrated import CalibratedKernels
 from .comm import Collectives, link_of
@@ -30,6 +29,7 @@ from .data_parallel import DDP_BUCKET_BYTES
 from .eager import traced_layer_s
 from .kernel_cache import gemm_kernel_cache_bytes
 from .layout import Layout, Stage, StageSplit
+from .memo import memo_method, weak_method
 from .memory import (
     BUCKETS_IN_FLIGHT,
     held_zero_stage,
@@ -113,21 +113,21 @@ class StageModel:
         )
         """What makes two layers cost the same (identical layers share their decisions)."""
         self.num_blocks = profile.num_blocks
-        self.layouts = StageLayouts(profile, split, self.layer_keys, self.unit_costs_s)
+        unit_costs_s = weak_method(self, StageModel.unit_costs_s)
+        self.layouts = StageLayouts(profile, split, self.layer_keys, unit_costs_s)
         """Chunks and stages per layout (`stage_layout.py`)."""
         self.chunks = self.layouts.chunks
         self.stages = self.layouts.stages
         self.stage_copies = self.layouts.stage_copies
-        self.layer_times = cache(self._layer_times)
-        self.stage_compute = cache(self._stage_compute)
+        self.layer_times = memo_method(self, StageModel._layer_times)
+        self.stage_compute = memo_method(self, StageModel._stage_compute)
         self._compute_of: dict[tuple, StageCompute] = {}  # by (id(stage), tp, cp, ep, mbs)
-        self.static_memory = cache(self._static_memory)
-        self.uniform = cache(self._uniform)
-        self.act_prefix = cache(self._act_prefix)
-        self._act_terms = cache(self._act_terms_uncached)
+        self._static: dict[tuple, tuple[Stage, StaticMemory]] = {}  # by the stage's id
+        self.uniform = memo_method(self, StageModel._uniform)
+        self.act_prefix = memo_method(self, StageModel._act_prefix)
+        self._act_terms = memo_method(self, StageModel._act_terms_uncached)
         self.step_tmp = cache(partial(step_tmps, profile.layers, self.act_scale))
-        self.stage_activations = cache(self._stage_activations)
-        self._total_compute = cache(self._total_compute_uncached)
+        self.stage_activations = memo_method(self, StageModel._stage_activations)
 
     def num_microbatches(self, s: Strategy) -> int:
         """Micro-batches per replica per step."""
@@ -141,11 +141,8 @@ class StageModel:
         changes how blocks weigh against the embedding and head (which never recompute); no
         recompute and per-layer policies (solved on that layout) use `none`. Without a
         pipeline there is one layout."""
-        if pp == 1:
-            return Layout(1, 1, Recompute.NONE, 1, False)
         rc = policy if policy in (Recompute.SELECTIVE, Recompute.FULL) else Recompute.NONE
-        split = schedule in SPLIT_BACKWARD
-        return Layout(pp, v, rc, tp, sp, schedule in V_SHAPED, split)  # type: ignore[arg-type]
+        return self.layouts.layout(pp, v, rc, tp, sp, schedule)  # type: ignore[arg-type]
 
     def layout_of(self, s: Strategy) -> Layout:
         """`layout` of a strategy (chunks in a V for ZB-V and DualPipeV)."""
@@ -332,13 +329,29 @@ class StageModel:
 
     def total_compute_s(self, tp: int, cp: int, ep: int, mbs: int) -> float:
         """Forward + backward seconds of one micro-batch through the whole model on one rank."""
-        return self._total_compute(tp, cp, ep, mbs)
-
-    def _total_compute_uncached(self, tp: int, cp: int, ep: int, mbs: int) -> float:
-        t = self.layer_times(tp, cp, ep, mbs)
+        t = self.layer_times(tp, cp, ep, mbs)  # memoized
         return t.fwd_s[-1] + t.bwd_s[-1]
 
     # ---- memory ---------------------------------------------------------------------------
+    def static_memory(
+        self,
+        stage: Stage,
+        tp: int,
+        ep: int,
+        dpcp: int,
+        zero: int,
+        offload: bool,
+        replicate: int = 1,
+    ) -> StaticMemory:
+        """`_static_memory`, memoized by the stage's id (the stage kept alive with the answer:
+        hashing a `Stage` hashes its layers and chunks)."""
+        key = (id(stage), tp, ep, dpcp, zero, offload, replicate)
+        found = self._static.get(key)
+        if found is None:
+            memory = self._static_memory(stage, tp, ep, dpcp, zero, offload, replicate)
+            found = self._static[key] = (stage, memory)
+        return found[1]
+
     def _static_memory(
         self,
         stage: Stage,
@@ -402,10 +415,6 @@ class StageModel:
         blocks = (x.kind == LayerKind.BLOCK for x in self.profile.layers)
         return tuple(rc if is_block else Recompute.NONE for is_block in blocks)
 
-    @property
-    def _op_sac(self) -> bool:
-        return self.train.runtime.selective == SelectiveRecompute.EVERY_OTHER_MATMUL
-
     def _every_other_matmul_kept(self, x: LayerCost, tp: int, sp: bool, cp: int) -> float:
         """Bytes per sequence a block keeps under torchtitan's per-op selective checkpointing:
         its input (the checkpoint's), the outputs of the 1st, 3rd, 5th and 7th matmuls (q, v,
@@ -446,11 +455,12 @@ class StageModel:
         kept_of, back, tmp = [], [], []
         k, g = self.act_scale, self.train.runtime.sp_saves_gathered_input
         loss = self.train.runtime.torch_loss
+        op_sac = self.train.runtime.selective == SelectiveRecompute.EVERY_OTHER_MATMUL
         for x in self.profile.layers:
             kept: dict[Recompute, float] = {}
             for policy in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL):
                 one = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=policy, saves_gathered=g)
-                if policy == Recompute.SELECTIVE and self._op_sac and x.kind == LayerKind.BLOCK:
+                if policy == Recompute.SELECTIVE and op_sac and x.kind == LayerKind.BLOCK:
                     one = min(one, self._every_other_matmul_kept(x, tp, sp, cp))
                 kept[policy] = one * k
             kept_of.append(kept)
