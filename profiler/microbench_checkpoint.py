@@ -11,16 +11,17 @@ parts:
   into a holder, the recompute packs it again into the frame, and the backward unpacks it
   (`torch/utils/checkpoint.py`, `_checkpoint_hook`, `_recomputation_hook`).
 
-Measured on this VM (2026-11-26, one thread): blocks of 1, 4 and 16 Linear+GELU pairs (3, 12
-and 48 saved tensors) cost 217, 393 and 997 us per region beyond their recomputed forward:
-~165 us per region plus ~17 us per saved tensor, with torch's and the composable checkpoint
-alike. A Hugging Face GPT-2 block saves 27 tensors: 0.58-0.73 ms measured against 0.28 ms
-that a fixed per-region figure (from a 5-tensor block) priced.
+Measured on this VM (2026-11-26, one thread, the thread's CPU time): blocks of 1, 4 and 16
+Linear+GELU pairs (3, 12 and 48 saved tensors) cost 217, 393 and 997 us per region beyond
+their recomputed forward: ~165 us per region plus ~17 us per saved tensor, with torch's and
+the composable checkpoint alike. A Hugging Face GPT-2 block saves 27 tensors: 0.58-0.73 ms
+measured against 0.28 ms that a fixed per-region figure (from a 5-tensor block) priced.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 
 import torch
@@ -86,11 +87,15 @@ def _region_extra(timer: Timer, depth: int, dtype: torch.dtype) -> tuple[float, 
             h = checkpoint(b, h, use_reentrant=False) if ckpt else b(h)
         return h
 
+    # host work: on a CPU the calling thread's CPU time, which a neighbour's preemption
+    # does not inflate (wall time on a shared 2-core VM read 155 us per saved tensor against
+    # 17); on a GPU wall time, as a synchronize may spin in the thread
+    clock = time.thread_time if dev.type == "cpu" else time.perf_counter
     extras = []
     for _ in range(ROUNDS):
-        plain = timer(lambda: forward(False).sum().backward())
-        ckpt = timer(lambda: forward(True).sum().backward())
-        recompute = timer(lambda: forward(False))
+        plain = timer(lambda: forward(False).sum().backward(), clock=clock)
+        ckpt = timer(lambda: forward(True).sum().backward(), clock=clock)
+        recompute = timer(lambda: forward(False), clock=clock)
         extras.append((ckpt - plain - recompute) / REGIONS)
     saved = saved_tensors(lambda: forward(False)) / REGIONS
     return max(0.0, statistics.median(extras)), saved
