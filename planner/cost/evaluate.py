@@ -28,7 +28,7 @@ from .estimate import Estimate, StageTime, TimeBreakdown
 from .layout import Layout, Stage, StageSplit
 from .memo import memo_method
 from .memory import MIN_SPLIT_IN_FLIGHT, MemoryBreakdown, in_flight_microbatches
-from .mixed_precision import autocast_s
+from .mixed_precision import autocast_held_bytes, autocast_memory, autocast_s
 from .options import OptionModel, has_options, option_problem
 from .per_layer import PerLayerRecompute
 from .rules import Assignment, ProblemShape, Violation, violation
@@ -109,8 +109,7 @@ class Evaluator:
         return self.stage_model.num_microbatches(s)
 
     def violation(self, a: Assignment) -> Violation | None:
-        """The first structural rule a strategy breaks (None when none); for partial `Pins`,
-        the first rule no choice of the unpinned dimensions can satisfy."""
+        """The first structural rule `a` breaks (partial `Pins`: whatever the rest), or None."""
         return violation(self.shape, a)
 
     def recompute_saved_bytes(self, s: Strategy) -> float:
@@ -183,12 +182,13 @@ class Evaluator:
             stage.index
         ]
         kept = acts.peak_bytes(inflight, s.micro_batch_size)
+        held = autocast_held_bytes(s, stage, self.stage_model, inflight, self.policy(s))
         mem = MemoryBreakdown(
             params_bytes=static.params_bytes,
             grads_bytes=static.grads_bytes,
             optimizer_bytes=static.optimizer_bytes,
             activations_bytes=kept,
-            other_bytes=static.other_bytes + self.pipeline_buffer_bytes(s),
+            other_bytes=static.other_bytes + self.pipeline_buffer_bytes(s) + held,
         )
         if has_options(s):  # offload, PowerSGD's buffers, the stashed weights (options.py)
             mem = self.options.memory(s, stage, mem, inflight, self.policy(s))
@@ -230,7 +230,7 @@ class Evaluator:
         def variant(sp: bool, z: int, o: bool, rc: Recompute) -> Strategy:
             return replace(s, sequence_parallel=sp, zero_stage=z, offload_optimizer=o, recompute=rc)
 
-        if has_options(s):  # the options' terms live in `memory` (options.py): the slow path
+        if has_options(s) or autocast_memory(s, self.stage_model):  # terms of `memory` only
             if statics is not None:
                 statics.extend([None] * len(choices))
             return [

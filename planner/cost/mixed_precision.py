@@ -18,10 +18,13 @@ runs (Megatron keeps bf16 weights and fp32 main gradients, a different mechanism
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..config import FP32_BYTES, Precision
-from ..strategy import Strategy
+from ..model import LayerKind, ModelProfile
+from ..strategy import Recompute, Strategy
 from .layout import Stage
-from .stages import StageModel
+from .stages import Policy, StageModel
 
 AUTOCAST_BYTES_PER_PARAM = 24
 """Bytes streamed per parameter per micro-batch (module docstring: 6 + 6 + 12)."""
@@ -48,3 +51,62 @@ def autocast_s(s: Strategy, stage: Stage, sm: StageModel) -> tuple[float, float]
     tensors = sum(sm.profile.layers[i].param_tensors for i in stage.layers)
     t = k.stream_s(params * AUTOCAST_BYTES_PER_PARAM, params * FP32_BYTES / max(1, tensors))
     return AUTOCAST_FORWARD_SHARE * t, (1 - AUTOCAST_FORWARD_SHARE) * t
+
+
+NORMS_PER_BLOCK = 2
+"""Norms of a pre-norm transformer block (GPT-2, Llama, Mixtral: before attention and before
+the MLP), each keeping its residual-stream input for backward."""
+
+
+def autocast_memory(s: Strategy, sm: StageModel) -> bool:
+    """Whether `autocast_held_bytes` may be more than 0 for `s`, whatever its ZeRO stage or
+    offload (the search then prices its memory choice by choice)."""
+    first = sm.profile.layers[0]
+    if sm.op_by_op_kernels(first) is None or sm.train.precision == Precision.FP32:
+        return False
+    return s.dp * s.cp == 1 or (s.tp == 1 and s.pp == 1)
+
+
+def autocast_held_bytes(
+    s: Strategy, stage: Stage, sm: StageModel, inflight: float, policy: Policy
+) -> float:
+    """Bytes autocast over fp32 weights holds at the stage's peak beyond what a profile traced
+    in the compute dtype keeps (priced where `autocast_s` is). Measured with the torch
+    profiler's memory events on the executor's gpt-small bf16 step (2 gloo ranks, 2026-11-26):
+    the blocks held 172 MB under DDP and 184 MB under TP+SP against 132 MB traced in bf16.
+
+    - the matmuls save the bf16 copies autocast casts their fp32 weights to, one set per
+      micro-batch in flight, for every block not fully recomputed (a recomputed block casts
+      again inside its region) and the head's projection;
+    - the residual stream stays fp32 (the embedding's output is fp32, and a bf16 branch added
+      to it promotes), so each norm's kept input (two per block, `NORMS_PER_BLOCK`, and the
+      final norm's) is twice the traced bytes, and so is a fully recomputed block's kept
+      input; the norms' outputs go to the matmuls as the bf16 copies the trace saved too.
+    `tests/test_autocast_memory.py` checks it against the saved tensors of GPT-2 and Llama."""
+    if not autocasts(s) or not autocast_memory(s, sm):
+        return 0.0
+    return inflight * autocast_extra_bytes(s, stage.layers, sm.profile, sm.act_scale, policy)
+
+
+def autocast_extra_bytes(
+    s: Strategy, layers: Sequence[int], p: ModelProfile, act_scale: float, policy: Policy
+) -> float:
+    """`autocast_held_bytes` of one micro-batch of `s` over the chain `layers` of `p` (traced
+    in the compute dtype, `act_scale` to the training one), whatever the device."""
+    compute_bytes = p.act_dtype_bytes * act_scale
+    widen = act_scale * (FP32_BYTES / compute_bytes - 1)  # traced bytes -> the extra
+    rep_div = s.tp if s.sequence_parallel else 1
+    weights = per_seq = 0.0
+    for i in layers:
+        x = p.layers[i]
+        rc = policy if isinstance(policy, Recompute) else policy[i]
+        if x.kind == LayerKind.BLOCK and rc == Recompute.FULL:
+            per_seq += x.input_bytes * widen / rep_div / s.cp
+            continue
+        if x.kind == LayerKind.BLOCK:
+            weights += (x.params / s.tp + x.expert_params / (s.tp * s.ep)) * compute_bytes
+            per_seq += NORMS_PER_BLOCK * x.input_bytes * widen / rep_div / s.cp
+        elif x.kind == LayerKind.HEAD:
+            weights += p.vocab * p.hidden / s.tp * compute_bytes
+            per_seq += x.input_bytes * widen / rep_div / s.cp  # the final norm's input
+    return weights + s.micro_batch_size * per_seq

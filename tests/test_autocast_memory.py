@@ -1,0 +1,88 @@
+"""What autocast over fp32 weights keeps for backward beyond a profile traced in bf16
+(`mixed_precision.autocast_extra_bytes`), against the real modules: the bytes of every tensor
+autograd saves (parameters left out, each storage once), one forward under `torch.autocast`
+on fp32 weights, less one forward of the same model cast to bf16."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import paraplan
+from paraplan.planner.cost.mixed_precision import autocast_extra_bytes
+from paraplan.planner.strategy import Recompute, Strategy
+
+BATCH, SEQ = 4, 64
+CONFIGS = {
+    "gpt2": {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "n_layer": 3,
+        "n_embd": 128,
+        "n_head": 4,
+        "vocab_size": 512,
+        "n_positions": SEQ,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "attn_pdrop": 0.0,
+    },
+    "llama": {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "num_hidden_layers": 3,
+        "hidden_size": 128,
+        "intermediate_size": 352,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
+        "max_position_embeddings": SEQ,
+        "tie_word_embeddings": False,
+    },
+}
+
+
+def _saved_bytes(model: torch.nn.Module, ids: torch.Tensor, autocast: bool) -> int:
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = model(ids).logits
+    del logits
+    return sum(seen.values())
+
+
+LLAMA_GAP = pytest.mark.xfail(
+    strict=True,
+    reason="not priced: HF Llama's RMSNorm keeps its normalized input in the input's dtype "
+    "(fp32 under autocast: `weight * hidden.to(input_dtype)`) and rotary's cos/sin follow the "
+    "fp32 hidden states, promoting q and k; ~5 residual-sized fp32 tensors per block, not 2",
+)
+
+
+@pytest.mark.parametrize("family", ["gpt2", pytest.param("llama", marks=LLAMA_GAP)])
+def test_autocast_keeps_what_the_planner_adds(family: str, tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(CONFIGS[family]))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path)).train()
+    ids = torch.randint(0, 512, (BATCH, SEQ))
+    under_autocast = _saved_bytes(model, ids, autocast=True)
+    traced_bf16 = _saved_bytes(model.to(torch.bfloat16), ids, autocast=False)
+    profile = paraplan.model_profile(str(path), seq_len=SEQ, precision="bf16")
+    s = Strategy(dp=1, tp=1, pp=1, micro_batch_size=BATCH, recompute=Recompute.NONE)
+    layers = range(len(profile.layers))
+    priced = autocast_extra_bytes(s, layers, profile, 1.0, Recompute.NONE)
+    measured = under_autocast - traced_bf16
+    assert measured > 0
+    assert priced == pytest.approx(measured, rel=0.1), (priced, measured)
