@@ -196,7 +196,7 @@ def dp_comm(
         (stage.expert_params / (s.tp * s.ep), links.edp),
     )
     units = fsdp_units(stage, t)
-    if fsdp is not None and s.zero_stage == 3 and s.fsdp_wrapped:  # per tensor, either group
+    if fsdp is not None and fsdp.tensor_s and s.zero_stage == 3 and s.fsdp_wrapped:  # per tensor
         per_mb += fsdp.tensor_s * sum(layers[i].param_tensors for i in stage.layers)
     for count, link in groups:
         if fsdp is not None and count and s.zero_stage == 3 and s.fsdp_wrapped:
