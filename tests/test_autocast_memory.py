@@ -55,9 +55,9 @@ def _saved_bytes(model: torch.nn.Module, ids: torch.Tensor, autocast: bool) -> i
             seen[st.data_ptr()] = st.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            logits = model(ids).logits
+    hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+    with hooks, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logits = model(ids).logits
     del logits
     return sum(seen.values())
 
