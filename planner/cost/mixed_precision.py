@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..config import FP32_BYTES, Precision
-from ..model import LayerKind, ModelProfile
+from ..model import LayerCost, LayerKind, ModelProfile
 from ..strategy import Recompute, Strategy
 from .layout import Stage
 from .stages import Policy, StageModel
@@ -93,20 +93,47 @@ def autocast_extra_bytes(
 ) -> float:
     """`autocast_held_bytes` of one micro-batch of `s` over the chain `layers` of `p` (traced
     in the compute dtype, `act_scale` to the training one), whatever the device."""
+    mbs = s.micro_batch_size
+    total = 0.0
+    for i in layers:
+        rc = policy if isinstance(policy, Recompute) else policy[i]
+        total += mbs * autocast_layer_bytes(
+            p,
+            p.layers[i],
+            act_scale,
+            rc,
+            tp=s.tp,
+            sp=s.sequence_parallel,
+            cp=s.cp,
+            ep=s.ep,
+            mbs=mbs,
+        )
+    return total
+
+
+def autocast_layer_bytes(
+    p: ModelProfile,
+    x: LayerCost,
+    act_scale: float,
+    rc: Recompute,
+    *,
+    tp: int,
+    sp: bool,
+    cp: int,
+    ep: int,
+    mbs: int,
+) -> float:
+    """One layer's share of `autocast_extra_bytes`, per sequence of a micro-batch of `mbs`
+    (the weight copies spread over its sequences): what the recompute solver adds to a
+    layer's kept bytes under policy `rc` (`per_layer.py`)."""
     compute_bytes = p.act_dtype_bytes * act_scale
     widen = act_scale * (FP32_BYTES / compute_bytes - 1)  # traced bytes -> the extra
-    rep_div = s.tp if s.sequence_parallel else 1
-    weights = per_seq = 0.0
-    for i in layers:
-        x = p.layers[i]
-        rc = policy if isinstance(policy, Recompute) else policy[i]
-        if x.kind == LayerKind.BLOCK and rc == Recompute.FULL:
-            per_seq += x.input_bytes * widen / rep_div / s.cp
-            continue
-        if x.kind == LayerKind.BLOCK:
-            weights += (x.params / s.tp + x.expert_params / (s.tp * s.ep)) * compute_bytes
-            per_seq += NORMS_PER_BLOCK * x.input_bytes * widen / rep_div / s.cp
-        elif x.kind == LayerKind.HEAD:
-            weights += p.vocab * p.hidden / s.tp * compute_bytes
-            per_seq += x.input_bytes * widen / rep_div / s.cp  # the final norm's input
-    return weights + s.micro_batch_size * per_seq
+    shard = (tp if sp else 1) * cp
+    if x.kind == LayerKind.BLOCK and rc == Recompute.FULL:
+        return x.input_bytes * widen / shard
+    if x.kind == LayerKind.BLOCK:
+        weights = (x.params / tp + x.expert_params / (tp * ep)) * compute_bytes
+        return weights / mbs + NORMS_PER_BLOCK * x.input_bytes * widen / shard
+    if x.kind == LayerKind.HEAD:  # its projection's copy, the final norm's input
+        return p.vocab * p.hidden / tp * compute_bytes / mbs + x.input_bytes * widen / shard
+    return 0.0

@@ -14,6 +14,7 @@ from ..strategy import DEFAULT_MESH_ORDER, Recompute, Strategy
 from .layout import Stage
 from .memo import memo_method
 from .memory import in_flight_microbatches, layer_act_bytes, layer_tmp_bytes, step_tmp_bytes
+from .mixed_precision import autocast_layer_bytes, autocast_memory, autocasts
 from .recompute import (
     LayerChoice,
     Relaxation,
@@ -124,6 +125,7 @@ class PerLayerRecompute:
         zero, off = s.zero_stage, s.offload_optimizer
         boundary = 2 * v * sm.boundary_bytes(s) if s.pp > 1 else 0.0
         m = sm.num_microbatches(s)
+        cast = autocasts(s) and autocast_memory(s, sm)  # autocast's held bytes count too
         out = []
         for stage in sm.stages(sm.layout_of(s)):
             # Stage objects live as long as the model (`StageLayouts`): their ids key the memos
@@ -133,7 +135,7 @@ class PerLayerRecompute:
                 static = self._static_bytes[key] = sm.static_memory(
                     stage, tp, ep, dpcp, zero, off, replicate
                 ).total_bytes
-            parts = self._stage_parts(stage, tp, s.sequence_parallel, s.cp, ep, mbs)
+            parts = self._stage_parts(stage, tp, s.sequence_parallel, s.cp, ep, mbs, cast)
             where = (s.schedule, s.pp, stage.index, m, v)
             inflight = self._inflight.get(where)
             if inflight is None:
@@ -153,14 +155,14 @@ class PerLayerRecompute:
         return tuple(out)
 
     def _stage_parts(
-        self, stage: Stage, tp: int, sp: bool, cp: int, ep: int, mbs: int
+        self, stage: Stage, tp: int, sp: bool, cp: int, ep: int, mbs: int, cast: bool
     ) -> _StageParts:
         """What a stage's `StageProblem` takes of its layers (memoized by the stage's id; the
         memo keeps the stage alive, so its id is not reused)."""
-        key = (id(stage), tp, sp, cp, ep, mbs)
+        key = (id(stage), tp, sp, cp, ep, mbs, cast)
         found = self._parts.get(key)
         if found is None:
-            choice, kept_none, tmp = self._layer_choices(tp, sp, cp, ep, mbs)
+            choice, kept_none, tmp = self._layer_choices(tp, sp, cp, ep, mbs, cast)
             layers = stage.layers
             found = self._parts[key] = _StageParts(
                 stage=stage,
@@ -194,10 +196,11 @@ class PerLayerRecompute:
         return found[1]
 
     def _layer_choices_uncached(
-        self, tp: int, sp: bool, cp: int, ep: int, mbs: int
+        self, tp: int, sp: bool, cp: int, ep: int, mbs: int, cast: bool
     ) -> tuple[tuple[LayerChoice | None, ...], tuple[float, ...], tuple[float, ...]]:
         """Per chain layer: the recompute solver's options (None: never recomputes), the bytes
-        kept per sequence without recompute, the transient peak per sequence."""
+        kept per sequence without recompute, the transient peak per sequence; with `cast`,
+        what autocast holds beside (`mixed_precision.autocast_layer_bytes`)."""
         sm = self.sm
         p, k = sm.profile, sm.act_scale
         times = sm.layer_times(tp, cp, ep, mbs)
@@ -211,6 +214,11 @@ class PerLayerRecompute:
             x = p.layers[i]
             acts = [
                 layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=r, saves_gathered=gathered) * k
+                + (
+                    autocast_layer_bytes(p, x, k, r, tp=tp, sp=sp, cp=cp, ep=ep, mbs=mbs)
+                    if cast
+                    else 0
+                )
                 for r in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
             ]
             kept_none.append(acts[0])
