@@ -166,7 +166,6 @@ def dp_comm(
     contention: float = OVERLAP_CONTENTION,
     fsdp: FsdpHost | None = None,
     ddp_last_bytes: float = 0.0,
-    layers: Sequence[LayerCost] = (),
 ) -> tuple[float, float]:
     """(exposed seconds per micro-batch, exposed seconds once per step) of ZeRO/DDP traffic
     for one stage; `fwd`/`bwd` are the stage's compute seconds per micro-batch.
@@ -197,7 +196,7 @@ def dp_comm(
     )
     units = fsdp_units(stage, t)
     if fsdp is not None and fsdp.tensor_s and s.zero_stage == 3 and s.fsdp_wrapped:  # per tensor
-        per_mb += fsdp.tensor_s * sum(layers[i].param_tensors for i in stage.layers)
+        per_mb += fsdp.tensor_s * stage.param_tensors
     for count, link in groups:
         if fsdp is not None and count and s.zero_stage == 3 and s.fsdp_wrapped:
             # FSDP2's hooks and copies, over one shard rank too: not hidden (`FsdpHost`)

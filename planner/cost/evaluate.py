@@ -80,7 +80,6 @@ class Evaluator:
             contention=self.contention,
             fsdp=self.fsdp,
             ddp_last_bytes=ddp_last,
-            layers=profile.layers,
         )  # the ZeRO/DDP traffic with this model's fixed figures
         self.weight_share = split_schedules.weight_grad_share(profile)
         """Share of a backward that is weight gradients (split-backward schedules)."""
@@ -409,7 +408,7 @@ class Evaluator:
             )
         if not isinstance(k, CalibratedKernels):
             return optimizer_s(s, stage, self.train, self.acc)
-        tensors = sum(self.profile.layers[i].param_tensors for i in stage.layers)
+        tensors = stage.param_tensors
         if not tensors:
             return optimizer_s(s, stage, self.train, self.acc)
         shard = optimizer_shard_params(s, stage)

@@ -290,6 +290,8 @@ class Stage:
     """Whether it runs the head and loss."""
     chunks: tuple[Chunk, ...]
     """Its model chunks."""
+    param_tensors: int = 0
+    """Parameter tensors its layers first use (`LayerCost.param_tensors`; 0 when not traced)."""
 
 
 def p2p_sends(stage: Stage, num_chunks: int) -> int:

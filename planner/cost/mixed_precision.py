@@ -36,7 +36,13 @@ def autocasts(s: Strategy) -> bool:
     """Whether the executor runs `s` under `torch.autocast`: no FSDP2 (whose policy casts),
     and either a single data-parallel rank or DDP (no TP or PP beside data parallelism, which
     run FSDP2's `replicate`): `executor/data_parallel.DataParallelKind.autocasts`."""
-    return not s.fsdp_wrapped and (s.dp * s.cp == 1 or (s.tp == 1 and s.pp == 1))
+    return not s.fsdp_wrapped and _autocast_shape(s)
+
+
+def _autocast_shape(s: Strategy) -> bool:
+    """One data-parallel rank, or data parallelism alone (DDP): the shapes that autocast
+    unless FSDP2 wraps them."""
+    return s.dp * s.cp == 1 or (s.tp == 1 and s.pp == 1)
 
 
 def autocast_s(s: Strategy, stage: Stage, sm: StageModel) -> tuple[float, float]:
@@ -48,7 +54,7 @@ def autocast_s(s: Strategy, stage: Stage, sm: StageModel) -> tuple[float, float]
     if k is None or sm.train.precision == Precision.FP32 or not autocasts(s):
         return 0.0, 0.0
     params = stage.dense_params / s.tp + stage.expert_params / (s.tp * s.ep)
-    tensors = sum(sm.profile.layers[i].param_tensors for i in stage.layers)
+    tensors = stage.param_tensors
     t = k.stream_s(params * AUTOCAST_BYTES_PER_PARAM, params * FP32_BYTES / max(1, tensors))
     return AUTOCAST_FORWARD_SHARE * t, (1 - AUTOCAST_FORWARD_SHARE) * t
 
@@ -64,7 +70,7 @@ def autocast_memory(s: Strategy, sm: StageModel) -> bool:
     first = sm.profile.layers[0]
     if sm.op_by_op_kernels(first) is None or sm.train.precision == Precision.FP32:
         return False
-    return s.dp * s.cp == 1 or (s.tp == 1 and s.pp == 1)
+    return _autocast_shape(s)
 
 
 def autocast_held_bytes(

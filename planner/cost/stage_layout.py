@@ -63,6 +63,7 @@ class StageLayouts:
         # prefix sums over the chain (of ints: a range's sum is exact, as `sum` over it)
         self._params = _prefix(x.params for x in layers)
         self._expert = _prefix(x.expert_params for x in layers)
+        self._tensors = _prefix(x.param_tensors for x in layers)
         self._blocks = _prefix(int(b) for b in blocks)
         self._moe = _prefix(
             int(b and bool(x.expert_params)) for x, b in zip(layers, blocks, strict=True)
@@ -199,6 +200,7 @@ class StageLayouts:
             has_embedding=has_emb,
             has_head=has_head,
             chunks=mine,
+            param_tensors=total(self._tensors),
         )
 
     def _stage_copies(self, lay: Layout) -> tuple[tuple[tuple[int, ...], int], ...]:
