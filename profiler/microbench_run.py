@@ -150,6 +150,15 @@ def _worker(
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    # Leave without the interpreter's finalization: gloo's worker threads can still hold work
+    # whose tensors reference Python objects, and tearing them down then aborts the process
+    # ("terminate called without an active exception", SIGABRT; the clean-clone CI of
+    # 2026-11-26; pytorch/pytorch#179291 describes it). Rank 0's result is flushed first.
+    out.close()
+    out.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _measure(
@@ -312,12 +321,13 @@ def _run_ranks(
     wanted: tuple[str, ...],
     total: int,
     progress: Progress | None,
+    worker: Callable[..., None] = _worker,
 ) -> _RankResult:
     """Start the ranks on a fresh port, forward their progress, return rank 0's result."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = mp.start_processes(
-        _worker,
+        worker,
         args=(world, _free_port(), use_cuda, quick, wanted, out),
         nprocs=world,
         join=False,
@@ -345,7 +355,10 @@ def _run_ranks(
         raise CalibrationRankError(f"a calibration rank failed: {_rank_error(str(err))}") from None
     except mp.ProcessExitedException as err:
         _stop(procs)
-        raise CalibrationRankError(f"a calibration rank failed: {err}") from None
+        # rank 0 puts its result after the last measurement, so with a result every rank
+        # finished measuring: one dying as it exits (see _worker) does not change the figures
+        if result is None:
+            raise CalibrationRankError(f"a calibration rank failed: {err}") from None
     if result is None:
         raise CalibrationRankError("the calibration ranks ended without a result")
     return result

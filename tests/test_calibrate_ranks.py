@@ -6,9 +6,12 @@ real: rank 0's store cannot listen on a port another socket holds."""
 from __future__ import annotations
 
 import itertools
+import os
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -92,3 +95,30 @@ def test_gpu_budget_reaches_training_sizes_and_cpu_budget_is_unchanged() -> None
     largest = 4 * mb.ATTENTION_WIDTH * max(gpu.attention_seqs) ** 2
     assert largest >= 4 * (32 * 64) * 2048**2 * 4
     assert gpu.collective_bytes == mb.FULL.collective_bytes and gpu.rounds == mb.FULL.rounds
+
+
+def _result_then_abort(rank: int, world: int, port: int, *rest: Any) -> None:
+    """Rank 0 delivers a result; rank 1 then dies by SIGABRT, as gloo's teardown did."""
+    out = rest[-1]
+    if rank == 0:
+        out.put(("result", "measured"))
+        out.close()
+        out.join_thread()
+        return
+    time.sleep(0.5)
+    os.abort()
+
+
+def _abort_before_result(rank: int, world: int, port: int, *rest: Any) -> None:
+    if rank == 1:
+        os.abort()
+
+
+@pytest.mark.multiprocess
+def test_a_rank_aborting_as_it_exits_keeps_the_result() -> None:
+    """The clean-clone CI of 2026-11-26: rank 1 aborted in gloo's teardown ("terminate called
+    without an active exception") after rank 0's result arrived; the figures were complete."""
+    run = microbench_run._run_ranks
+    assert run(2, False, True, ("fp32",), 1, None, worker=_result_then_abort) == "measured"
+    with pytest.raises(microbench_run.CalibrationRankError, match="SIGABRT"):
+        run(2, False, True, ("fp32",), 1, None, worker=_abort_before_result)
