@@ -103,6 +103,7 @@ class DtypeKernels:
 
 
 _NON_NEGATIVE = (
+    "tp_runtime_bytes",
     "fsdp_unit_host_s",
     "fsdp_tensor_host_s",
     "dtensor_adamw_tensor_s",
@@ -140,6 +141,11 @@ class Calibration:
     """Per-collective bandwidth and step latency (empty: the link's figures for all)."""
     tensor_parallel: TensorParallelDispatch | None = None
     """DTensor's host cost (None: not measured, one rank)."""
+    tp_runtime_bytes: float = 0.0
+    """Resident bytes DTensor's tensor parallelism adds to a rank of a host CPU beyond
+    `runtime_overhead_bytes`, once (its modules, propagation caches, kernels' code), measured
+    across the executor's TP blocks; 0: not measured (files before 2026-11-26), a GPU (host
+    memory) or one rank."""
     fsdp_unit_host_s: float = 0.0
     """Host seconds one FSDP2 unit adds per forward+backward beyond its collectives (hooks,
     copy-in/out, gradient division): the calling thread's CPU time, measured on the ranks'
@@ -250,10 +256,15 @@ def calibration_schema() -> dict[str, Any]:
 
 
 def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calibration:
-    """Read the `calibration` section (strict; files from before 2026-11-26 lack the two
+    """Read the `calibration` section (strict; files from before 2026-11-26 lack the three
     fields filled in here, read as not measured)."""
     if isinstance(data, Mapping):
-        data = {"host_adamw_s_per_param": 0.0, "fsdp_tensor_host_s": 0.0, **data}
+        data = {
+            "host_adamw_s_per_param": 0.0,
+            "fsdp_tensor_host_s": 0.0,
+            "tp_runtime_bytes": 0.0,
+            **data,
+        }
         if isinstance(data.get("dtype_kernels"), list):
             data["dtype_kernels"] = [_with_saved_tensor_s(d) for d in data["dtype_kernels"]]
     validate(data, calibration_schema(), origin, fix="re-run paraplan calibrate or fix the file")
@@ -268,6 +279,7 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
         "time_scale": float,
         "kind_links": tuple[KindLink, ...],
         "tensor_parallel": TensorParallelDispatch | None,
+        "tp_runtime_bytes": float,
         "overlap_contention": float,
         "fsdp_unit_host_s": float,
         "fsdp_tensor_host_s": float,

@@ -40,6 +40,7 @@ from ..planner.cluster import Cluster
 from ..planner.cost.calibrated import KernelFit
 from ..planner.cost.data_parallel import OVERLAP_CONTENTION
 from . import microbench as mb
+from .env import quiet_transformers
 from .host_memory import live_resident_bytes
 from .microbench_cache import gemm_cache_bytes
 from .microbench_checkpoint import checkpoint_region_cost
@@ -86,6 +87,7 @@ class _RankResult:
     threads: int
     overlap_contention: float
     tensor_parallel: TensorParallelDispatch | None
+    tp_runtime_bytes: int
     fsdp_unit: FsdpUnitCost
     dtensor_adamw_tensor_s: float
     host_adamw_s_per_param: float
@@ -213,7 +215,13 @@ def _measure(
     # one rank has no link to measure (and a send/recv to itself never completes)
     points = mb.collectives(timer, budget, lambda: tick("collectives")) if world > 1 else []
     contention = mb.overlap_contention(timer) if world > 1 else OVERLAP_CONTENTION
+    # DTensor's resident runtime on a host CPU: its lazily imported modules, sharding
+    # propagation caches and the code of the ops it runs, grown once by the executor's TP
+    # blocks (a GPU's DTensor state is host memory, not the device's)
+    held = live_resident_bytes() if device.type == "cpu" else 0
     tp_dispatch = tensor_parallel_dispatch(timer) if world > 1 else None
+    gc.collect()
+    tp_runtime = max(0, live_resident_bytes() - held) if held and world > 1 else 0
     fsdp = fsdp_unit_cost(timer) if world > 1 else FsdpUnitCost(unit_s=0.0, tensor_s=0.0)
     adamw_s = dtensor_adamw_tensor_s(timer) if world > 1 else 0.0
     # optimizer offload's host AdamW, with the threads a training rank gets (torchrun: one
@@ -238,6 +246,7 @@ def _measure(
             threads=torch.get_num_threads(),
             overlap_contention=contention,
             tensor_parallel=tp_dispatch,
+            tp_runtime_bytes=tp_runtime,
             fsdp_unit=fsdp,
             dtensor_adamw_tensor_s=adamw_s,
             host_adamw_s_per_param=host_adamw,
@@ -254,17 +263,62 @@ def machine_load() -> float:
 
 
 def warm_training_runtime() -> None:
-    """One tiny forward, backward and AdamW step, then free everything: what a training rank's
+    """A tiny forward, backward and AdamW step, then free everything: what a training rank's
     first step leaves resident besides its tensors (autograd's engine, the optimizer's foreach
     kernels, oneDNN/BLAS scratch; about 16 MiB on this CPU, measured with
-    `host_memory.live_resident_bytes` before and after)."""
-    layer = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64))
-    opt = torch.optim.AdamW(layer.parameters())
-    layer(torch.randn(8, 64)).sum().backward()
-    opt.step()
-    opt.zero_grad()
-    del layer, opt
+    `host_memory.live_resident_bytes` before and after), and one step of a one-layer GPT-2
+    and Llama from the modeling library the executor trains: the code pages and per-op state
+    of the kernels a transformer step touches that a Linear's does not (embedding, norms,
+    attention, the loss; 9.4 MB more on this CPU, 2026-11-26, where the executor's first
+    step of GPT-2 tiny left ~8 MB beyond its tensors and GEMM kernels unpriced)."""
+    models: list[torch.nn.Module] = [
+        torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64))
+    ]
+    quiet: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    with contextlib.suppress(ImportError):
+        models += _one_layer_transformers()
+        quiet = quiet_transformers()
+    with quiet:
+        for model in models:
+            opt = torch.optim.AdamW(model.parameters())
+            if isinstance(model, torch.nn.Sequential):
+                model(torch.randn(8, 64)).sum().backward()
+            else:
+                ids = torch.randint(0, 64, (2, 32))
+                model(ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+            del opt
+    del models
     gc.collect()
+
+
+def _one_layer_transformers() -> list[torch.nn.Module]:
+    """One-layer GPT-2 and Llama of the modeling library, fp32, in training mode."""
+    import transformers
+
+    gpt2 = transformers.GPT2Config(
+        n_layer=1,
+        n_embd=64,
+        n_head=4,
+        vocab_size=64,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    llama = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        max_position_embeddings=64,
+    )
+    return [
+        transformers.GPT2LMHeadModel(gpt2).train(),
+        transformers.LlamaForCausalLM(llama).train(),
+    ]
 
 
 def _tick_part(tick: Callable[[str], None], dtype: str, part: str) -> None:
@@ -411,6 +465,7 @@ def _calibration(
         kind_links=kinds,
         overlap_contention=r.overlap_contention,
         tensor_parallel=r.tensor_parallel,
+        tp_runtime_bytes=float(r.tp_runtime_bytes),
         fsdp_unit_host_s=r.fsdp_unit.unit_s,  # host CPU time: the collectives are the links'
         fsdp_tensor_host_s=r.fsdp_unit.tensor_s,
         dtensor_adamw_tensor_s=r.dtensor_adamw_tensor_s,

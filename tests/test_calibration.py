@@ -102,6 +102,31 @@ def test_cluster_file_with_calibration_round_trips(tmp_path: Path, suffix: str) 
     assert again.accelerator.sources["memory_bw_bytes_per_s"] == "calibration"
 
 
+def test_dtensor_runtime_is_priced_beside_tp_only() -> None:
+    """`Calibration.tp_runtime_bytes` adds to the memory of a plan with TP, not without; a
+    file without the field (before 2026-11-26) reads it as not measured."""
+    data = _calibration().to_dict()
+    del data["tp_runtime_bytes"]
+    assert calibration_from_dict(data).tp_runtime_bytes == 0.0
+    import paraplan
+
+    config = ROOT / "examples" / "configs" / "gpt2-tiny.json"
+    profile = paraplan.model_profile(str(config), seq_len=64, precision="fp32")
+    held = 7e6
+
+    def memory(tp_runtime_bytes: float, pins: str) -> float:
+        cal = dataclasses.replace(_calibration(), tp_runtime_bytes=tp_runtime_bytes)
+        cluster = cluster_from_dict(_cluster_dict(cal))
+        plan = paraplan.plan(
+            profile, cluster, global_batch=8, precision="fp32", fix=pins, top_k=0
+        ).plan
+        return plan.predicted.memory_per_gpu_bytes
+
+    tp, dp = "dp=1,tp=2,pp=1,mbs=8,recompute=none", "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=none"
+    assert memory(held, tp) - memory(0.0, tp) == pytest.approx(held)
+    assert memory(held, dp) == memory(0.0, dp)
+
+
 def test_calibration_changes_the_fingerprint() -> None:
     a = cluster_from_dict(_cluster_dict(_calibration()))
     slower = dataclasses.replace(_calibration(), time_scale=2.0)
@@ -367,6 +392,10 @@ def test_closed_loop_on_two_gloo_ranks(tmp_path: Path) -> None:
     # FSDP2 handles each parameter tensor of a unit on its own (views of the gathered
     # buffer, the sharded gradient made a DTensor): more than one plain operator each
     assert calibrated.calibration.fsdp_tensor_host_s > plain_s
+    # DTensor's modules, propagation caches and op code stay resident once the TP blocks ran
+    # (~6-8 MB on this CPU, 2026-11-26): more than a page, less than the runtime itself
+    tp_bytes = calibrated.calibration.tp_runtime_bytes
+    assert 2**20 < tp_bytes < calibrated.accelerator.runtime_overhead_bytes, tp_bytes
     # a checkpoint region's own host work costs more than one operator on every measured
     # dtype: its entry and exit, and per saved tensor three Python hooks (pack, the
     # recompute's pack, unpack)

@@ -60,9 +60,33 @@ def _held_after_a_micro_batch() -> dict[str, int]:
                 if not last:
                     out[name] = _unsharded_grad_bytes(blocks)
                 out[f"{name}_gathered_{last}"] = sum(_is_unsharded(b) for b in blocks)
+        out |= _sharded_grads_as_backward_runs(mesh)
         return out
     finally:
         dist.destroy_process_group()
+
+
+def _sharded_grads_as_backward_runs(mesh: object) -> dict[str, int]:
+    """One micro-batch under ZeRO-3: bytes of sharded gradients existing as each block's
+    backward starts (last block first), and after the backward."""
+    torch.manual_seed(0)
+    blocks = [nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)]
+    model = nn.Sequential(*blocks)
+    for module in (*blocks, model):
+        fully_shard(module, mesh=mesh)
+    out: dict[str, int] = {}
+
+    def shard_bytes() -> int:
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        return sum(g.to_local().numel() * g.element_size() for g in grads)  # type: ignore[attr-defined]
+
+    for i, block in enumerate(blocks):
+        block.register_full_backward_pre_hook(
+            lambda *_, i=i: out.__setitem__(f"at_block_{i}", shard_bytes())
+        )
+    model(torch.randn(2, WIDTH)).sum().backward()
+    out["after_backward"] = shard_bytes()
+    return out
 
 
 def test_sharded_gradients_are_reduced_after_every_micro_batch() -> None:
@@ -74,6 +98,18 @@ def test_sharded_gradients_are_reduced_after_every_micro_batch() -> None:
     assert held["zero2_gathered_False"] == LAYERS
     assert held["zero2_gathered_True"] == 0
     assert held["sharded_gathered_False"] == held["sharded_gathered_True"] == 0
+
+
+def test_one_micro_batch_makes_its_sharded_gradients_as_backward_runs() -> None:
+    """`Evaluator.single_pass` for ZeRO-3: a unit's sharded gradient exists once its backward
+    and reduce-scatter are done, so at the peak (the backward's start, every activation
+    still held) no gradient exists yet; they grow block by block (from the last)."""
+    held = run_child(__file__)
+    block_bytes = (WIDTH * WIDTH + WIDTH) * 4  # fp32, one rank: the shard is the whole
+    assert held["at_block_3"] == 0
+    for i in range(LAYERS):
+        assert held[f"at_block_{i}"] <= (LAYERS - 1 - i) * block_bytes
+    assert held["after_backward"] == LAYERS * block_bytes
 
 
 if __name__ == "__main__":

@@ -135,14 +135,15 @@ class Evaluator:
         peak = max(range(len(mems)), key=lambda i: mems[i].total_bytes)
         return mems[peak], stages[peak].index
 
-    def single_pass(self, s: Strategy) -> bool:
-        """One micro-batch, no pipeline, unsharded gradients: the gradients then grow while
-        the activations are freed, layer by layer, instead of coexisting whole. Not under
-        torch DDP (data parallel without TP): its gradients are views of buckets it allocates
-        whole at construction (`gradient_as_bucket_view`, executor/data_parallel.py)."""
-        single = s.pp == 1 and s.zero_stage < 2 and self.num_microbatches(s) == 1
-        ddp = s.dp * s.cp > 1 and s.tp == 1
-        return single and not ddp and not s.offload_activations
+    def single_pass(self, s: Strategy, zero: int | None = None) -> bool:
+        """One micro-batch, no pipeline (at ZeRO stage `zero`, else `s`'s): gradients (ZeRO-2/3's
+        shards too, made as each FSDP2 unit's reduce-scatter ends; gpt-small bf16 ZeRO-3, 2
+        gloo ranks, 2026-11-26: 797.7 MB measured, 831.1 priced with whole shards at the peak)
+        grow as the activations are freed, layer by layer. Not torch DDP (data parallel alone,
+        ZeRO-0/1): its gradients are views of buckets made whole (`gradient_as_bucket_view`)."""
+        zero = s.zero_stage if zero is None else zero
+        ddp = s.dp * s.cp > 1 and s.tp == 1 and zero < 2
+        return s.pp == 1 and self.num_microbatches(s) == 1 and not ddp and not s.offload_activations
 
     def _backward_timeline(self, s: Strategy, mem: MemoryBreakdown) -> MemoryBreakdown:
         """Peak over the backward pass, which runs from the head to the embedding: at layer i
@@ -153,11 +154,11 @@ class Evaluator:
             s.tp, s.sequence_parallel, s.cp, self.policy(s)
         )
         steps = self.stage_model.step_tmp(s.tp)
-        grads = 0.0
-        best = (-1.0, 0.0, 0.0)
+        grads, best, dpcp = 0.0, (-1.0, 0.0, 0.0), s.dp * s.cp if s.zero_stage >= 2 else 1
+        dense, expert = s.tp * max(1, dpcp // s.dp_replicate), s.tp * s.ep * max(1, dpcp // s.ep)
         for i in reversed(range(len(p.layers))):
             x = p.layers[i]
-            grads += (x.params / s.tp + x.expert_params / (s.tp * s.ep)) * t.grad_bytes
+            grads += (x.params / dense + x.expert_params / expert) * t.grad_bytes
             acts = prefix[i + 1] * mbs + max(max(tmp[i], back[i]) * mbs, steps[i])
             if grads + acts > best[0]:
                 best = (grads + acts, grads, acts)
@@ -239,7 +240,6 @@ class Evaluator:
         v, dpcp = s.virtual_stages, s.dp * s.cp
         cap = self.stage_model.capacity_bytes
         lazy = fit_only and split_schedules.is_split_backward(s.schedule)
-        single = self.single_pass(s)  # of `s` alone: the same for every choice
         replicate = s.dp_replicate
         acts: dict[tuple[bool, Recompute], list[float]] = {}  # lazy: at the least in flight
         exact: dict[tuple[bool, Recompute], list[float]] = {}  # lazy: as replayed
@@ -262,7 +262,7 @@ class Evaluator:
                 shape = shapes[(sp, rc)] = (lay, sm.stages(lay))
             lay, stages = shape
             static = None
-            if single and zero < 2:
+            if self.single_pass(s, zero):
                 total = self.memory(variant(sp, zero, off, rc))[0].total_bytes
             else:
                 static = self.static_totals(stages, s.tp, s.ep, dpcp, zero, off, replicate)

@@ -74,12 +74,13 @@ class StageModel:
         self.profile, self.cluster, self.train = profile, cluster, train
         self.split = split
         """How blocks are split over pipeline chunks."""
-        acc = cluster.accelerator
-        self.acc = acc
+        self.acc = acc = cluster.accelerator
         cal = cluster.calibration
         self.coll = Collectives(acc, kind_links=None if cal is None else cal.kind_link_figures())
         self.tp_dispatch = None if cal is None else cal.tensor_parallel
         """DTensor's measured host cost (calibrated clusters with more than one rank)."""
+        self.tp_runtime_bytes = 0.0 if cal is None else cal.tp_runtime_bytes
+        """And what it keeps resident on a host CPU rank (`Calibration.tp_runtime_bytes`)."""
         self.kernels: Kernels | None = _kernels_for(cluster, train)
         """GEMM and attention kernel model (None: roofline only)."""
         self.flops_per_s = acc.peak_flops_for(train.compute_dtype) * acc.matmul_efficiency
@@ -375,7 +376,7 @@ class StageModel:
                     count, shard_ranks=ranks, zero_stage=zero, train=t, offload_optimizer=offload
                 )
                 states = [x + y for x, y in zip(states, part, strict=True)]
-        other = float(self.acc.runtime_overhead_bytes) + self._kernel_cache_bytes(stage, tp)
+        other = self._runtime_bytes(stage, tp)
         if zero == 3 and dpcp > 1:
             # FSDP keeps the current and the prefetched block unsharded, plus one block's
             # unsharded gradients before reduce-scatter (Zhao et al. 2023, PyTorch FSDP §3.2).
@@ -391,17 +392,14 @@ class StageModel:
             other_bytes=other,
         )
 
-    def _kernel_cache_bytes(self, stage: Stage, tp: int) -> float:
-        """What the GEMM library keeps resident for the stage's layers on a calibrated CPU
-        (`kernel_cache.py`; 0 elsewhere)."""
+    def _runtime_bytes(self, stage: Stage, tp: int) -> float:
+        """The runtime's resident bytes (DTensor's too beside TP), and on a calibrated CPU what
+        the GEMM library keeps for the stage's layers (`kernel_cache.py`)."""
+        base = self.acc.runtime_overhead_bytes + (self.tp_runtime_bytes if tp > 1 else 0.0)
         if not isinstance(self.kernels, CalibratedKernels):
-            return 0.0
-        layers = [
-            self.profile.layers[i]
-            for c in stage.chunks
-            for i in range(c.first_layer, c.last_layer + 1)
-        ]
-        return gemm_kernel_cache_bytes(self.profile, layers, tp, self.kernels.fit)
+            return base
+        layers = [self.profile.layers[i] for i in stage.layers]
+        return base + gemm_kernel_cache_bytes(self.profile, layers, tp, self.kernels.fit)
 
     def boundary_bytes(self, s: Strategy, sp: bool | None = None) -> float:
         """Bytes of one micro-batch's activation crossing a stage boundary (per rank), with
