@@ -46,10 +46,24 @@ def cache_dir() -> Path | None:
 def _profiler_digest() -> str:
     """Digest of the profiler's source: a changed tracer never serves old entries."""
     h = hashlib.sha256()
-    for path in sorted((Path(__file__).resolve().parents[0] / "profiler").glob("*.py")):
+    for path in profiler_sources():
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()
+
+
+def profiler_sources() -> list[Path]:
+    """The profiler package's modules, found without importing it (nor torch): the package
+    maps to the repository's `profiler/` folder in a source checkout, to
+    `paraplan/profiler/` when installed. Until 2026-11-26 this looked beside this file only,
+    found nothing in a checkout, and so never noticed a changed tracer."""
+    from importlib.util import find_spec
+
+    spec = find_spec("paraplan.profiler")
+    folders = spec.submodule_search_locations if spec is not None else None
+    if not folders:
+        raise RuntimeError("the paraplan.profiler package is not installed; reinstall paraplan")
+    return sorted(Path(next(iter(folders))).glob("*.py"))
 
 
 def _version(package: str) -> str:

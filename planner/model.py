@@ -101,6 +101,10 @@ class LayerCost:
     """Tensors autograd saves for backward in the layer's forward, parameters and repeats
     included (0: not traced). A fully recomputed block pays an activation checkpoint's pack
     and unpack hooks on each (`KernelFit.checkpoint_saved_tensor_s`)."""
+    autocast_saved_bytes: float | None = None
+    """Bytes per sequence autograd keeps for backward when the layer runs under torch.autocast
+    (bf16) over fp32 weights, the weights' low-precision copies left out
+    (`profiler/autocast_trace.py`); None: not traced."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -19,6 +19,7 @@ from paraplan.planner.model import (
 )
 
 from .attention import FusedAttention
+from .autocast_trace import autocast_saved_bytes
 from .chain import BlockList, find_blocks, module_digest, same_structure
 from .moe import balanced_experts
 from .shape import Shape, shape_of
@@ -174,57 +175,60 @@ def profile(
         if mode == "meta"
         else (contextlib.nullcontext())
     )
+    original_inputs = example_inputs
     with (
         _shrunk(model, found, keep) as traced_blocks,
-        faked as example_inputs,
         fused,
         balanced_experts(model),  # MoE experts counted (and timed) as balanced routing
     ):
-        hidden = shape.hidden if shape else 0
-        tracer = Tracer(
-            model,
-            traced_blocks,
-            seq_len=seq,
-            hidden=hidden,
-            graph_segments=set(range(len(traced_blocks) + 2)),
-            on_segment=lambda *_: bar.update(1) if bar else None,
-        )
-        try:
-            with torch.autograd.graph.saved_tensors_hooks(tracer.pack, lambda t: t), tracer:
-                loss = loss_of(_call(model, example_inputs))
-                tracer.mark_output(len(traced_blocks) + 1, loss)
-                tracer.switch(BWD, len(traced_blocks) + 1)
-                loss.backward()
-                tracer.stats[tracer.seg].end[tracer.phase] = tracer.live
-        finally:
-            tracer.remove_hooks()
-        tracer.param_leftovers()
-        model.zero_grad(set_to_none=True)
-        times = None
-        if mode == "measure" and repeats > 0:
-
-            def step(mark: Callable[[int, int], None]) -> None:
-                mark(FWD, 0)
-                out_loss = loss_of(_call(model, example_inputs))
-                mark(BWD, len(traced_blocks) + 1)
-                out_loss.backward()
-                mark(BWD, 0)
-                model.zero_grad(set_to_none=True)
-
-            times = measure_times(
+        autocast = _autocast_pass(model, traced_blocks, original_inputs, loss_of)
+        with faked as example_inputs:
+            hidden = shape.hidden if shape else 0
+            tracer = Tracer(
                 model,
                 traced_blocks,
-                step,
-                device=dev,
-                warmup=warmup,
-                repeats=repeats,
-                tick=(lambda: bar.update(1)) if bar else None,
+                seq_len=seq,
+                hidden=hidden,
+                graph_segments=set(range(len(traced_blocks) + 2)),
+                on_segment=lambda *_: bar.update(1) if bar else None,
             )
+            try:
+                with torch.autograd.graph.saved_tensors_hooks(tracer.pack, lambda t: t), tracer:
+                    loss = loss_of(_call(model, example_inputs))
+                    tracer.mark_output(len(traced_blocks) + 1, loss)
+                    tracer.switch(BWD, len(traced_blocks) + 1)
+                    loss.backward()
+                    tracer.stats[tracer.seg].end[tracer.phase] = tracer.live
+            finally:
+                tracer.remove_hooks()
+            tracer.param_leftovers()
+            model.zero_grad(set_to_none=True)
+            times = None
+            if mode == "measure" and repeats > 0:
+
+                def step(mark: Callable[[int, int], None]) -> None:
+                    mark(FWD, 0)
+                    out_loss = loss_of(_call(model, example_inputs))
+                    mark(BWD, len(traced_blocks) + 1)
+                    out_loss.backward()
+                    mark(BWD, 0)
+                    model.zero_grad(set_to_none=True)
+
+                times = measure_times(
+                    model,
+                    traced_blocks,
+                    step,
+                    device=dev,
+                    warmup=warmup,
+                    repeats=repeats,
+                    tick=(lambda: bar.update(1)) if bar else None,
+                )
     if bar is not None:
         bar.close()
     return _assemble(
         name or type(model).__name__,
         tracer.stats,
+        autocast,
         times,
         len(found.modules),
         batch,
@@ -234,6 +238,21 @@ def profile(
         measured_on if measured_on is not None else ("" if times is None else dev.type),
         digest,
     )
+
+
+def _autocast_pass(
+    model: nn.Module,
+    blocks: tuple[nn.Module, ...],
+    inputs: Any,
+    loss_of: Callable[[Any], torch.Tensor],
+) -> list[float] | None:
+    """`autocast_trace.autocast_saved_bytes` of the traced chain; None where a construct of
+    the model does not run on fake CPU tensors (the planner then prices autocast's memory by
+    its rule for pre-norm blocks, `mixed_precision.autocast_layer_bytes`)."""
+    try:
+        return autocast_saved_bytes(model, blocks, inputs, lambda m, x: loss_of(_call(m, x)))
+    except (RuntimeError, NotImplementedError, TypeError, ValueError, AssertionError):
+        return None
 
 
 def _device_of(model: nn.Module) -> torch.device:
@@ -263,6 +282,7 @@ def _layer(
     times: list[list[float]] | None,
     seg: int,
     batch: int,
+    autocast: list[float] | None,
 ) -> LayerCost:
     b = float(batch)
     rep = st.replicated_bytes / b
@@ -296,6 +316,7 @@ def _layer(
         param_tensors=st.param_tensors,
         param_tensor_sizes=tuple(st.param_sizes),
         saved_tensors=st.saved_tensors,
+        autocast_saved_bytes=None if autocast is None else autocast[seg] / b,
     )
 
 
@@ -322,6 +343,7 @@ def _graph(layer: int, st: SegmentStats, batch: int) -> LayerGraph:
 def _assemble(
     name: str,
     stats: list[SegmentStats],
+    autocast: list[float] | None,
     times: list[list[float]] | None,
     num_blocks: int,
     batch: int,
@@ -332,14 +354,16 @@ def _assemble(
     digest: str,
 ) -> ModelProfile:
     traced = len(stats) - 2
-    layers = [_layer(LayerKind.EMBEDDING, "embedding", stats[0], times, 0, batch)]
+    layers = [_layer(LayerKind.EMBEDDING, "embedding", stats[0], times, 0, batch, autocast)]
     graphs = [_graph(0, stats[0], batch)]
     for i in range(num_blocks):
         seg = min(i, traced - 1) + 1  # blocks past the traced ones repeat the last traced
-        layers.append(_layer(LayerKind.BLOCK, f"block.{i}", stats[seg], times, seg, batch))
+        layers.append(
+            _layer(LayerKind.BLOCK, f"block.{i}", stats[seg], times, seg, batch, autocast)
+        )
         if i < traced:
             graphs.append(_graph(i + 1, stats[seg], batch))
-    layers.append(_layer(LayerKind.HEAD, "head", stats[-1], times, traced + 1, batch))
+    layers.append(_layer(LayerKind.HEAD, "head", stats[-1], times, traced + 1, batch, autocast))
     graphs.append(_graph(num_blocks + 1, stats[-1], batch))
     hidden = (
         shape.hidden

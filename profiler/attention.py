@@ -50,6 +50,10 @@ class FusedAttention(TorchFunctionMode):
         names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
         bound = dict(zip(names, args, strict=False)) | kwargs
         q, k, v = bound["query"], bound["key"], bound["value"]
+        device = q.device.type
+        if device != "meta" and torch.is_autocast_enabled(device):  # as autocast casts SDPA's
+            dtype = torch.get_autocast_dtype(device)  # inputs (`autocast_trace.py`)
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         causal = bool(bound.get("is_causal")) or (
             self.causal and bound.get("attn_mask") is not None
         )

@@ -63,3 +63,14 @@ def test_entry_of_another_trace_is_not_trusted(cache: Path) -> None:
     again = paraplan.model_profile(str(CONFIG), seq_len=64, precision="fp32")
     assert (short.seq_len, again.seq_len) == (32, 64)
     assert json.loads(entry.read_text())["cache_key"]["seq_len"] == 64
+
+
+def test_the_key_covers_the_profilers_own_source() -> None:
+    """A changed tracer never serves old entries: the digest reads the modules the profile is
+    traced by (until 2026-11-26 it globbed a folder that does not exist in a checkout)."""
+    import paraplan.profiler.tracer as tracer
+    from paraplan.profile_cache import profiler_sources
+
+    names = {p.name for p in profiler_sources()}
+    assert {"tracer.py", "api.py", "attention.py", "autocast_trace.py"} <= names
+    assert Path(tracer.__file__).resolve() in {p.resolve() for p in profiler_sources()}

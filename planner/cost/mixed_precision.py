@@ -85,9 +85,12 @@ def autocast_held_bytes(
       micro-batch in flight, for every block not fully recomputed (a recomputed block casts
       again inside its region) and the head's projection;
     - the residual stream stays fp32 (the embedding's output is fp32, and a bf16 branch added
-      to it promotes), so each norm's kept input (two per block, `NORMS_PER_BLOCK`, and the
-      final norm's) is twice the traced bytes, and so is a fully recomputed block's kept
-      input; the norms' outputs go to the matmuls as the bf16 copies the trace saved too.
+      to it promotes), so what a norm keeps of it is fp32, and so is a fully recomputed
+      block's kept input; a norm's fp32 output is cast by each matmul reading it, each copy
+      kept. A traced profile carries each layer's saved bytes under autocast
+      (`LayerCost.autocast_saved_bytes`, `profiler/autocast_trace.py`: GPT-2 2, Llama 5
+      residual-sized bf16 tensors' bytes more per block); without it each norm's kept input
+      (two per block, `NORMS_PER_BLOCK`, and the final norm's) counts twice.
     `tests/test_autocast_memory.py` checks it against the saved tensors of GPT-2 and Llama."""
     if not autocasts(s) or not autocast_memory(s, sm):
         return 0.0
@@ -137,9 +140,14 @@ def autocast_layer_bytes(
     shard = (tp if sp else 1) * cp
     if x.kind == LayerKind.BLOCK and rc == Recompute.FULL:
         return x.input_bytes * widen / shard
+    if x.kind not in (LayerKind.BLOCK, LayerKind.HEAD):
+        return 0.0
+    if x.autocast_saved_bytes is not None:  # traced under autocast (`autocast_trace.py`)
+        kept = (x.act_tp_bytes + x.act_replicated_bytes) * act_scale
+        extra = max(0.0, x.autocast_saved_bytes - kept)
+    else:  # the pre-norm rule: each norm's kept input widens (the head: the final norm's)
+        extra = (NORMS_PER_BLOCK if x.kind == LayerKind.BLOCK else 1) * x.input_bytes * widen
     if x.kind == LayerKind.BLOCK:
         weights = (x.params / tp + x.expert_params / (tp * ep)) * compute_bytes
-        return weights / mbs + NORMS_PER_BLOCK * x.input_bytes * widen / shard
-    if x.kind == LayerKind.HEAD:  # its projection's copy, the final norm's input
-        return p.vocab * p.hidden / tp * compute_bytes / mbs + x.input_bytes * widen / shard
-    return 0.0
+        return weights / mbs + extra / shard
+    return p.vocab * p.hidden / tp * compute_bytes / mbs + extra / shard  # the head's copy
