@@ -111,3 +111,23 @@ def test_micro_batches_are_counted_in_sequences(tmp_path: Path) -> None:
         if AMBIGUOUS.search(line)
     ]
     assert not found, "micro-batch figures without their unit:\n" + "\n".join(found)
+
+
+@pytest.mark.multiprocess
+def test_the_console_command_ends_without_finalization_noise(tmp_path: Path) -> None:
+    """`python -m paraplan calibrate` (the console entry, no argv): its stderr holds the
+    busy-machine warning at most, not nanobind's leak report that `gc.freeze()` at exit
+    caused (27 lines after every calibration and traced plan, until 2026-11-26), and the
+    file it wrote is whole."""
+    out = tmp_path / "cal.yaml"
+    args = ["calibrate", "--cluster", "1xcpu", "-o", str(out), "--quick", "--no-progress"]
+    done = subprocess.run(
+        [sys.executable, "-m", "paraplan", *args, "--dtypes", "fp32"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "leaked" not in done.stderr and "nanobind" not in done.stderr, done.stderr
+    assert done.stdout.rstrip().endswith(f"plan with --cluster {out}")
+    assert out.exists() and "calibration:" in out.read_text()

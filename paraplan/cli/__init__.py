@@ -10,7 +10,8 @@ Exit status: 0 on success, 2 on bad input or when nothing fits (see `common`).
 from __future__ import annotations
 
 import argparse
-import gc
+import os
+import sys
 from collections.abc import Sequence
 
 from .. import __version__
@@ -38,12 +39,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `paraplan` console script; returns the exit status. Called without
-    `argv` (the console script, `python -m paraplan`), it is the process's last work: what is
-    left alive is then frozen (`gc.freeze`), so the collection at interpreter exit does not
-    walk a large plan's search memos (about 0.2 s after the 1T GPT of issue 16). Tests and
-    other callers pass `argv` and keep their collector as it was."""
+    `argv` (the console script, `python -m paraplan`), it is the process's last work: the
+    process then ends at once, its output flushed, without the interpreter's finalization,
+    which walked a large plan's search memos (about 0.2 s after the 1T GPT of issue 16). The
+    `gc.freeze()` used for that before kept the frozen objects from ever being released, so
+    nanobind (the bindings of triton, which torch 2.13's native ops import; triton is a
+    dependency for torchtitan's export) printed 27 lines of "leaked instance" warnings after
+    every calibration and traced plan. Every file a command writes is closed (and renamed
+    into place) before it returns. Tests and other callers pass `argv` and get the status."""
     args = build_parser().parse_args(argv)
     status = run_command(args.handler, args)
     if argv is None:
-        gc.freeze()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
     return status
