@@ -218,6 +218,7 @@ def _measure(
     # DTensor's resident runtime on a host CPU: its lazily imported modules, sharding
     # propagation caches and the code of the ops it runs, grown once by the executor's TP
     # blocks (a GPU's DTensor state is host memory, not the device's)
+    gc.collect()
     held = live_resident_bytes() if device.type == "cpu" else 0
     tp_dispatch = tensor_parallel_dispatch(timer) if world > 1 else None
     gc.collect()
