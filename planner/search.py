@@ -283,6 +283,12 @@ class Search:
         ranked = tuple(e[3] for e in sorted(heap, key=lambda e: e[:3], reverse=True))
         return SearchResult(ranked=ranked, evaluated=evaluated, min_memory=least)
 
+    def _cannot_fit(self, s: Strategy) -> bool:
+        """Whether no per-layer solution of `s` fits (`PerLayerRecompute.cannot_fit`): it
+        cannot rank, nor is it rescued, so its solve is not needed."""
+        ev = self.ev
+        return not has_options(s) and not ev.single_pass(s) and ev.per_layer.cannot_fit(s)
+
     def _note_memory(self, s: Strategy, total: float) -> None:
         """Remember `s` if it needs the least memory seen yet."""
         if self._min_mem is None or total < self._min_mem[0]:
@@ -341,7 +347,7 @@ class Search:
             self._rescue(task.strategies[0], heap, keep)
         else:  # per-layer solves of one (sp, zero), in the order the block lists them
             for s, plain in zip(task.strategies, task.bounded, strict=True):
-                if self._slower(plain, -heap[0][0]):
+                if self._slower(plain, -heap[0][0]) or self._cannot_fit(s):
                     continue
                 if not has_options(s):  # its recompute bounded before it is solved
                     coll = self._families.coll(s)
