@@ -63,6 +63,9 @@ SAFETY = 1e-9
 _SHARE_NUDGE = 1e-9
 """A forward share this close to a rounding boundary of the replay cache is tried on both
 sides, so the bound never reads a neighbouring bin the step time did not."""
+_FLOOR_MARGIN = 1e-6
+"""Relative margin taken off `family_floor_s`: its sums telescope over the whole chain, the
+stage cores' over each stage's layers."""
 
 
 def _slot_lower_bound_s(ev: Evaluator, s: Strategy) -> float:
@@ -188,6 +191,24 @@ def family_lower_bound_s(
     m = ev.num_microbatches(s)
     shares = [(c.compute.fwd_s, c.compute.bwd_s) for c in cores]
     return (m * slot + least_bubble_s(ev, s, slot, shares)) * (1.0 - SAFETY)
+
+
+def family_floor_s(ev: Evaluator, s: Strategy) -> float:
+    """A step time below `family_lower_bound_s` of `s`'s family (a `family_key`), without its
+    stage cores: its slowest slot is at least the average over the pp stages of their forward,
+    backward and recompute seconds (every layer runs on one stage; communication left out),
+    times m micro-batches plus the fill and drain slots of a schedule without split backward
+    (a split backward's bubble left out)."""
+    t = ev.stage_model.layer_times(s.tp, s.cp, s.ep, s.micro_batch_size)
+    if s.recompute == Recompute.FULL:
+        recompute_s = t.full_recompute_s[-1]
+    elif s.recompute == Recompute.SELECTIVE:
+        recompute_s = t.selective_recompute_s[-1]
+    else:
+        recompute_s = 0.0
+    slot = (t.fwd_s[-1] + t.bwd_s[-1] + recompute_s) / s.pp
+    fill = 0.0 if is_split_backward(s.schedule) else ev.fill_slots(s)
+    return (ev.num_microbatches(s) + fill) * slot * (1.0 - _FLOOR_MARGIN)
 
 
 def bound_stage_times(ev: Evaluator, s: Strategy, coll: Collectives) -> tuple[StageTime, ...]:
@@ -392,7 +413,9 @@ class FamilyBounds:
         families = {(sp, _FAMILY_RC[rc]) for sp, _, _, rc in rest}
         slower: set[tuple[bool, Recompute]] = set()
         for sp, rc in sorted(families, key=_FAMILY_ORDER.__getitem__):
-            if self.bound_s(block.strategy(sched, v, sp, 0, False, rc)) <= worst_s:
+            key_s = block.strategy(sched, v, sp, 0, False, rc)
+            # the floor is below the bound: the same answer, without pricing its stages
+            if family_floor_s(self.ev, key_s) <= worst_s and self.bound_s(key_s) <= worst_s:
                 break
             slower.add((sp, rc))
         else:
