@@ -75,8 +75,8 @@ class Search:
         self._offload_slower = ev.acc.memory_bw_bytes_per_s >= HOST_OPTIMIZER_BYTES_PER_S
         self._lb_s: dict[Strategy, float] = {}  # `_time_lower_bound_s`'s, and rc=none's
         self._plain_stages: dict[Strategy, tuple[StageTime, ...]] = {}  # stage times there
-        self._runs: dict[tuple, tuple[tuple[bool, int, bool, Recompute], ...]] = {}
-        """`_runnable` answers, by block shape and schedule."""
+        self._runs: dict[tuple, dict[tuple[Schedule, int], tuple]] = {}
+        """`_runnable` answers, by block shape, then by schedule."""
         self._families = FamilyBounds(ev, consent.any, self.pins)
         """Bounds shared by a strategy's ZeRO and offload variants (`search_bounds.py`)."""
         broken = ev.violation(self.pins)  # the rules the candidates obey, on the pins alone
@@ -166,11 +166,12 @@ class Search:
             if progress is not None:
                 progress(done / num_blocks)
             done += 1
+            runs = self._runs.setdefault(block.shape, {})  # its shape hashed once
             for sched, v in block.schedules:
                 rest = block.rest
                 runnable = len(heap) == keep and self.runnable_only and not pinned
                 if runnable:  # every choice left runs; asked first, as it is cheaper than
-                    rest = self._runnable(block, sched, v)  # the rules and the bounds (and
+                    rest = self._runnable(block, runs, sched, v)  # the rules and bounds (and
                     evaluated += len(block.rest) - len(rest)  # often leaves nothing to do)
                     if not rest:
                         continue
@@ -401,17 +402,17 @@ class Search:
         return fits
 
     def _runnable(
-        self, block: Block, sched: Schedule, v: int
+        self, block: Block, known: dict[tuple[Schedule, int], tuple], sched: Schedule, v: int
     ) -> tuple[tuple[bool, int, bool, Recompute], ...]:
         """The choices of `block.rest` under this schedule that the executor runs. What it
         runs depends on neither sequence parallelism nor the recompute policy (the search's
         `Job` carries no per-block decisions), so each (ZeRO stage, optimizer offload) pair is
         asked once; nor on the micro-batch size, so blocks that differ only by it share the
-        answer (`Block.shape`). A choice it does not run cannot rank, nor can its offload
-        rescues (they only add offload, which no capability admits more readily), so once the
-        heap is full it needs neither memory nor time."""
-        key = (block.shape, sched, v)
-        found = self._runs.get(key)
+        answer (`Block.shape`; `known`: the answers of its shape, by schedule). A choice it does
+        not run cannot rank, nor can its offload rescues (they only add offload, which no
+        capability admits more readily), so once the heap is full it needs neither memory nor
+        time."""
+        found = known.get((sched, v))
         if found is not None:
             return found
         runs: dict[tuple[int, bool], bool] = {}
@@ -423,7 +424,7 @@ class Search:
                 ok = runs[(zero, off)] = not self._gap(block.strategy(sched, v, sp, zero, off, rc))
             if ok:
                 out.append(choice)
-        found = self._runs[key] = tuple(out)
+        found = known[(sched, v)] = tuple(out)
         return found
 
     def _slower(self, s: Strategy, worst_s: float) -> bool:
