@@ -193,20 +193,31 @@ def family_lower_bound_s(
     return (m * slot + least_bubble_s(ev, s, slot, shares)) * (1.0 - SAFETY)
 
 
-def family_floor_s(ev: Evaluator, s: Strategy) -> float:
-    """A step time below `family_lower_bound_s` of `s`'s family (a `family_key`), without its
-    stage cores: its slowest slot is at least the average over the pp stages of their forward,
-    backward and recompute seconds (every layer runs on one stage; communication left out),
-    times m micro-batches plus the fill and drain slots of a schedule without split backward
-    (a split backward's bubble left out)."""
-    t = ev.stage_model.layer_times(s.tp, s.cp, s.ep, s.micro_batch_size)
+def family_floor_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float:
+    """A step time below `family_lower_bound_s` of `s`'s family (a `family_key`; `coll` its
+    `placement_bound`), without its stage cores: its slowest slot is at least the average over
+    the pp stages of their forward, backward and recompute seconds and the TP collectives of
+    their blocks (every layer runs on one stage: 4 per block, 2 more per fully recomputed one,
+    as `stage_core` counts them; not when they hide under compute, and the rest of the
+    communication left out), times m micro-batches plus the fill and drain slots of a
+    schedule without split backward (a split backward's bubble left out)."""
+    sm = ev.stage_model
+    t = sm.layer_times(s.tp, s.cp, s.ep, s.micro_batch_size)
+    blocks = 4 * ev.num_blocks
     if s.recompute == Recompute.FULL:
-        recompute_s = t.full_recompute_s[-1]
+        recompute_s, blocks = t.full_recompute_s[-1], blocks + 2 * ev.num_blocks
     elif s.recompute == Recompute.SELECTIVE:
         recompute_s = t.selective_recompute_s[-1]
     else:
         recompute_s = 0.0
-    slot = (t.fwd_s[-1] + t.bwd_s[-1] + recompute_s) / s.pp
+    tp_s = 0.0
+    if s.tp > 1 and not ev.train.runtime.tp_comm_overlap:
+        act, link = s.micro_batch_size * sm.block_output_seq_bytes / s.cp, ev.ideal_links(s).tp
+        if s.sequence_parallel:
+            tp_s = blocks * (coll.all_gather(act, link) + coll.reduce_scatter(act, link))
+        else:
+            tp_s = blocks * coll.all_reduce(act, link)
+    slot = (t.fwd_s[-1] + t.bwd_s[-1] + recompute_s + tp_s) / s.pp
     fill = 0.0 if is_split_backward(s.schedule) else ev.fill_slots(s)
     return (ev.num_microbatches(s) + fill) * slot * (1.0 - _FLOOR_MARGIN)
 
@@ -415,7 +426,8 @@ class FamilyBounds:
         for sp, rc in sorted(families, key=_FAMILY_ORDER.__getitem__):
             key_s = block.strategy(sched, v, sp, 0, False, rc)
             # the floor is below the bound: the same answer, without pricing its stages
-            if family_floor_s(self.ev, key_s) <= worst_s and self.bound_s(key_s) <= worst_s:
+            floor_s = family_floor_s(self.ev, key_s, self.coll(key_s))
+            if floor_s <= worst_s and self.bound_s(key_s) <= worst_s:
                 break
             slower.add((sp, rc))
         else:
