@@ -228,9 +228,9 @@ class Search:
                             continue  # no recompute policy fits it: no need to solve
                         if full and not self.consent.any:  # never faster than rc=none
                             plain = block.strategy(sched, v, sp, zero, off, Recompute.NONE)
-                            key = self._families.bound_s(plain)  # its own bound: in its turn
-                            if key > worst_s():
+                            if self._families.slower(plain, worst_s()):
                                 continue
+                            key = self._families.bound_s(plain)  # its own bound: in its turn
                             task = deferred.get((sp, zero))  # solved in its turn, with its
                             if task is None:  # (sp, zero) siblings in order
                                 task = deferred[(sp, zero)] = Task(
@@ -249,9 +249,9 @@ class Search:
                     if not self._rescuable(s):
                         continue  # no offload makes it fit: it cannot rank
                     self._note_memory(s, total)
-                    key = self._families.bound_s(s)  # its own bound waits for its turn
-                    if key > worst_s():
+                    if self._families.slower(s, worst_s()):
                         continue  # as would its rescues, which only add offload
+                    key = self._families.bound_s(s)  # its own bound waits for its turn
                     key = max(key, self._families.rescue_floor_s(s))  # activation copies
                     if key > worst_s():
                         continue
@@ -430,7 +430,7 @@ class Search:
     def _slower(self, s: Strategy, worst_s: float) -> bool:
         """Whether `s` is slower than `worst_s` in every mesh order: its family's bound first
         (shared, cheap), then its own (`_time_lower_bound_s`)."""
-        if self._families.bound_s(s) > worst_s:
+        if self._families.slower(s, worst_s):
             return True
         return self._time_lower_bound_s(s) > worst_s
 

@@ -341,6 +341,7 @@ class FamilyBounds:
         """PowerSGD or the asynchronous pipeline offered: they may be faster than the
         strategy they vary, so `all_slower` never prunes."""
         self._bound_s: dict[tuple, float] = {}
+        self._floor_s: dict[tuple, float] = {}
         self._offload_bound_s: dict[tuple, float] = {}
         self._acts_only: dict[tuple, bool] = {}
         self._cores: dict[tuple, tuple[StageCore, ...]] = {}
@@ -365,6 +366,27 @@ class FamilyBounds:
             bound = family_lower_bound_s(self.ev, key_s, self.coll(key_s), cores=cores)
             self._bound_s[key] = bound
         return bound
+
+    def slower(self, s: Strategy, worst_s: float) -> bool:
+        """Whether `bound_s(s)` exceeds `worst_s`, asking its family's floor first when its
+        bound is not known yet (`family_floor_s`: below it, and needs no stage cores)."""
+        rc = Recompute.NONE if s.recompute == Recompute.PER_LAYER else s.recompute
+        bound = self._bound_s.get(_family_shape(s, rc))
+        if bound is None:
+            if self.floor_s(s) > worst_s:
+                return True
+            bound = self.bound_s(s)
+        return bound > worst_s
+
+    def floor_s(self, s: Strategy) -> float:
+        """`family_floor_s` of `s`'s family (memoized as `bound_s`)."""
+        rc = Recompute.NONE if s.recompute == Recompute.PER_LAYER else s.recompute
+        key = _family_shape(s, rc)
+        floor = self._floor_s.get(key)
+        if floor is None:
+            key_s = family_key(s)
+            floor = self._floor_s[key] = family_floor_s(self.ev, key_s, self.coll(key_s))
+        return floor
 
     def offload_bound_s(self, s: Strategy) -> float:
         """`family_lower_bound_s` of the members of `s`'s family that offload activations
@@ -424,10 +446,7 @@ class FamilyBounds:
         families = {(sp, _FAMILY_RC[rc]) for sp, _, _, rc in rest}
         slower: set[tuple[bool, Recompute]] = set()
         for sp, rc in sorted(families, key=_FAMILY_ORDER.__getitem__):
-            key_s = block.strategy(sched, v, sp, 0, False, rc)
-            # the floor is below the bound: the same answer, without pricing its stages
-            floor_s = family_floor_s(self.ev, key_s, self.coll(key_s))
-            if floor_s <= worst_s and self.bound_s(key_s) <= worst_s:
+            if not self.slower(block.strategy(sched, v, sp, 0, False, rc), worst_s):
                 break
             slower.add((sp, rc))
         else:
