@@ -132,18 +132,23 @@ def family_key(s: Strategy) -> Strategy:
 def _family_shape(s: Strategy, rc: Recompute) -> tuple:
     """The fields of `s` a family bound reads (`family_key`'s), with recompute policy `rc`: the
     key of `FamilyBounds`' memos (a tuple hashes faster than the strategy)."""
+    return _shape_of(s, s.sequence_parallel, s.schedule, s.virtual_stages, rc)
+
+
+def _shape_of(base: Strategy, sp: bool, sched: Schedule, v: int, rc: Recompute) -> tuple:
+    """`_family_shape` of `base` with these sequence parallelism, schedule and policy."""
     return (
-        s.dp,
-        s.tp,
-        s.pp,
-        s.cp,
-        s.ep,
-        s.sequence_parallel,
-        s.schedule,
-        s.virtual_stages,
-        s.micro_batch_size,
+        base.dp,
+        base.tp,
+        base.pp,
+        base.cp,
+        base.ep,
+        sp,
+        sched,
+        v,
+        base.micro_batch_size,
         rc,
-        s.async_pipeline,
+        base.async_pipeline,
     )
 
 
@@ -446,7 +451,12 @@ class FamilyBounds:
         families = {(sp, _FAMILY_RC[rc]) for sp, _, _, rc in rest}
         slower: set[tuple[bool, Recompute]] = set()
         for sp, rc in sorted(families, key=_FAMILY_ORDER.__getitem__):
-            if not self.slower(block.strategy(sched, v, sp, 0, False, rc), worst_s):
+            known = self._bound_s.get(_shape_of(block.base, sp, sched, v, rc))  # unbuilt
+            if known is None:
+                slow = self.slower(block.strategy(sched, v, sp, 0, False, rc), worst_s)
+            else:
+                slow = known > worst_s
+            if not slow:
                 break
             slower.add((sp, rc))
         else:
