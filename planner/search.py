@@ -75,8 +75,8 @@ class Search:
         self._offload_slower = ev.acc.memory_bw_bytes_per_s >= HOST_OPTIMIZER_BYTES_PER_S
         self._lb_s: dict[Strategy, float] = {}  # `_time_lower_bound_s`'s, and rc=none's
         self._plain_stages: dict[Strategy, tuple[StageTime, ...]] = {}  # stage times there
-        self._runs: dict[tuple, tuple[tuple[bool, int, bool, Recompute], ...]] = {}
-        """`_runnable` answers, by block shape and schedule."""
+        self._runs: dict[tuple, dict[tuple[Schedule, int], tuple]] = {}
+        """`_runnable` answers, by block shape, then by schedule."""
         self._families = FamilyBounds(ev, consent.any, self.pins)
         """Bounds shared by a strategy's ZeRO and offload variants (`search_bounds.py`)."""
         broken = ev.violation(self.pins)  # the rules the candidates obey, on the pins alone
@@ -166,11 +166,12 @@ class Search:
             if progress is not None:
                 progress(done / num_blocks)
             done += 1
+            runs = self._runs.setdefault(block.shape, {})  # its shape hashed once
             for sched, v in block.schedules:
                 rest = block.rest
                 runnable = len(heap) == keep and self.runnable_only and not pinned
                 if runnable:  # every choice left runs; asked first, as it is cheaper than
-                    rest = self._runnable(block, sched, v)  # the rules and the bounds (and
+                    rest = self._runnable(block, runs, sched, v)  # the rules and bounds (and
                     evaluated += len(block.rest) - len(rest)  # often leaves nothing to do)
                     if not rest:
                         continue
@@ -227,9 +228,9 @@ class Search:
                             continue  # no recompute policy fits it: no need to solve
                         if full and not self.consent.any:  # never faster than rc=none
                             plain = block.strategy(sched, v, sp, zero, off, Recompute.NONE)
-                            key = self._families.bound_s(plain)  # its own bound: in its turn
-                            if key > worst_s():
+                            if self._families.slower(plain, worst_s()):
                                 continue
+                            key = self._families.bound_s(plain)  # its own bound: in its turn
                             task = deferred.get((sp, zero))  # solved in its turn, with its
                             if task is None:  # (sp, zero) siblings in order
                                 task = deferred[(sp, zero)] = Task(
@@ -248,9 +249,9 @@ class Search:
                     if not self._rescuable(s):
                         continue  # no offload makes it fit: it cannot rank
                     self._note_memory(s, total)
-                    key = self._families.bound_s(s)  # its own bound waits for its turn
-                    if key > worst_s():
+                    if self._families.slower(s, worst_s()):
                         continue  # as would its rescues, which only add offload
+                    key = self._families.bound_s(s)  # its own bound waits for its turn
                     key = max(key, self._families.rescue_floor_s(s))  # activation copies
                     if key > worst_s():
                         continue
@@ -282,6 +283,12 @@ class Search:
             least = least_memory(ev, list(self.blocks()), least)
         ranked = tuple(e[3] for e in sorted(heap, key=lambda e: e[:3], reverse=True))
         return SearchResult(ranked=ranked, evaluated=evaluated, min_memory=least)
+
+    def _cannot_fit(self, s: Strategy) -> bool:
+        """Whether no per-layer solution of `s` fits (`PerLayerRecompute.cannot_fit`): it
+        cannot rank, nor is it rescued, so its solve is not needed."""
+        ev = self.ev
+        return not has_options(s) and not ev.single_pass(s) and ev.per_layer.cannot_fit(s)
 
     def _note_memory(self, s: Strategy, total: float) -> None:
         """Remember `s` if it needs the least memory seen yet."""
@@ -341,7 +348,7 @@ class Search:
             self._rescue(task.strategies[0], heap, keep)
         else:  # per-layer solves of one (sp, zero), in the order the block lists them
             for s, plain in zip(task.strategies, task.bounded, strict=True):
-                if self._slower(plain, -heap[0][0]):
+                if self._slower(plain, -heap[0][0]) or self._cannot_fit(s):
                     continue
                 if not has_options(s):  # its recompute bounded before it is solved
                     coll = self._families.coll(s)
@@ -395,17 +402,17 @@ class Search:
         return fits
 
     def _runnable(
-        self, block: Block, sched: Schedule, v: int
+        self, block: Block, known: dict[tuple[Schedule, int], tuple], sched: Schedule, v: int
     ) -> tuple[tuple[bool, int, bool, Recompute], ...]:
         """The choices of `block.rest` under this schedule that the executor runs. What it
         runs depends on neither sequence parallelism nor the recompute policy (the search's
         `Job` carries no per-block decisions), so each (ZeRO stage, optimizer offload) pair is
         asked once; nor on the micro-batch size, so blocks that differ only by it share the
-        answer (`Block.shape`). A choice it does not run cannot rank, nor can its offload
-        rescues (they only add offload, which no capability admits more readily), so once the
-        heap is full it needs neither memory nor time."""
-        key = (block.shape, sched, v)
-        found = self._runs.get(key)
+        answer (`Block.shape`; `known`: the answers of its shape, by schedule). A choice it does
+        not run cannot rank, nor can its offload rescues (they only add offload, which no
+        capability admits more readily), so once the heap is full it needs neither memory nor
+        time."""
+        found = known.get((sched, v))
         if found is not None:
             return found
         runs: dict[tuple[int, bool], bool] = {}
@@ -417,13 +424,13 @@ class Search:
                 ok = runs[(zero, off)] = not self._gap(block.strategy(sched, v, sp, zero, off, rc))
             if ok:
                 out.append(choice)
-        found = self._runs[key] = tuple(out)
+        found = known[(sched, v)] = tuple(out)
         return found
 
     def _slower(self, s: Strategy, worst_s: float) -> bool:
         """Whether `s` is slower than `worst_s` in every mesh order: its family's bound first
         (shared, cheap), then its own (`_time_lower_bound_s`)."""
-        if self._families.bound_s(s) > worst_s:
+        if self._families.slower(s, worst_s):
             return True
         return self._time_lower_bound_s(s) > worst_s
 

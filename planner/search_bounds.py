@@ -63,6 +63,9 @@ SAFETY = 1e-9
 _SHARE_NUDGE = 1e-9
 """A forward share this close to a rounding boundary of the replay cache is tried on both
 sides, so the bound never reads a neighbouring bin the step time did not."""
+_FLOOR_MARGIN = 1e-6
+"""Relative margin taken off `family_floor_s`: its sums telescope over the whole chain, the
+stage cores' over each stage's layers."""
 
 
 def _slot_lower_bound_s(ev: Evaluator, s: Strategy) -> float:
@@ -129,18 +132,23 @@ def family_key(s: Strategy) -> Strategy:
 def _family_shape(s: Strategy, rc: Recompute) -> tuple:
     """The fields of `s` a family bound reads (`family_key`'s), with recompute policy `rc`: the
     key of `FamilyBounds`' memos (a tuple hashes faster than the strategy)."""
+    return _shape_of(s, s.sequence_parallel, s.schedule, s.virtual_stages, rc)
+
+
+def _shape_of(base: Strategy, sp: bool, sched: Schedule, v: int, rc: Recompute) -> tuple:
+    """`_family_shape` of `base` with these sequence parallelism, schedule and policy."""
     return (
-        s.dp,
-        s.tp,
-        s.pp,
-        s.cp,
-        s.ep,
-        s.sequence_parallel,
-        s.schedule,
-        s.virtual_stages,
-        s.micro_batch_size,
+        base.dp,
+        base.tp,
+        base.pp,
+        base.cp,
+        base.ep,
+        sp,
+        sched,
+        v,
+        base.micro_batch_size,
         rc,
-        s.async_pipeline,
+        base.async_pipeline,
     )
 
 
@@ -188,6 +196,35 @@ def family_lower_bound_s(
     m = ev.num_microbatches(s)
     shares = [(c.compute.fwd_s, c.compute.bwd_s) for c in cores]
     return (m * slot + least_bubble_s(ev, s, slot, shares)) * (1.0 - SAFETY)
+
+
+def family_floor_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float:
+    """A step time below `family_lower_bound_s` of `s`'s family (a `family_key`; `coll` its
+    `placement_bound`), without its stage cores: its slowest slot is at least the average over
+    the pp stages of their forward, backward and recompute seconds and the TP collectives of
+    their blocks (every layer runs on one stage: 4 per block, 2 more per fully recomputed one,
+    as `stage_core` counts them; not when they hide under compute, and the rest of the
+    communication left out), times m micro-batches plus the fill and drain slots of a
+    schedule without split backward (a split backward's bubble left out)."""
+    sm = ev.stage_model
+    t = sm.layer_times(s.tp, s.cp, s.ep, s.micro_batch_size)
+    blocks = 4 * ev.num_blocks
+    if s.recompute == Recompute.FULL:
+        recompute_s, blocks = t.full_recompute_s[-1], blocks + 2 * ev.num_blocks
+    elif s.recompute == Recompute.SELECTIVE:
+        recompute_s = t.selective_recompute_s[-1]
+    else:
+        recompute_s = 0.0
+    tp_s = 0.0
+    if s.tp > 1 and not ev.train.runtime.tp_comm_overlap:
+        act, link = s.micro_batch_size * sm.block_output_seq_bytes / s.cp, ev.ideal_links(s).tp
+        if s.sequence_parallel:
+            tp_s = blocks * (coll.all_gather(act, link) + coll.reduce_scatter(act, link))
+        else:
+            tp_s = blocks * coll.all_reduce(act, link)
+    slot = (t.fwd_s[-1] + t.bwd_s[-1] + recompute_s + tp_s) / s.pp
+    fill = 0.0 if is_split_backward(s.schedule) else ev.fill_slots(s)
+    return (ev.num_microbatches(s) + fill) * slot * (1.0 - _FLOOR_MARGIN)
 
 
 def bound_stage_times(ev: Evaluator, s: Strategy, coll: Collectives) -> tuple[StageTime, ...]:
@@ -309,6 +346,7 @@ class FamilyBounds:
         """PowerSGD or the asynchronous pipeline offered: they may be faster than the
         strategy they vary, so `all_slower` never prunes."""
         self._bound_s: dict[tuple, float] = {}
+        self._floor_s: dict[tuple, float] = {}
         self._offload_bound_s: dict[tuple, float] = {}
         self._acts_only: dict[tuple, bool] = {}
         self._cores: dict[tuple, tuple[StageCore, ...]] = {}
@@ -333,6 +371,27 @@ class FamilyBounds:
             bound = family_lower_bound_s(self.ev, key_s, self.coll(key_s), cores=cores)
             self._bound_s[key] = bound
         return bound
+
+    def slower(self, s: Strategy, worst_s: float) -> bool:
+        """Whether `bound_s(s)` exceeds `worst_s`, asking its family's floor first when its
+        bound is not known yet (`family_floor_s`: below it, and needs no stage cores)."""
+        rc = Recompute.NONE if s.recompute == Recompute.PER_LAYER else s.recompute
+        bound = self._bound_s.get(_family_shape(s, rc))
+        if bound is None:
+            if self.floor_s(s) > worst_s:
+                return True
+            bound = self.bound_s(s)
+        return bound > worst_s
+
+    def floor_s(self, s: Strategy) -> float:
+        """`family_floor_s` of `s`'s family (memoized as `bound_s`)."""
+        rc = Recompute.NONE if s.recompute == Recompute.PER_LAYER else s.recompute
+        key = _family_shape(s, rc)
+        floor = self._floor_s.get(key)
+        if floor is None:
+            key_s = family_key(s)
+            floor = self._floor_s[key] = family_floor_s(self.ev, key_s, self.coll(key_s))
+        return floor
 
     def offload_bound_s(self, s: Strategy) -> float:
         """`family_lower_bound_s` of the members of `s`'s family that offload activations
@@ -392,7 +451,12 @@ class FamilyBounds:
         families = {(sp, _FAMILY_RC[rc]) for sp, _, _, rc in rest}
         slower: set[tuple[bool, Recompute]] = set()
         for sp, rc in sorted(families, key=_FAMILY_ORDER.__getitem__):
-            if self.bound_s(block.strategy(sched, v, sp, 0, False, rc)) <= worst_s:
+            known = self._bound_s.get(_shape_of(block.base, sp, sched, v, rc))  # unbuilt
+            if known is None:
+                slow = self.slower(block.strategy(sched, v, sp, 0, False, rc), worst_s)
+            else:
+                slow = known > worst_s
+            if not slow:
                 break
             slower.add((sp, rc))
         else:

@@ -20,6 +20,7 @@ from paraplan.planner.options import rescues
 from paraplan.planner.pins import Pins
 from paraplan.planner.search import Search
 from paraplan.planner.search_bounds import (
+    family_floor_s,
     family_key,
     family_lower_bound_s,
     placement_bound,
@@ -87,6 +88,8 @@ def test_family_bound_is_below_every_member(name):
         loose = family_lower_bound_s(ev, key, ev.lower_bound_coll)
         bound = family_lower_bound_s(ev, key, placement_bound(ev, key))  # the search's
         assert loose <= bound * (1 + 1e-9), s.short()  # placement is the tighter
+        floor = family_floor_s(ev, key, placement_bound(ev, key))  # what `fast_choices` reads
+        assert floor <= bound, s.short()
         # the member's own bound and true step time in every mesh order, offloaded variants too
         variants = [v for tier in rescues(s, Pins()) for v in tier if option_problem(v) is None]
         offloaded = family_lower_bound_s(

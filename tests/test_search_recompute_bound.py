@@ -13,7 +13,12 @@ from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.cost.options import has_options
-from paraplan.planner.cost.recompute import LayerChoice, least_recompute_s, solve_stage
+from paraplan.planner.cost.recompute import (
+    LayerChoice,
+    least_recompute_s,
+    relaxation_fits,
+    solve_stage,
+)
 from paraplan.planner.model_spec import parse_model
 from paraplan.planner.search import Search
 from paraplan.planner.search_bounds import (
@@ -56,6 +61,11 @@ def test_relaxation_is_below_the_solution(seed: int) -> None:
     assert bound >= 0.0
     if picks is not None:
         assert bound <= problem.seconds_of(picks)
+        assert relaxation_fits(problem)  # what the search drops per-layer solves by
+    for scale in (0.3, 0.6, 0.9):  # tighter budgets: some no assignment fits
+        tight = replace(problem, budget_bytes=problem.budget_bytes * scale)
+        if not relaxation_fits(tight):
+            assert solve_stage(tight) is None
 
 
 SPACES = {

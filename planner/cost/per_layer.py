@@ -21,6 +21,7 @@ from .recompute import (
     StageProblem,
     least_recompute_s,
     relaxation,
+    relaxation_fits,
     solve_stage,
 )
 from .stages import StageCompute, StageModel
@@ -178,6 +179,17 @@ class PerLayerRecompute:
         micro-batch its solution adds, without solving (`recompute.least_recompute_s`)."""
         return tuple(
             least_recompute_s(problem, self._relaxation(problem.choices))
+            for problem in self.problems(s)
+        )
+
+    def cannot_fit(self, s: Strategy) -> bool:
+        """Whether some distinct stage of a `per_layer` strategy holds more activations than
+        its budget whatever its blocks recompute (`recompute.relaxation_fits` false): the
+        solver then finds nothing there, the stage takes the least-memory uniform policy, which
+        does not fit either, and so neither does the strategy. For strategies without options
+        whose memory is each stage's peak (not `Evaluator.single_pass`'s timeline)."""
+        return not all(
+            relaxation_fits(problem, self._relaxation(problem.choices))
             for problem in self.problems(s)
         )
 

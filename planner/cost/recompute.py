@@ -200,6 +200,21 @@ def least_recompute_s(problem: StageProblem, relaxed: Relaxation | None = None) 
     return 0.0
 
 
+def relaxation_fits(problem: StageProblem, relaxed: Relaxation | None = None) -> bool:
+    """Whether `least_recompute_s`'s relaxation can free the bytes the budget asks for (up to
+    a relative `_LP_MARGIN` beyond what its blocks can free, which covers the closed form's
+    accepted shortfall). False: no assignment fits, so `solve_stage` returns None (each block
+    frees at most its largest saving, and the transient is at least T0 under every cap)."""
+    if problem.inflight <= 0:
+        return True
+    slack = _REL * max(1.0, abs(problem.budget_bytes))
+    transient = max(0.0, problem.transient_bytes)
+    room = (problem.budget_bytes + slack - transient) / problem.inflight - problem.fixed_bytes
+    none_bytes, segments = relaxation(problem.choices) if relaxed is None else relaxed
+    freeable = sum(saved * n for _, saved, n in segments)
+    return none_bytes - room <= freeable * (1.0 + _LP_MARGIN)
+
+
 def _hull(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The lower convex hull from (0, 0) through `points` (bytes saved, seconds), sorted by
     bytes: the options a fractional choice would mix."""
