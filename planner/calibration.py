@@ -104,6 +104,7 @@ class DtypeKernels:
 
 _NON_NEGATIVE = (
     "tp_runtime_bytes",
+    "sync_skew_s",
     "fsdp_unit_host_s",
     "fsdp_tensor_host_s",
     "dtensor_adamw_tensor_s",
@@ -154,6 +155,10 @@ class Calibration:
     """And per parameter tensor of the unit (FSDP2 handles each: views of the gathered
     buffer, its sharded gradient made a DTensor); 0: not measured (files before
     2026-11-26, whose unit figure was measured on two-tensor units)."""
+    sync_skew_s: float = 0.0
+    """Seconds a collective waits beyond its own time when the ranks ran host work before it
+    (`profiler/microbench_skew.py`), added to every collective of the calibrated cluster; 0:
+    not measured (files before 2026-11-26, a GPU, one rank)."""
     load_average: float = 0.0
     """The machine's 1-minute load average when the measurement started (`os.getloadavg`; 0
     where unknown): a busy machine measures slower and less stable figures."""
@@ -198,6 +203,11 @@ class Calibration:
         by the refitted time scale (`cost.comm.Collectives` reads them)."""
         scale = self.time_scale
         return {k.kind: (k.bw_bytes_per_s / scale, k.latency_s * scale) for k in self.kind_links}
+
+    @property
+    def skew_s(self) -> float:
+        """`sync_skew_s` scaled by the refitted time scale."""
+        return self.sync_skew_s * self.time_scale
 
     @property
     def dtypes(self) -> tuple[str, ...]:
@@ -256,13 +266,14 @@ def calibration_schema() -> dict[str, Any]:
 
 
 def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calibration:
-    """Read the `calibration` section (strict; files from before 2026-11-26 lack the three
+    """Read the `calibration` section (strict; files from before 2026-11-26 lack the four
     fields filled in here, read as not measured)."""
     if isinstance(data, Mapping):
         data = {
             "host_adamw_s_per_param": 0.0,
             "fsdp_tensor_host_s": 0.0,
             "tp_runtime_bytes": 0.0,
+            "sync_skew_s": 0.0,
             **data,
         }
         if isinstance(data.get("dtype_kernels"), list):
@@ -280,6 +291,7 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
         "kind_links": tuple[KindLink, ...],
         "tensor_parallel": TensorParallelDispatch | None,
         "tp_runtime_bytes": float,
+        "sync_skew_s": float,
         "overlap_contention": float,
         "fsdp_unit_host_s": float,
         "fsdp_tensor_host_s": float,

@@ -46,6 +46,7 @@ from .microbench_cache import gemm_cache_bytes
 from .microbench_checkpoint import checkpoint_region_cost
 from .microbench_host import host_adamw_s_per_param
 from .microbench_rounds import median_fit
+from .microbench_skew import sync_skew_s
 from .microbench_tp import (
     FsdpUnitCost,
     dtensor_adamw_tensor_s,
@@ -89,6 +90,7 @@ class _RankResult:
     tensor_parallel: TensorParallelDispatch | None
     tp_runtime_bytes: int
     fsdp_unit: FsdpUnitCost
+    sync_skew_s: float
     dtensor_adamw_tensor_s: float
     host_adamw_s_per_param: float
 
@@ -224,6 +226,7 @@ def _measure(
     gc.collect()
     tp_runtime = max(0, live_resident_bytes() - held) if held and world > 1 else 0
     fsdp = fsdp_unit_cost(timer) if world > 1 else FsdpUnitCost(unit_s=0.0, tensor_s=0.0)
+    skew = sync_skew_s(budget.rounds) if world > 1 and device.type == "cpu" else 0.0
     adamw_s = dtensor_adamw_tensor_s(timer) if world > 1 else 0.0
     # optimizer offload's host AdamW, with the threads a training rank gets (torchrun: one
     # per rank when a node runs several)
@@ -248,6 +251,7 @@ def _measure(
             overlap_contention=contention,
             tensor_parallel=tp_dispatch,
             tp_runtime_bytes=tp_runtime,
+            sync_skew_s=skew,
             fsdp_unit=fsdp,
             dtensor_adamw_tensor_s=adamw_s,
             host_adamw_s_per_param=host_adamw,
@@ -467,6 +471,7 @@ def _calibration(
         overlap_contention=r.overlap_contention,
         tensor_parallel=r.tensor_parallel,
         tp_runtime_bytes=float(r.tp_runtime_bytes),
+        sync_skew_s=r.sync_skew_s,
         fsdp_unit_host_s=r.fsdp_unit.unit_s,  # host CPU time: the collectives are the links'
         fsdp_tensor_host_s=r.fsdp_unit.tensor_s,
         dtensor_adamw_tensor_s=r.dtensor_adamw_tensor_s,

@@ -394,6 +394,9 @@ def test_closed_loop_on_two_gloo_ranks(tmp_path: Path) -> None:
     assert calibrated.calibration.fsdp_tensor_host_s > plain_s
     # DTensor's modules, propagation caches and op code stay resident once the TP blocks ran
     # (~6-8 MB on this CPU, 2026-11-26): more than a page, less than the runtime itself
+    # a collective after host work waits for the slower rank: measured, and well under a
+    # tiny step's (30-90 ms) share (0.2-0.4 ms on this VM quiet, 2026-11-26)
+    assert 0.0 <= calibrated.calibration.sync_skew_s < 5e-3
     tp_bytes = calibrated.calibration.tp_runtime_bytes
     assert 2**20 < tp_bytes < calibrated.accelerator.runtime_overhead_bytes, tp_bytes
     # a checkpoint region's own host work costs more than one operator on every measured

@@ -108,6 +108,24 @@ def test_single_rank_groups_cost_nothing():
     assert coll.all_to_all(1e9, one) == 0.0
 
 
+def test_sync_skew_is_paid_once_per_collective_never_in_bounds():
+    """`Calibration.sync_skew_s` (profiler/microbench_skew.py): each collective waits once for
+    the slower rank, whatever its size or its ring's steps; one rank waits for no one, and the
+    search's lower-bound collectives stay a bound."""
+    acc, skew = get_accelerator("cpu"), 3.4e-4
+    plain, skewed = Collectives(acc), Collectives(acc, sync_skew_s=skew)
+    bound = Collectives(acc, lower_bound=True, sync_skew_s=skew)
+    for n in (2, 4):
+        link = AxisLink(n, n, 1)
+        for nbytes in (4.0, 1e8):
+            for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
+                base = getattr(plain, name)(nbytes, link)
+                assert getattr(skewed, name)(nbytes, link) == pytest.approx(base + skew)
+                assert getattr(bound, name)(nbytes, link) <= base
+            assert skewed.p2p(nbytes, False) == pytest.approx(plain.p2p(nbytes, False) + skew)
+    assert skewed.all_reduce(1e9, AxisLink(1, 1, 1)) == 0.0
+
+
 def test_link_placement_on_8_gpu_nodes():
     # TP innermost (stride 1) stays in a node; DP with stride 8 has one rank per node.
     assert link_of(8, 1, 8) == AxisLink(8, 8, 1)

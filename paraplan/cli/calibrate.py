@@ -247,6 +247,11 @@ def format_calibration(cluster: Cluster) -> str:
             f"{cal.fsdp_tensor_host_s * 1e6:.0f} us per parameter tensor; AdamW per DTensor "
             f"parameter {cal.dtensor_adamw_tensor_s * 1e6:.0f} us"
         )
+    if cal.sync_skew_s > 0:
+        lines.append(
+            f"each collective after host work waits {cal.sync_skew_s * 1e6:.0f} us more for the "
+            "slower rank (sync skew)"
+        )
     if cal.host_adamw_s_per_param > 0:
         lines.append(
             f"host AdamW (optimizer offload): {cal.host_adamw_s_per_param * 1e9:.2f} ns per "

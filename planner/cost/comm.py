@@ -213,8 +213,12 @@ class Collectives:
         *,
         lower_bound: bool = False,
         kind_links: Mapping[CollectiveKind, tuple[float, float]] | None = None,
+        sync_skew_s: float = 0.0,
     ) -> None:
         self._acc = acc
+        self._skew_s = 0.0 if lower_bound else sync_skew_s
+        """Seconds each collective waits for the slower rank's host work before it
+        (`Calibration.sync_skew_s`; measured on a host CPU, 0 elsewhere)."""
         self._cache: dict[tuple, float] = {}
         self._lower_bound = lower_bound
         self._kind_links = dict(kind_links or {}) if not lower_bound else {}
@@ -288,7 +292,7 @@ class Collectives:
         key = ("ar", nbytes, link)
         if key not in self._cache:
             self._cache[key] = (
-                self._hierarchical(nbytes, link, 2, CollectiveKind.ALL_REDUCE)
+                self._hierarchical(nbytes, link, 2, CollectiveKind.ALL_REDUCE) + self._skew_s
                 if link.size > 1
                 else 0.0
             )
@@ -306,7 +310,9 @@ class Collectives:
     def _one_pass(self, nbytes: float, link: AxisLink, kind: CollectiveKind) -> float:
         key = (kind, nbytes, link)
         if key not in self._cache:
-            self._cache[key] = self._hierarchical(nbytes, link, 1, kind) if link.size > 1 else 0.0
+            self._cache[key] = (
+                self._hierarchical(nbytes, link, 1, kind) + self._skew_s if link.size > 1 else 0.0
+            )
         return self._cache[key]
 
     def all_to_all(self, nbytes: float, link: AxisLink) -> float:
@@ -322,12 +328,12 @@ class Collectives:
         intra = _transfer_s(intra_bytes, intra_bw, intra_half)
         inter = _transfer_s(inter_bytes, inter_bw, inter_half)
         lat = inter_lat if link.nodes > 1 else intra_lat
-        return intra + inter + (n - 1) * lat
+        return intra + inter + (n - 1) * lat + self._skew_s
 
     def p2p(self, nbytes: float, cross_node: bool) -> float:
         """Seconds to send `nbytes` to one peer."""
         bw, lat, half = self._inter if cross_node else self._intra_for(CollectiveKind.SEND_RECV)
-        return lat + _transfer_s(nbytes, bw, half)
+        return lat + _transfer_s(nbytes, bw, half) + self._skew_s
 
 
 def _transfer_s(nbytes: float, bw_bytes_per_s: float, half_bytes: float) -> float:

@@ -59,11 +59,11 @@ class Evaluator:
         self.contention = OVERLAP_CONTENTION if cal is None else cal.overlap_contention
         """Compute slowdown per second of overlapped communication (measured when calibrated)."""
         self.fsdp = FsdpHost.of(self.stage_model.kernels, self.acc, cal)
-        scale, kinds = (1.0, None) if cal is None else (cal.time_scale, cal.kind_link_figures())
+        scale = 1.0 if cal is None else cal.time_scale
         self.dtensor_adamw_tensor_s = 0.0 if cal is None else cal.dtensor_adamw_tensor_s * scale
         host = cal.host_adamw_s_per_param * scale if cal is not None else 0.0
         self.host_adamw_s_per_param = host if train.optimizer == Optimizer.ADAMW else 0.0
-        self.coll = Collectives(self.acc, kind_links=kinds)
+        self.coll = self.stage_model.coll  # the calibrated links and sync skew
         self.lower_bound_coll = Collectives(self.acc, lower_bound=True)
         """Collectives on the fastest link with no latency: bounds for the search."""
         self.model_flops_per_seq = sum(x.fwd_flops + x.bwd_flops for x in profile.layers)

@@ -76,11 +76,11 @@ class StageModel:
         """How blocks are split over pipeline chunks."""
         self.acc = acc = cluster.accelerator
         cal = cluster.calibration
-        self.coll = Collectives(acc, kind_links=None if cal is None else cal.kind_link_figures())
+        kinds, skew = (None, 0.0) if cal is None else (cal.kind_link_figures(), cal.skew_s)
+        self.coll = Collectives(acc, kind_links=kinds, sync_skew_s=skew)
         self.tp_dispatch = None if cal is None else cal.tensor_parallel
         """DTensor's measured host cost (calibrated clusters with more than one rank)."""
-        self.tp_runtime_bytes = 0.0 if cal is None else cal.tp_runtime_bytes
-        """And what it keeps resident on a host CPU rank (`Calibration.tp_runtime_bytes`)."""
+        self.tp_runtime_bytes = 0.0 if cal is None else cal.tp_runtime_bytes  # its resident
         self.kernels: Kernels | None = _kernels_for(cluster, train)
         """GEMM and attention kernel model (None: roofline only)."""
         self.flops_per_s = acc.peak_flops_for(train.compute_dtype) * acc.matmul_efficiency
