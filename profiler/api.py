@@ -23,6 +23,7 @@ from .autocast_trace import autocast_saved_bytes
 from .chain import BlockList, find_blocks, module_digest, same_structure
 from .moe import balanced_experts
 from .shape import Shape, shape_of
+from .swap import swapped_tensors
 from .timing import measure_times
 from .tracer import BWD, FWD, SegmentStats, Tracer
 
@@ -98,29 +99,11 @@ def _faked(model: nn.Module, inputs: Any) -> Iterator[Any]:
     from torch.utils._pytree import tree_map
 
     fm = FakeTensorMode(allow_non_fake_inputs=True)
-    originals: list[tuple[dict, str, Any]] = []
-    memo: dict[int, Any] = {}
-    for mod in model.modules():
-        for table in (mod._parameters, mod._buffers):
-            for key, t in list(table.items()):
-                if t is None:
-                    continue
-                if id(t) not in memo:
-                    fake = fm.from_tensor(t)
-                    memo[id(t)] = (
-                        nn.Parameter(fake, t.requires_grad) if isinstance(t, nn.Parameter) else fake
-                    )
-                originals.append((table, key, t))
-                table[key] = memo[id(t)]
     fake_inputs = tree_map(
         lambda t: fm.from_tensor(t) if isinstance(t, torch.Tensor) else t, inputs
     )
-    try:
-        with fm:
-            yield fake_inputs
-    finally:
-        for table, key, t in originals:
-            table[key] = t
+    with swapped_tensors(model, fm.from_tensor), fm:
+        yield fake_inputs
 
 
 def profile(

@@ -25,6 +25,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+from .swap import swapped_tensors
+
 AUTOCAST_DTYPE = torch.bfloat16
 """The low-precision dtype autocast casts to (fp16 casts the same tensors, same bytes)."""
 
@@ -64,24 +66,9 @@ def _fp32_fake(model: nn.Module, inputs: Any) -> Iterator[tuple[Any, Any]]:
         meta = torch.empty_strided(t.shape, t.stride(), dtype=dtype, device="meta")
         return FakeTensor(fm, meta, cpu)
 
-    originals: list[tuple[dict, str, Any]] = []
-    memo: dict[int, Any] = {}
-    for mod in model.modules():
-        for table in (mod._parameters, mod._buffers):
-            for key, t in list(table.items()):
-                if t is None:
-                    continue
-                if id(t) not in memo:
-                    f = fake(t)
-                    is_param = isinstance(t, nn.Parameter)
-                    memo[id(t)] = nn.Parameter(f, t.requires_grad) if is_param else f
-                originals.append((table, key, t))
-                table[key] = memo[id(t)]
-    try:
-        yield fm, tree_map(lambda t: fake(t) if isinstance(t, torch.Tensor) else t, inputs)
-    finally:
-        for table, key, t in originals:
-            table[key] = t
+    fake_inputs = tree_map(lambda t: fake(t) if isinstance(t, torch.Tensor) else t, inputs)
+    with swapped_tensors(model, fake):
+        yield fm, fake_inputs
 
 
 def autocast_saved_bytes(
