@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 from functools import cache
+from importlib.util import find_spec
 from pathlib import Path
 
 from .planner.hf_presets import HF_PRESETS
@@ -57,8 +58,6 @@ def profiler_sources() -> list[Path]:
     maps to the repository's `profiler/` folder in a source checkout, to
     `paraplan/profiler/` when installed. Until 2026-11-26 this looked beside this file only,
     found nothing in a checkout, and so never noticed a changed tracer."""
-    from importlib.util import find_spec
-
     spec = find_spec("paraplan.profiler")
     folders = spec.submodule_search_locations if spec is not None else None
     if not folders:
