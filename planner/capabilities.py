@@ -69,8 +69,14 @@ def _optimizer(j: Job) -> str | None:
 
 def _offload(j: Job) -> str | None:
     s = j.strategy
-    if not s.offload_optimizer or s.zero_stage >= 2:
+    if not s.offload_optimizer or (s.zero_stage == 2 or s.offload_params):
         return None
+    if s.zero_stage == 3:
+        return (
+            "offload_optimizer with zero_stage=3 and offload_params=false: optimizer offload "
+            "runs through FSDP2's CPUOffloadPolicy, which keeps ZeRO-3's parameter shards on "
+            "the host too; use --fix offload_params=true (or zero=2)"
+        )
     return (
         f"offload_optimizer with zero_stage={s.zero_stage}: optimizer offload runs through "
         "FSDP2's CPUOffloadPolicy, which also shards gradients (ZeRO-2 or 3); use --fix zero=2"
@@ -166,7 +172,11 @@ def _async_pipeline(j: Job) -> str | None:
 CAPABILITIES: tuple[Capability, ...] = (
     Capability(name="precision", rule="fp32 or bf16 (no loss scaling)", check=_precision),
     Capability(name="optimizer", rule="AdamW, SGD or Adafactor (torch.optim)", check=_optimizer),
-    Capability(name="offload", rule="optimizer offload with ZeRO-2/3 (FSDP2)", check=_offload),
+    Capability(
+        name="offload",
+        rule="optimizer offload with ZeRO-2, or ZeRO-3 with its parameters (FSDP2)",
+        check=_offload,
+    ),
     Capability(
         name="zero-1",
         rule="ZeRO-1 with DP, TP, PP and CP, no EP (sharded optimizer states)",

@@ -57,6 +57,16 @@ def admits(pins: Pins, zero_stage: int, offload_optimizer: bool) -> bool:
     return pins.powersgd_rank is None or zero_stage <= 1
 
 
+def params_follow_optimizer(pins: Pins, runnable_only: bool) -> bool:
+    """Whether the search's ZeRO-3 optimizer offload also offloads the parameter shards: in a
+    search for the executor, which offloads through FSDP2's `CPUOffloadPolicy` (sharded
+    parameters, gradients and the optimizer step on the host, each shard copied in for its
+    all-gather; torchtitan's offload is the same policy), unless `offload_params` is pinned.
+    DeepSpeed offloads the optimizer alone (`offload_optimizer` without `offload_param`), so
+    a search for any engine keeps both choices."""
+    return runnable_only and pins.offload_params is None
+
+
 def admits_schedule(pins: Pins, schedule: Schedule) -> bool:
     """Whether a schedule goes with a pinned asynchronous pipeline."""
     return not pins.async_pipeline or schedule == Schedule.ONE_F_ONE_B

@@ -21,6 +21,7 @@ from .capabilities import Job, executor_gaps
 from .cost.data_parallel import HOST_OPTIMIZER_BYTES_PER_S
 from .cost.estimate import StageTime
 from .cost.evaluate import Estimate, Evaluator
+from .cost.memory_totals import memory_totals
 from .cost.options import has_options, option_problem
 from .cost.rules import Rule, Violation
 from .pins import Pins
@@ -95,7 +96,8 @@ class Search:
     def blocks(self) -> Iterator[Block]:
         """The space in blocks that share degrees and micro-batch size, valid or not
         (`search_space.space_blocks`)."""
-        return space_blocks(self.ev, self.pins)
+        follow = options.params_follow_optimizer(self.pins, self.runnable_only)
+        return space_blocks(self.ev, self.pins, params_follow=follow)
 
     def configs(self) -> Iterator[Strategy]:
         """Every combination of the searched dimensions (default mesh order), valid or not."""
@@ -192,7 +194,14 @@ class Search:
                         continue
                     rest = fast
                 statics: list[tuple[float, ...] | None] = []
-                totals = ev.memory_totals(probe, rest, fit_only=len(heap) == keep, statics=statics)
+                totals = memory_totals(
+                    ev,
+                    probe,
+                    rest,
+                    fit_only=len(heap) == keep,
+                    statics=statics,
+                    params_follow=block.params_follow,
+                )
                 fitted: list[tuple[bool, int, bool, int]] = []  # (sp, zero, offload, rc)
                 deferred: dict[tuple[bool, int], Task] = {}  # per-layer solves by (sp, zero)
                 cap, rescued = ev.capacity_bytes, options.RESCUED_RECOMPUTE

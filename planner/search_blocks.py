@@ -70,6 +70,9 @@ class Block:
     """(schedule, virtual stages) pairs searched."""
     rest: tuple[tuple[bool, int, bool, Recompute], ...]
     """(sequence parallel, ZeRO stage, optimizer offload, recompute) choices searched."""
+    params_follow: bool = False
+    """Whether ZeRO-3's optimizer offload takes the parameter shards with it (`offload_params`),
+    as the executor runs it (`options.params_follow_optimizer`)."""
     _fields: dict[str, Any] = field(init=False, compare=False, repr=False)
     """The base's fields as keywords: building a candidate from them takes half the time of
     `dataclasses.replace`, and the search builds hundreds of thousands."""
@@ -82,7 +85,7 @@ class Block:
         kwargs = {name: getattr(self.base, name) for name in STRATEGY_FIELDS}
         object.__setattr__(self, "_fields", kwargs)
         shape = tuple(v for k, v in kwargs.items() if k != "micro_batch_size")
-        object.__setattr__(self, "shape", (shape, self.rest))
+        object.__setattr__(self, "shape", (shape, self.rest, self.params_follow))
 
     def probe(self, sched: Schedule | None = None, v: int = 1) -> Strategy:
         """A representative for the block-level structural checks: the base under the first
@@ -95,17 +98,18 @@ class Block:
         self, sched: Schedule, v: int, sp: bool, zero: int, off: bool, rc: Recompute
     ) -> Strategy:
         """One strategy of the block (default mesh order)."""
-        return Strategy(
-            **{
-                **self._fields,
-                "schedule": sched,
-                "virtual_stages": v,
-                "sequence_parallel": sp,
-                "recompute": rc,
-                "zero_stage": zero,
-                "offload_optimizer": off,
-            }
-        )
+        fields = {
+            **self._fields,
+            "schedule": sched,
+            "virtual_stages": v,
+            "sequence_parallel": sp,
+            "recompute": rc,
+            "zero_stage": zero,
+            "offload_optimizer": off,
+        }
+        if off and zero == 3 and self.params_follow:
+            fields["offload_params"] = True
+        return Strategy(**fields)
 
     def strategies(self) -> Iterator[Strategy]:
         """Each strategy of the block (default mesh order)."""
@@ -246,7 +250,7 @@ def static_rejects(
 ) -> bool:
     """Whether the search, its heap full, drops the strategy of `choice` under `probe`'s block
     and schedule (peak memory `total`, None for an unsolved per_layer) for what its stages hold
-    whatever their activations, answered from its `static` totals (`Evaluator.memory_totals`;
+    whatever their activations, answered from its `static` totals (`memory_totals.memory_totals`;
     None: not known, so False) without building it: by `states_overflow` (per_layer) or, as it
     does not fit, by `options.rescuable` (and the recompute policies `Search._rescue` offers)."""
     sp, zero, off, rc = choice

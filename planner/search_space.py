@@ -66,8 +66,9 @@ def best_order(ev: Evaluator, s: Strategy, memory: MemoryBreakdown, peak_stage: 
     return ev.finish(so, memory, peak_stage, tb)
 
 
-def space_blocks(ev: Evaluator, pins: Pins) -> Iterator[Block]:
-    """The space in blocks that share degrees and micro-batch size, valid or not."""
+def space_blocks(ev: Evaluator, pins: Pins, *, params_follow: bool = False) -> Iterator[Block]:
+    """The space in blocks that share degrees and micro-batch size, valid or not; with
+    `params_follow`, ZeRO-3's optimizer offload takes the parameters with it (`Block`)."""
     f, t = pins, ev.train
     n = ev.cluster.num_gpus
     divs = divisors(n)
@@ -134,7 +135,7 @@ def space_blocks(ev: Evaluator, pins: Pins) -> Iterator[Block]:
                 )
                 sub = rest if shard is None else [r for r in rest if r[1] == 3]
                 if sub and scheds:
-                    yield Block(base=base, schedules=tuple(scheds), rest=tuple(sub))
+                    yield Block(base, tuple(scheds), tuple(sub), params_follow)
 
 
 def _dp_shards(ev: Evaluator, pins: Pins, dp: int, tp: int, cp: int) -> list[int | None]:

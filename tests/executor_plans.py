@@ -189,6 +189,7 @@ def make_plan(
             sequence_parallel=sp,
             virtual_stages=vpp,
             offload_optimizer=offload,
+            offload_params=offload and zero == 3,  # FSDP2's CPUOffloadPolicy holds both
         ),
         mesh=Mesh(
             axis_order=tuple(MeshAxis(a) for a in axis_order),

@@ -18,6 +18,7 @@ from paraplan.planner.cost.memory import (
     in_flight_microbatches,
     layer_act_bytes,
 )
+from paraplan.planner.cost.memory_totals import memory_totals
 from paraplan.planner.model import LayerKind
 from paraplan.planner.model_spec import PRESETS, Attention, Norm, TransformerSpec, parse_model
 from paraplan.planner.strategy import Recompute, Schedule, Strategy
@@ -369,7 +370,7 @@ def _choices(s: Strategy):
 def test_memory_totals_matches_memory(which, strategy, gpt2_ev, llama_ev, moe_ev):
     ev = {"gpt2": gpt2_ev, "llama": llama_ev, "moe": moe_ev}[which]
     choices = _choices(strategy)
-    totals = ev.memory_totals(strategy, choices)
+    totals = memory_totals(ev, strategy, choices)
     assert len(totals) == len(choices)
     for (sp, zero, off, rc), total in zip(choices, totals, strict=True):
         s = replace(

@@ -10,6 +10,7 @@ import random
 import pytest
 
 from paraplan.planner.cost.memory import MIN_SPLIT_IN_FLIGHT, in_flight_microbatches
+from paraplan.planner.cost.memory_totals import memory_totals
 from paraplan.planner.cost.schedules import is_split_backward
 from paraplan.planner.search import Search
 from paraplan.planner.strategy import Schedule
@@ -49,8 +50,8 @@ def test_fit_only_totals_decide_fit_as_the_exact_ones(name: str) -> None:
             probe = block.strategy(sched, v, *block.rest[0])
             if ev.violation(probe) is not None:
                 continue
-            exact = ev.memory_totals(probe, block.rest)
-            lazy = ev.memory_totals(probe, block.rest, fit_only=True)
+            exact = memory_totals(ev, probe, block.rest)
+            lazy = memory_totals(ev, probe, block.rest, fit_only=True)
             for choice, want, got in zip(block.rest, exact, lazy, strict=True):
                 checked += 1
                 if want is None or want <= cap:  # fits (or left to the solver): exact

@@ -75,11 +75,17 @@ def test_runnable_does_not_depend_on_the_micro_batch_size(experts: int) -> None:
 
 @pytest.mark.parametrize("experts", [0, 8])
 def test_offload_rescues_of_an_unrunnable_strategy_are_unrunnable(experts: int) -> None:
-    """The search drops an unrunnable strategy before pricing it, rescues included."""
+    """The search drops an unrunnable strategy before pricing it, rescues included. ZeRO-3
+    with optimizer offload alone is unrunnable, and its rescue with the parameters offloaded
+    runs: the runnable search never builds it unless `offload_params` is pinned false
+    (`options.params_follow_optimizer`), and then no rescue offloads the parameters."""
     for s in _strategies():
         if not _gaps(s, experts):
             continue
-        for tier in options.rescues(s, Pins()):
+        alone = s.zero_stage == 3 and s.offload_optimizer and not s.offload_params
+        pins = Pins(offload_params=False) if alone else Pins()
+        assert options.params_follow_optimizer(pins, runnable_only=True) is not alone
+        for tier in options.rescues(s, pins):
             for variant in tier:
                 assert _gaps(variant, experts), variant.short()
 
@@ -98,3 +104,28 @@ def test_runnable_search_finds_the_brute_force_optimum(space: str) -> None:
     assert result.best.memory.total_bytes == runnable[0].memory.total_bytes
     for est in result.ranked:
         assert not _gaps(est.strategy, ev.profile.experts)
+
+
+def test_runnable_search_offloads_zero3_parameters_with_the_optimizer() -> None:
+    """The executor offloads ZeRO-3's optimizer through FSDP2's CPUOffloadPolicy, which keeps
+    the parameter shards on the host too: a runnable search prices exactly that (each shard
+    copied in for its gathers), equal to brute force over the same space, where the search for
+    any engine also offers the optimizer offload alone (DeepSpeed's `offload_optimizer`)."""
+    ev = _evaluator(
+        "llama:layers=16,hidden=4096,heads=32,kv_heads=8,ffn=11008,vocab=32000,seq=1024",
+        "2xl4",
+        global_batch=2,
+        seq_len=1024,
+    )
+    runnable = brute_force(ev, runnable_only=True)
+    best = runnable[0].strategy
+    assert best.zero_stage == 3 and best.offload_optimizer and best.offload_params
+    result = Search(ev, runnable_only=True).run(top_k=3)
+    assert result.best is not None and result.best.strategy == best
+    assert result.best.step_time_s == runnable[0].step_time_s
+    for est in result.ranked:
+        s = est.strategy
+        assert not (s.zero_stage == 3 and s.offload_optimizer and not s.offload_params)
+    anywhere = [e.strategy for e in brute_force(ev)]
+    alone = [s for s in anywhere if s.zero_stage == 3 and s.offload_optimizer]
+    assert alone and not any(s.offload_params for s in alone)
