@@ -322,6 +322,8 @@ class Search:
         when it does not fit; else, unless it only adds recompute or offload to a faster
         strategy of its schedule that fits (`fitted`), its variants and itself, in its best
         mesh order, if it could rank."""
+        if s.offload_params and not options.fits_host(self.ev, s):
+            return  # the host cannot hold its shards (its rescues neither: `_offer`)
         self._note_memory(s, total)
         if total > self.ev.capacity_bytes:  # offload may make it fit (options.py)
             self._rescue(s, heap, keep)
@@ -486,5 +488,9 @@ def brute_force(
     """Every valid strategy in every mesh order (the executor's only, as `Search`), evaluated in
     full and ranked (for tests)."""
     search = Search(ev, pins, runnable_only=runnable_only)
-    out = [ev.evaluate(s) for s in search.valid() if not (runnable_only and search._gap(s))]
+    out = [
+        ev.evaluate(s)
+        for s in search.valid()
+        if not (runnable_only and search._gap(s)) and options.fits_host(ev, s)
+    ]
     return sorted((e for e in out if e.feasible), key=rank_key)
