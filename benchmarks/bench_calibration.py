@@ -136,16 +136,7 @@ def report_figures(report: Path) -> dict:
         "step_time_rel_err": r["step_time_rel_err"],
         "memory_rel_err": r["memory_rel_err"],
         "memory_source": r.get("memory_source"),
-        "probe_s": r.get("probe_s", 0.0),
-        "calibration_probe_s": r.get("calibration_probe_s", 0.0),
     }
-
-
-def speed_ratio(row: dict) -> float:
-    """The run's reference step over the calibration's (`profiler/speed_probe.py`): how much
-    slower the machine ran than when calibrated (1 when either is missing)."""
-    run, cal = row.get("probe_s", 0.0), row.get("calibration_probe_s", 0.0)
-    return run / cal if run > 0 and cal > 0 else 1.0
 
 
 def run_one(row: dict, folder: Path, suffix: str = "") -> dict:
@@ -187,14 +178,9 @@ def rank_agreement(rows: list[dict], key: str) -> tuple[int, int]:
     return same, total
 
 
-def errors(rows: list[dict], key: str, *, at_calibration_speed: bool = False) -> list[float]:
-    """|measured / predicted - 1| of the step time, per run that ran; with
-    `at_calibration_speed`, each measured time first divided by its run's `speed_ratio`."""
-    return [
-        abs(r["step_time_s"] / (speed_ratio(r) if at_calibration_speed else 1.0) / r[key] - 1)
-        for r in rows
-        if "step_time_s" in r
-    ]
+def errors(rows: list[dict], key: str) -> list[float]:
+    """|measured / predicted - 1| of the step time, per run that ran."""
+    return [abs(r["step_time_s"] / r[key] - 1) for r in rows if "step_time_s" in r]
 
 
 def refit(cal: Path, rows: list[dict], folder: Path, name: str) -> Path:
@@ -268,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{head}measured {got['step_time_s']:.4f} s predicted "
                 f"{row['predicted_step_time_s']:.4f} s ({got['step_time_rel_err']:+.1%}); memory "
                 f"{got['memory_rel_err']:+.1%}; load {got['load_before']:.1f}->"
-                f"{got['load_after']:.1f}; machine speed {speed_ratio(got):.2f}x",
+                f"{got['load_after']:.1f}",
                 flush=True,
             )
         else:
@@ -312,20 +298,6 @@ def main(argv: list[str] | None = None) -> int:
                 "rank_pairs_agree": same,
                 "rank_pairs": total,
             }
-    for config in configs:  # the same predictions, the drift of the machine left out
-        errs = errors(
-            [r for r in ran if r["config"] == config],
-            "predicted_step_time_s",
-            at_calibration_speed=True,
-        )
-        summary[f"at the calibration's speed {config}"] = {
-            "mean_abs_err": statistics.fmean(errs) if errs else None,
-            "max_abs_err": max(errs) if errs else None,
-            "within_15pct": sum(e <= 0.15 for e in errs),
-            "runs": len(errs),
-            "rank_pairs_agree": 0,
-            "rank_pairs": 0,
-        }
     mem = [abs(r["peak_memory_bytes"] / r["predicted_memory_bytes"] - 1) for r in ran]
     mem_refit = [abs(r["peak_memory_bytes"] / r["predicted_memory_bytes@all"] - 1) for r in ran]
     print(f"\n{'predictions':<44}{'mean |err|':>11}{'max |err|':>10}{'<=15%':>7}{'order':>8}")

@@ -21,9 +21,6 @@ HOST_SOURCE = (
     "torch's CPU allocations over that step (profiled, not timed), as the plan prices it: "
     "the peak RSS also holds freed heap glibc keeps"
 )
-SPEED_NOTE_FRACTION = 0.10
-"""Machine speed off the calibration's by more than this: the report says what the step time
-error would be at the calibration's speed."""
 CUDA_SOURCE = (
     "torch.cuda.max_memory_allocated plus what lies outside torch's allocator at the end "
     "(CUDA context, NCCL and library buffers: total - free - reserved), as the plan's "
@@ -106,18 +103,6 @@ class RunReport:
     """Peak RSS of each rank (CPU: above `peak_memory_bytes` by the heap glibc keeps)."""
     losses: tuple[float, ...]
     """Global-batch loss of each step run."""
-    probe_s: float = 0.0
-    """This rank's reference step during the run (`profiler/speed_probe.py`; 0: not sampled)."""
-    calibration_probe_s: float = 0.0
-    """The plan's calibration's reference step (0: the plan was not calibrated)."""
-
-    @property
-    def speed_ratio(self) -> float | None:
-        """How much slower (> 1) the machine ran than when calibrated: the reference step's
-        time against the calibration's (None when either was not measured)."""
-        if self.probe_s > 0 and self.calibration_probe_s > 0:
-            return self.probe_s / self.calibration_probe_s
-        return None
 
     def to_dict(self) -> dict[str, object]:
         """JSON form."""
@@ -139,7 +124,6 @@ def make_report(
     first_step: int,
     losses: list[float],
     rss_bytes: list[float] | None = None,
-    probe_s: float = 0.0,
 ) -> RunReport:
     """Build the report from the timed steps (warm-up already removed) and per-rank memory."""
     if not step_times_s:
@@ -174,8 +158,6 @@ def make_report(
         first_step=first_step,
         losses=tuple(losses),
         peak_rss_bytes=tuple(rss_bytes or ()),
-        probe_s=probe_s,
-        calibration_probe_s=plan.cluster.probe_s,
     )
 
 
@@ -230,19 +212,6 @@ def format_report(r: RunReport) -> str:
             f"loss: step {r.first_step} {r.losses[0]:.4f} -> step "
             f"{r.first_step + len(r.losses) - 1} {r.losses[-1]:.4f}"
         )
-    ratio = r.speed_ratio
-    if ratio is not None:
-        lines.append(
-            f"machine speed: a reference step took {r.probe_s * 1e3:.2f} ms during the run, "
-            f"{ratio:.2f}x its {r.calibration_probe_s * 1e3:.2f} ms at calibration"
-        )
-        if abs(ratio - 1) > SPEED_NOTE_FRACTION and r.step_time_rel_err is not None:
-            adjusted = (1 + r.step_time_rel_err) / ratio - 1
-            lines.append(
-                f"  the machine ran {'slower' if ratio > 1 else 'faster'} than the plan assumes "
-                f"(a shared machine, clocks, another tenant): at the calibration's speed the "
-                f"step time error would be {adjusted:+.1%}; --from-run refits leave the drift out"
-            )
     hint = recalibrate_hint(r.step_time_rel_err, r.cluster)
     if hint is not None:
         lines += ["", f"note: {hint}"]

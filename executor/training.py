@@ -13,7 +13,6 @@ import torch.distributed as dist
 
 from ..planner.strategy import MeshAxis
 from ..profiler.host_memory import HostPeak, TensorPeakTracker, peak_resident_bytes
-from ..profiler.speed_probe import REPEATS, SpeedProbe
 from . import mesh as meshes
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .compose import ParallelModel
@@ -111,10 +110,6 @@ def train(
     )
     host: HostPeak | None = None
     times, losses = [], []
-    # The machine's speed during the timed steps (`profiler/speed_probe.py`), sampled after
-    # each on a host CPU (a shared machine's speed moves within seconds); on a GPU once after
-    # the run, its peak memory read first (the probe's tensors would count in it).
-    probe = SpeedProbe(pm.device) if pm.device.type == "cpu" else None
     for step in range(first, options.steps):
         x, y = synthetic_tokens(
             plan.train.global_batch,
@@ -135,17 +130,12 @@ def train(
             loss = train_step(pm, opts, x, y)
             _sync(pm.device)
             times.append(time.perf_counter() - start)
-            if probe is not None and len(times) > options.warmup_steps:
-                probe.sample()
         losses.append(global_loss(pm, loss))
         if options.save_every and (step + 1) % options.save_every == 0:
             save_checkpoint(pm, opts, options.checkpoint_dir or "", step=step + 1)
         if on_step is not None:
             on_step(step, losses[-1])
     memory, source = peak_memory_bytes(pm.device, host)
-    if probe is None:
-        probe = SpeedProbe(pm.device)
-        probe.sample(REPEATS)
     gathered: list[tuple[float, float] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (memory, float(peak_resident_bytes())))
     pairs = [g or (0.0, 0.0) for g in gathered]
@@ -160,5 +150,4 @@ def train(
         device=pm.device.type,
         first_step=first,
         losses=losses,
-        probe_s=probe.median_s(),
     )

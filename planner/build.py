@@ -145,7 +145,6 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
             num_nodes=c.num_nodes,
             gpus_per_node=c.gpus_per_node,
             num_gpus=c.num_gpus,
-            probe_s=c.calibration.probe_s if c.calibration is not None else 0.0,
         ),
         train=TrainInfo(
             global_batch=t.global_batch,

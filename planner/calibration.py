@@ -103,7 +103,6 @@ class DtypeKernels:
 
 
 _NON_NEGATIVE = (
-    "probe_s",
     "tp_runtime_bytes",
     "sync_skew_s",
     "fsdp_unit_host_s",
@@ -169,11 +168,6 @@ class Calibration:
     host_adamw_s_per_param: float = 0.0
     """Seconds per parameter of optimizer offload's AdamW on the host, a training rank's threads
     (`profiler/microbench_host.py`); 0: not measured (a CPU calibration: the device is the host)."""
-    probe_s: float = 0.0
-    """Median wall seconds of the reference step (`profiler/speed_probe.py`) sampled through
-    the measurement on every rank at once (rank 0's): the machine's speed the figures hold
-    for, which a run report compares with its own samples; 0: not measured (files before
-    2026-11-26)."""
     overlap_contention: float = OVERLAP_CONTENTION
     """Seconds of compute lost per second of communication hidden behind it, measured
     (`microbench.overlap_contention`: 0 perfect overlap, 1 none); replaces the cost model's
@@ -272,7 +266,7 @@ def calibration_schema() -> dict[str, Any]:
 
 
 def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calibration:
-    """Read the `calibration` section (strict; files from before 2026-11-26 lack the five
+    """Read the `calibration` section (strict; files from before 2026-11-26 lack the four
     fields filled in here, read as not measured)."""
     if isinstance(data, Mapping):
         data = {
@@ -280,7 +274,6 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
             "fsdp_tensor_host_s": 0.0,
             "tp_runtime_bytes": 0.0,
             "sync_skew_s": 0.0,
-            "probe_s": 0.0,
             **data,
         }
         if isinstance(data.get("dtype_kernels"), list):
@@ -299,7 +292,6 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
         "tensor_parallel": TensorParallelDispatch | None,
         "tp_runtime_bytes": float,
         "sync_skew_s": float,
-        "probe_s": float,
         "overlap_contention": float,
         "fsdp_unit_host_s": float,
         "fsdp_tensor_host_s": float,
@@ -347,15 +339,6 @@ class RunSample:
     """Measured peak memory of the fullest rank."""
     predicted_memory_bytes: float
     """The plan's peak memory per device."""
-    probe_s: float = 0.0
-    """The run's reference step (`RunReport.probe_s`; 0: not sampled)."""
-
-    def speed_ratio(self, calibration: Calibration) -> float:
-        """How much slower (> 1) the machine ran this run than when `calibration` was measured:
-        the run's reference step over the calibration's (1 when either is unknown)."""
-        if self.probe_s > 0 and calibration.probe_s > 0:
-            return self.probe_s / calibration.probe_s
-        return 1.0
 
 
 def run_sample(report: Mapping[str, Any], *, origin: str) -> RunSample:
@@ -366,18 +349,15 @@ def run_sample(report: Mapping[str, Any], *, origin: str) -> RunSample:
             predicted_step_time_s=float(report["predicted_step_time_s"]),
             peak_memory_bytes=float(max(report["peak_memory_bytes"])),
             predicted_memory_bytes=float(report["predicted_memory_per_gpu_bytes"]),
-            probe_s=float(report.get("probe_s", 0.0)),
         )
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(
             f"{origin} is not a run report (missing or bad {err}); pass the JSON that "
             "train_gpt2.py --report (paraplan run) writes"
         ) from None
-    values = dataclasses.astuple(sample)[:4]
+    values = dataclasses.astuple(sample)
     if not all(math.isfinite(v) and v > 0 for v in values):
         raise ValueError(f"{origin}: step times and memory must be positive numbers")
-    if not (math.isfinite(sample.probe_s) and sample.probe_s >= 0):
-        raise ValueError(f"{origin}: probe_s={sample.probe_s!r} must be >= 0")
     return sample
 
 
@@ -397,19 +377,14 @@ def refit(
 ) -> Calibration:
     """The calibration refitted on run reports of a cluster of `accelerator`s: every predicted
     second (kernels, collectives, the optimizer step, the roofline) scales by the geometric
-    mean of measured over predicted step time, which minimizes the mean squared log error,
-    each measured time first brought to the calibration's machine speed (`RunSample.
-    speed_ratio`: a run on a slow spell does not teach the model a slow machine); and the
-    runtime's memory moves by the median of measured less predicted peak memory (the
+    mean of measured over predicted step time, which minimizes the mean squared log error;
+    and the runtime's memory moves by the median of measured less predicted peak memory (the
     process's own footprint, which the microbenchmarks only estimate)."""
     runs = list(samples)
     if not runs:
         raise ValueError("no run reports to refit on; pass one or more report JSON files")
     ratio = math.exp(
-        statistics.fmean(
-            math.log(r.step_time_s / r.speed_ratio(calibration) / r.predicted_step_time_s)
-            for r in runs
-        )
+        statistics.fmean(math.log(r.step_time_s / r.predicted_step_time_s) for r in runs)
     )
     memory_gap = statistics.median(r.peak_memory_bytes - r.predicted_memory_bytes for r in runs)
     acc = with_calibration(get_accelerator(accelerator), calibration.figures)

@@ -17,7 +17,7 @@ from .cost.memory import MemoryBreakdown
 from .jsonio import to_json
 from .strategy import MeshAxis, Recompute, Schedule, Strategy
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 6
 """Bumped on any incompatible change of the plan JSON (6: `Predicted.model_flops_per_s_per_gpu`;
 5: PowerSGD, offload and asynchronous pipeline options)."""
 
@@ -75,9 +75,6 @@ class ClusterInfo:
     num_nodes: int = _pos("Nodes.")
     gpus_per_node: int = _pos("GPUs per node.")
     num_gpus: int = _pos("Total GPUs (the world size the executor must run with).")
-    probe_s: float = _schema(minimum=0)
-    """The calibration's reference step in seconds (`Calibration.probe_s`): the machine speed
-    the prediction holds for, which a run compares with its own; 0: not calibrated."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

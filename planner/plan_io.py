@@ -51,20 +51,9 @@ _V4_HIDDEN_COSTS = to_json(HiddenCosts())
 
 
 def upgrade(data: typing.Any) -> typing.Any:
-    """A version-4, -5 or -6 plan document as the current version (`upgrade_v4`, `upgrade_v5`,
-    `upgrade_v6`); anything else unchanged (the schema then says what is wrong)."""
-    return upgrade_v6(upgrade_v5(upgrade_v4(data)))
-
-
-def upgrade_v6(data: typing.Any) -> typing.Any:
-    """A version-6 plan document as version 7: its calibration's reference step was not
-    recorded (0); anything else unchanged."""
-    if not isinstance(data, dict) or data.get("schema_version") != 6:
-        return data
-    out = dict(data, schema_version=7)
-    if isinstance(out.get("cluster"), dict):
-        out["cluster"] = {"probe_s": 0.0, **out["cluster"]}
-    return out
+    """A version-4 or -5 plan document as the current version (`upgrade_v4`, `upgrade_v5`);
+    anything else unchanged (the schema then says what is wrong)."""
+    return upgrade_v5(upgrade_v4(data))
 
 
 def upgrade_v5(data: typing.Any) -> typing.Any:
@@ -104,7 +93,7 @@ def upgrade_v4(data: typing.Any) -> typing.Any:
 
 def plan_from_dict(data: typing.Any) -> Plan:
     """Validate a parsed plan document and build the `Plan` (ValueError on any problem);
-    version-4 to -6 documents are read as the current version (`upgrade`)."""
+    version-4 and -5 documents are read as the current version (`upgrade`)."""
     data = upgrade(data)
     if isinstance(data, dict) and data.get("schema_version") not in (None, SCHEMA_VERSION):
         raise ValueError(

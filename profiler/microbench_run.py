@@ -14,6 +14,7 @@ import gc
 import importlib
 import os
 import queue as queue_mod
+import re
 import socket
 import sys
 import warnings
@@ -52,8 +53,6 @@ from .microbench_tp import (
     fsdp_unit_cost,
     tensor_parallel_dispatch,
 )
-from .rank_errors import rank_error
-from .speed_probe import SpeedProbe
 
 Progress = Callable[[int, int, str], None]
 """(steps done, steps in all, what was just measured)."""
@@ -94,7 +93,6 @@ class _RankResult:
     sync_skew_s: float
     dtensor_adamw_tensor_s: float
     host_adamw_s_per_param: float
-    probe_s: float
 
 
 def device_name(device: torch.device) -> str:
@@ -193,14 +191,12 @@ def _measure(
         runtime = live_resident_bytes()
     # before any other GEMM: what each dtype's matmuls keep resident per new shape
     caches = {key: gemm_cache_bytes(mb.DTYPES[key], device) for key in dtypes}
-    probe = SpeedProbe(device)  # sampled between the measurements: the speed they saw
     rounds: dict[str, list[KernelFit]] = {key: [] for key in dtypes}
     for r in range(budget.rounds):  # dtypes alternate: a slow spell hits one round of one
         for key in dtypes:
             label = key if budget.rounds == 1 else f"{key} (round {r + 1}/{budget.rounds})"
             fit, _ = mb.kernel_fit(timer, key, budget, partial(_tick_part, tick, label))
             region = checkpoint_region_cost(timer, mb.DTYPES[key])
-            probe.sample()
             rounds[key].append(
                 dataclasses.replace(
                     fit,
@@ -218,7 +214,6 @@ def _measure(
         fits.append((key, fit))
     copy = mb.copy_bytes_per_s(timer)
     tick("copies")
-    probe.sample()
     # one rank has no link to measure (and a send/recv to itself never completes)
     points = mb.collectives(timer, budget, lambda: tick("collectives")) if world > 1 else []
     contention = mb.overlap_contention(timer) if world > 1 else OVERLAP_CONTENTION
@@ -230,9 +225,7 @@ def _measure(
     tp_dispatch = tensor_parallel_dispatch(timer) if world > 1 else None
     gc.collect()
     tp_runtime = max(0, live_resident_bytes() - held) if held and world > 1 else 0
-    probe.sample()
     fsdp = fsdp_unit_cost(timer) if world > 1 else FsdpUnitCost(unit_s=0.0, tensor_s=0.0)
-    probe.sample()
     skew = sync_skew_s(budget.rounds) if world > 1 and device.type == "cpu" else 0.0
     adamw_s = dtensor_adamw_tensor_s(timer) if world > 1 else 0.0
     # optimizer offload's host AdamW, with the threads a training rank gets (torchrun: one
@@ -262,7 +255,6 @@ def _measure(
             fsdp_unit=fsdp,
             dtensor_adamw_tensor_s=adamw_s,
             host_adamw_s_per_param=host_adamw,
-            probe_s=probe.median_s(),
         )
         out.put(("result", result))
 
@@ -419,7 +411,7 @@ def _run_ranks(
             pass
     except mp.ProcessRaisedException as err:  # the rank's traceback is its message
         _stop(procs)
-        raise CalibrationRankError(f"a calibration rank failed: {rank_error(str(err))}") from None
+        raise CalibrationRankError(f"a calibration rank failed: {_rank_error(str(err))}") from None
     except mp.ProcessExitedException as err:
         _stop(procs)
         # rank 0 puts its result after the last measurement, so with a result every rank
@@ -484,5 +476,24 @@ def _calibration(
         fsdp_tensor_host_s=r.fsdp_unit.tensor_s,
         dtensor_adamw_tensor_s=r.dtensor_adamw_tensor_s,
         host_adamw_s_per_param=r.host_adamw_s_per_param,
-        probe_s=r.probe_s,
     )
+
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*:")
+_FRAME_LINE = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
+
+
+def _rank_error(traceback_text: str) -> str:
+    """The line of a rank's traceback that names its exception, and where it was raised: a
+    CUDA error's message runs over several lines whose last only says to compile with
+    TORCH_USE_CUDA_DSA."""
+    lines = [line for line in traceback_text.strip().splitlines() if line.strip()]
+    if not lines:
+        return traceback_text
+    heads = [i for i, line in enumerate(lines) if _EXCEPTION_LINE.match(line)]
+    head = heads[-1] if heads else len(lines) - 1
+    frames = [m for line in lines[:head] if (m := _FRAME_LINE.match(line))]
+    if not frames:
+        return lines[head].strip()
+    file, line, func = frames[-1].groups()
+    return f"{lines[head].strip()} (at {os.path.basename(file)}:{line} in {func})"

@@ -170,7 +170,6 @@ def make_plan(
             num_nodes=1,
             gpus_per_node=world,
             num_gpus=world,
-            probe_s=0.0,
         ),
         train=TrainInfo(
             global_batch=dp * mbs * nmb,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import os
 from dataclasses import replace
@@ -23,10 +22,9 @@ from paraplan.executor.data import synthetic_tokens  # noqa: E402
 from paraplan.executor.launch import PLAN_ENV, torchrun_command  # noqa: E402
 from paraplan.executor.recompute import apply_recompute  # noqa: E402
 from paraplan.executor.report import format_report, make_report  # noqa: E402
-from paraplan.planner.plan import Parallelism, Plan  # noqa: E402
+from paraplan.planner.plan import Parallelism  # noqa: E402
 from paraplan.planner.plan_io import save_plan  # noqa: E402
 from paraplan.planner.strategy import Recompute  # noqa: E402
-from paraplan.profiler.speed_probe import SpeedProbe  # noqa: E402
 from tests.executor_helpers import LAYERS, make_plan, tiny_model  # noqa: E402
 
 
@@ -189,48 +187,6 @@ def test_report_json_and_table(tmp_path: os.PathLike[str]) -> None:
             first_step=0,
             losses=[],
         )
-
-
-def test_report_says_how_the_machines_speed_moved() -> None:
-    """A run whose reference step took 1.25x the calibration's: the report names the ratio and
-    the error at the calibration's speed ((1 + 0.2) / 1.25 - 1 = -4%); within 10% it only names
-    the ratio; without a calibrated plan, nothing."""
-    plan = make_plan(dp=2)
-    plan = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, probe_s=1.6e-3))
-    predicted = plan.predicted.step_time_s
-
-    def report(probe_s: float, p: Plan = plan) -> str:
-        return format_report(
-            make_report(
-                p,
-                step_times_s=[1.2 * predicted] * 3,
-                warmup_steps=1,
-                memory_bytes=[1.0, 1.0],
-                memory_source="RSS",
-                device="cpu",
-                first_step=0,
-                losses=[1.0],
-                probe_s=probe_s,
-            )
-        )
-
-    slow = report(2e-3)
-    assert "1.25x its 1.60 ms at calibration" in slow
-    assert "ran slower" in slow and "would be -4.0%" in slow
-    near = report(1.7e-3)
-    assert "1.06x" in near and "would be" not in near
-    uncalibrated = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, probe_s=0))
-    assert "machine speed" not in report(2e-3, uncalibrated)
-
-
-def test_speed_probe_samples_and_holds_no_gradients() -> None:
-    probe = SpeedProbe(torch.device("cpu"))
-    assert probe.median_s() == 0.0
-    probe.sample(3)
-    probe.sample(2)
-    assert len(probe.samples_s) == 5 and all(t > 0 for t in probe.samples_s)
-    assert probe.median_s() == sorted(probe.samples_s)[2]
-    assert all(p.grad is None for p in probe._mlp.parameters())
 
 
 def test_torchrun_command(tmp_path: os.PathLike[str]) -> None:

@@ -148,34 +148,22 @@ def _refit(cluster: Cluster, reports: list[str]) -> Cluster:
             )
         samples.append(run_sample(data, origin=f"run report {path!r}"))
     new = refit(cluster.calibration, samples, accelerator=cluster.accelerator.name)
-    speeds = [s.speed_ratio(cluster.calibration) for s in samples]
-    before, after = refit_errors(samples, new.time_scale / cluster.calibration.time_scale, speeds)
+    before, after = refit_errors(samples, new.time_scale / cluster.calibration.time_scale)
     print(
         f"refit on {len(samples)} run reports: time scale {cluster.calibration.time_scale:.3f} "
         f"-> {new.time_scale:.3f}; mean |step time error| {before:.1%} -> {after:.1%} (the "
         "reports' predictions rescaled; re-plan to see the new figures)"
     )
-    if any(abs(v - 1) > 0.01 for v in speeds):
-        print(
-            "the runs' machine speed against the calibration's (reference step): "
-            + ", ".join(f"{v:.2f}x" for v in speeds)
-            + "; each measured time was brought to the calibration's speed before the refit"
-        )
     acc = with_calibration(get_accelerator(cluster.accelerator.name), new.figures)
     return dataclasses.replace(cluster, accelerator=acc, calibration=new)
 
 
-def refit_errors(
-    samples: list[RunSample], scale: float, speeds: list[float] | None = None
-) -> tuple[float, float]:
-    """Mean |measured / predicted - 1| before and after scaling the predictions by `scale`,
-    each measured time divided by its run's machine speed against the calibration's
-    (`speeds`, 1 each when not given)."""
-    speeds = speeds or [1.0] * len(samples)
-    at_cal = [s.step_time_s / v for s, v in zip(samples, speeds, strict=True)]
-    pairs = list(zip(at_cal, samples, strict=True))
-    before = statistics.fmean(abs(t / s.predicted_step_time_s - 1) for t, s in pairs)
-    after = statistics.fmean(abs(t / (s.predicted_step_time_s * scale) - 1) for t, s in pairs)
+def refit_errors(samples: list[RunSample], scale: float) -> tuple[float, float]:
+    """Mean |measured / predicted - 1| before and after scaling the predictions by `scale`."""
+    before = statistics.fmean(abs(s.step_time_s / s.predicted_step_time_s - 1) for s in samples)
+    after = statistics.fmean(
+        abs(s.step_time_s / (s.predicted_step_time_s * scale) - 1) for s in samples
+    )
     return before, after
 
 
@@ -263,11 +251,6 @@ def format_calibration(cluster: Cluster) -> str:
         lines.append(
             f"each collective after host work waits {cal.sync_skew_s * 1e6:.0f} us more for the "
             "slower rank (sync skew)"
-        )
-    if cal.probe_s > 0:
-        lines.append(
-            f"reference step {cal.probe_s * 1e3:.2f} ms (the machine's speed now; each run "
-            "report compares its own)"
         )
     if cal.host_adamw_s_per_param > 0:
         lines.append(
