@@ -23,7 +23,10 @@ over dp x cp). Expert parameters sharded by expert parallelism are left out
 (`expert_parallel.ExpertGrads` reduces them).
 Optimizer offload is FSDP2's `CPUOffloadPolicy`: sharded parameters, gradients and the
 optimizer step live on the host (pin_memory only with CUDA; on CPU it fails otherwise). The
-plan's parameter offload (`offload_params`, ZeRO-3) is the same policy.
+plan's parameter offload (`offload_params`, ZeRO-3) is the same policy; a ZeRO-3 plan with
+optimizer offload must carry it (the capability table refuses the optimizer offloaded alone,
+DeepSpeed's choice, which FSDP2 has no policy for; the planner's runnable search prices ZeRO-3
+optimizer offload with the parameters' copies).
 PowerSGD (plan `powersgd_rank`; Vogels et al. 2019) is DDP's `powerSGD_hook` with error
 feedback and warm start, torch's defaults otherwise (`start_powerSGD_iter` vanilla steps
 first, `min_compression_rate` 2).

@@ -234,7 +234,11 @@ def _measure(
     if device.type == "cuda" and rank == 0:
         host_adamw = host_adamw_s_per_param(1 if world > 1 else torch.get_num_threads())
     sizes: list[Any] = [None] * world
-    dist.all_gather_object(sizes, runtime)
+    dist.all_gather_object(sizes, (runtime, tp_runtime))
+    # every rank loads the same DTensor modules and caches: the least reading (one rank once
+    # read 71 MB where every other calibration of the day read 4.1, 2026-11-26; not explained)
+    tp_runtime = min(t for _, t in sizes)
+    sizes = [r for r, _ in sizes]
     if rank == 0:
         memory = (
             torch.cuda.get_device_properties(device).total_memory
