@@ -14,7 +14,6 @@ import gc
 import importlib
 import os
 import queue as queue_mod
-import re
 import socket
 import sys
 import warnings
@@ -53,6 +52,7 @@ from .microbench_tp import (
     fsdp_unit_cost,
     tensor_parallel_dispatch,
 )
+from .rank_errors import rank_error
 
 Progress = Callable[[int, int, str], None]
 """(steps done, steps in all, what was just measured)."""
@@ -415,7 +415,7 @@ def _run_ranks(
             pass
     except mp.ProcessRaisedException as err:  # the rank's traceback is its message
         _stop(procs)
-        raise CalibrationRankError(f"a calibration rank failed: {_rank_error(str(err))}") from None
+        raise CalibrationRankError(f"a calibration rank failed: {rank_error(str(err))}") from None
     except mp.ProcessExitedException as err:
         _stop(procs)
         # rank 0 puts its result after the last measurement, so with a result every rank
@@ -481,23 +481,3 @@ def _calibration(
         dtensor_adamw_tensor_s=r.dtensor_adamw_tensor_s,
         host_adamw_s_per_param=r.host_adamw_s_per_param,
     )
-
-
-_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*:")
-_FRAME_LINE = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
-
-
-def _rank_error(traceback_text: str) -> str:
-    """The line of a rank's traceback that names its exception, and where it was raised: a
-    CUDA error's message runs over several lines whose last only says to compile with
-    TORCH_USE_CUDA_DSA."""
-    lines = [line for line in traceback_text.strip().splitlines() if line.strip()]
-    if not lines:
-        return traceback_text
-    heads = [i for i, line in enumerate(lines) if _EXCEPTION_LINE.match(line)]
-    head = heads[-1] if heads else len(lines) - 1
-    frames = [m for line in lines[:head] if (m := _FRAME_LINE.match(line))]
-    if not frames:
-        return lines[head].strip()
-    file, line, func = frames[-1].groups()
-    return f"{lines[head].strip()} (at {os.path.basename(file)}:{line} in {func})"
