@@ -359,6 +359,8 @@ def _choices(s: Strategy):
     ("which", "strategy"),
     [
         ("gpt2", Strategy(dp=8, tp=1, pp=1, micro_batch_size=2)),
+        ("gpt2", Strategy(dp=4, tp=2, pp=1, micro_batch_size=1)),  # 4 micro-batches, no PP
+        ("llama", Strategy(dp=4, tp=4, pp=1, micro_batch_size=2)),
         ("gpt2", Strategy(dp=2, tp=2, pp=2, schedule=Schedule.ONE_F_ONE_B)),
         ("gpt2", Strategy(dp=2, tp=1, pp=4, schedule=Schedule.INTERLEAVED_1F1B, virtual_stages=3)),
         ("llama", Strategy(dp=2, tp=4, pp=2, schedule=Schedule.GPIPE, micro_batch_size=2)),
@@ -377,6 +379,18 @@ def test_memory_totals_matches_memory(which, strategy, gpt2_ev, llama_ev, moe_ev
             strategy, sequence_parallel=sp, zero_stage=zero, offload_optimizer=off, recompute=rc
         )
         assert not ev.violation(s), s
+        assert total == pytest.approx(ev.memory(s)[0].total_bytes, rel=1e-12), s
+    # ZeRO-3's optimizer offload taking its parameters with it (the runnable search's)
+    followed = memory_totals(ev, strategy, choices, params_follow=True)
+    for (sp, zero, off, rc), total in zip(choices, followed, strict=True):
+        s = replace(
+            strategy,
+            sequence_parallel=sp,
+            zero_stage=zero,
+            offload_optimizer=off,
+            recompute=rc,
+            offload_params=off and zero == 3,
+        )
         assert total == pytest.approx(ev.memory(s)[0].total_bytes, rel=1e-12), s
 
 

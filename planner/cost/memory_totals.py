@@ -81,10 +81,18 @@ def memory_totals(
             shape = shapes[(sp, rc)] = (lay, sm.stages(lay))
         lay, stages = shape
         static = None
-        if ev.single_pass(s, zero) or follows(zero, off):
+        if ev.single_pass(s, zero):
             total = ev.memory(variant(sp, zero, off, rc))[0].total_bytes
         else:
             static = ev.static_totals(stages, s.tp, s.ep, dpcp, zero, off, replicate)
+            if follows(zero, off) and s.pp == 1:
+                # parameter offload moves the shards, their gradients and optimizer states
+                # off the GPU without a pipeline (`offload.OffloadModel.memory`; beside one
+                # they stay): what stays is the stage's other bytes
+                static = tuple(
+                    sm.static_memory(st, s.tp, s.ep, dpcp, zero, off, replicate).other_bytes
+                    for st in stages
+                )
             held = acts.get((sp, rc))
             if held is None:
                 held = acts[(sp, rc)] = _act_totals(ev, s, sp, rc, lay, stages, lazy)
@@ -95,7 +103,7 @@ def memory_totals(
                     held = exact[(sp, rc)] = _act_totals(ev, s, sp, rc, lay, stages, False)
                 total = max(map(add, static, held))
         if statics is not None:
-            statics.append(static)
+            statics.append(None if follows(zero, off) else static)
         if rc == Recompute.NONE:
             nones[(sp, zero, off)] = (total, static)
         out.append(total)
