@@ -21,6 +21,7 @@ from .capabilities import Job, executor_gaps
 from .cost.data_parallel import HOST_OPTIMIZER_BYTES_PER_S
 from .cost.estimate import StageTime
 from .cost.evaluate import Estimate, Evaluator
+from .cost.memory_totals import memory_totals
 from .cost.options import has_options, option_problem
 from .cost.rules import Rule, Violation
 from .pins import Pins
@@ -31,7 +32,6 @@ from .search_blocks import (
     Block,
     SearchResult,
     Task,
-    choice_totals,
     gc_paused,
     keep_best,
     least_memory,
@@ -193,12 +193,15 @@ class Search:
                     if not fast:
                         continue
                     rest = fast
-                skip = not pinned and self._offload_slower and not block.base.offload_activations
-                kept, totals, statics = choice_totals(
-                    ev, block, probe, rest, fit_only=len(heap) == keep, skip_followed=skip
+                statics: list[tuple[float, ...] | None] = []
+                totals = memory_totals(
+                    ev,
+                    probe,
+                    rest,
+                    fit_only=len(heap) == keep,
+                    statics=statics,
+                    params_follow=block.params_follow,
                 )
-                evaluated += len(rest) - len(kept)  # dominated: no need of their memory
-                rest = kept
                 fitted: list[tuple[bool, int, bool, int]] = []  # (sp, zero, offload, rc)
                 deferred: dict[tuple[bool, int], Task] = {}  # per-layer solves by (sp, zero)
                 cap, rescued = ev.capacity_bytes, options.RESCUED_RECOMPUTE

@@ -13,7 +13,6 @@ from typing import Any, ParamSpec, TypeVar
 
 from . import options
 from .cost.evaluate import Estimate, Evaluator
-from .cost.memory_totals import memory_totals
 from .cost.options import has_options
 from .pins import Pins
 from .strategy import Recompute, Schedule, Strategy
@@ -263,55 +262,3 @@ def static_rejects(
     if total is not None and pins.offload_params is None and zero == 3 and off:
         return False  # `options.rescuable`: parameter offload may make it fit
     return max(static) + ev.pipeline_buffer_bytes(probe, sp) > cap
-
-
-Choice = tuple[bool, int, bool, Recompute]
-"""(sequence parallel, ZeRO stage, optimizer offload, recompute)."""
-
-
-def choice_totals(
-    ev: Evaluator,
-    block: Block,
-    probe: Strategy,
-    rest: tuple[Choice, ...],
-    *,
-    fit_only: bool,
-    skip_followed: bool,
-) -> tuple[tuple[Choice, ...], list[float | None], list[tuple[float, ...] | None]]:
-    """`memory_totals` of `block`'s choices `rest` under `probe` (its schedule), with their
-    static totals: the choices kept, their totals and statics, in `rest`'s order. With
-    `skip_followed`, a ZeRO-3 optimizer offload that takes its parameters with it
-    (`Block.params_follow`) is dropped, its memory not priced (every stage's offload terms:
-    the dearest there is), when its sibling without offload (same sp and recompute, listed
-    before it) fits: `Search._fitted` would drop it as only adding offload to a faster
-    strategy that fits (the caller passes it only where that holds: unpinned, offload only
-    adding time, no activation offload)."""
-    cap = ev.capacity_bytes
-
-    def followed(c: Choice) -> bool:
-        return block.params_follow and c[2] and c[1] == 3
-
-    plain = tuple(c for c in rest if not followed(c))
-    if len(plain) == len(rest):
-        statics: list[tuple[float, ...] | None] = []
-        totals = memory_totals(ev, probe, rest, fit_only=fit_only, statics=statics)
-        return rest, totals, statics
-    plain_statics: list[tuple[float, ...] | None] = []
-    plain_totals = memory_totals(ev, probe, plain, fit_only=fit_only, statics=plain_statics)
-    known = dict(zip(plain, plain_totals, strict=True))
-
-    def dominated(c: Choice) -> bool:
-        sibling = known.get((c[0], 3, False, c[3]))
-        return skip_followed and sibling is not None and sibling <= cap
-
-    kept = tuple(c for c in rest if followed(c) and not dominated(c))
-    kept_statics: list[tuple[float, ...] | None] = []
-    kept_totals = memory_totals(
-        ev, probe, kept, fit_only=fit_only, statics=kept_statics, params_follow=True
-    )
-    found = {
-        **{c: (t, st) for c, t, st in zip(plain, plain_totals, plain_statics, strict=True)},
-        **{c: (t, st) for c, t, st in zip(kept, kept_totals, kept_statics, strict=True)},
-    }
-    order = tuple(c for c in rest if c in found)
-    return order, [found[c][0] for c in order], [found[c][1] for c in order]
