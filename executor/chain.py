@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor.parallel import ParallelStyle
 
@@ -103,3 +104,8 @@ class ChainModule(nn.Module):
         )
         part.tied = self.tied
         return part
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of logits (B, T, V) against target ids (B, T), in fp32."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
@@ -35,7 +34,7 @@ from ..planner.plan import Plan
 from ..planner.strategy import MeshAxis
 from . import checks, pipeline
 from . import mesh as meshes
-from .chain import ChainModule, TPPlanFn
+from .chain import ChainModule, TPPlanFn, causal_lm_loss
 from .context_parallel import ContextShard, apply_cp
 from .convert import to_chain_module
 from .data_parallel import (
@@ -51,11 +50,6 @@ from .recompute import apply_recompute, layer_recompute
 from .tensor_parallel import apply_tp
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of logits (B, T, V) against target ids (B, T), in fp32."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

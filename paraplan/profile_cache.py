@@ -54,15 +54,24 @@ def _profiler_digest() -> str:
 
 
 def profiler_sources() -> list[Path]:
-    """The profiler package's modules, found without importing it (nor torch): the package
-    maps to the repository's `profiler/` folder in a source checkout, to
-    `paraplan/profiler/` when installed. Until 2026-11-26 this looked beside this file only,
-    found nothing in a checkout, and so never noticed a changed tracer."""
-    spec = find_spec("paraplan.profiler")
-    folders = spec.submodule_search_locations if spec is not None else None
-    if not folders:
-        raise RuntimeError("the paraplan.profiler package is not installed; reinstall paraplan")
-    return sorted(Path(next(iter(folders))).glob("*.py"))
+    """The profiler package's modules, and the executor's model adapters it traces (the
+    profile is of the module the executor runs), found without importing either (nor torch):
+    the packages map to the repository's `profiler/` and `executor/` folders in a source
+    checkout, to `paraplan/profiler/` and `paraplan/executor/` when installed. Until
+    2026-11-26 this looked beside this file only, found nothing in a checkout, and so never
+    noticed a changed tracer."""
+    found: list[Path] = []
+    for package, patterns in (
+        ("paraplan.profiler", ("*.py",)),
+        ("paraplan.executor", ("chain.py", "convert.py", "models/*.py")),
+    ):
+        spec = find_spec(package)
+        folders = spec.submodule_search_locations if spec is not None else None
+        if not folders:
+            raise RuntimeError(f"the {package} package is not installed; reinstall paraplan")
+        folder = Path(next(iter(folders)))
+        found += sorted(p for pattern in patterns for p in folder.glob(pattern))
+    return found
 
 
 def _version(package: str) -> str:

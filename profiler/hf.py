@@ -3,6 +3,7 @@ files, example inputs, and `profile_hf` (the shape facts are in `shape`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from paraplan.planner.limits import PROFILE_TOKENS
 from paraplan.planner.model import ModelProfile
 
 from .api import profile
+from .chain import module_digest
 from .env import quiet_transformers, scoped_env
 from .shape import shape_of
 
@@ -138,10 +140,23 @@ def _profile_hf(
         if isinstance(source, str) and source.lower() in HF_PRESETS
         else (Path(source).stem if isinstance(source, str) else str(config.model_type))
     )
-    return profile(
-        model,
+    digest = module_digest(model)  # of Hugging Face's names: the module users hand the executor
+    executed = _as_executed(model)
+    traced = profile(
+        executed if executed is not None else model,
         example_inputs(config, batch, seq, device),
         mode=mode,  # type: ignore[arg-type]
+        blocks="layers" if executed is not None else None,
         name=name,
         progress=progress,
     )
+    return dataclasses.replace(traced, module_digest=digest)
+
+
+def _as_executed(model: nn.Module) -> nn.Module | None:
+    """The module the executor runs for `model` (GPT-2, Llama, Mixtral: converted in place),
+    so that the profile prices its operators, saved tensors and parameter tensors; None for
+    a family the executor does not run (traced as Hugging Face builds it)."""
+    from paraplan.executor.convert import executed_module  # torch.distributed: on first use
+
+    return executed_module(model)
