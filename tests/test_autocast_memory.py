@@ -1,7 +1,8 @@
 """What autocast over fp32 weights keeps for backward beyond a profile traced in bf16
 (`mixed_precision.autocast_extra_bytes`), against the real modules: the bytes of every tensor
 autograd saves (parameters left out, each storage once), one forward under `torch.autocast`
-on fp32 weights, less one forward of the same model cast to bf16."""
+on fp32 weights, less one forward of the same model cast to bf16; the model as the executor
+runs it (`to_chain_module`), which is what a traced profile prices."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import paraplan
+from paraplan.executor.convert import to_chain_module
 from paraplan.planner.cost.mixed_precision import autocast_extra_bytes
 from paraplan.planner.strategy import Recompute, Strategy
 
@@ -57,7 +59,7 @@ def _saved_bytes(model: torch.nn.Module, ids: torch.Tensor, autocast: bool) -> i
 
     hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
     with hooks, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        logits = model(ids).logits
+        logits = model(ids)  # (B, T, V)
     del logits
     return sum(seen.values())
 
@@ -67,7 +69,8 @@ def test_autocast_keeps_what_the_planner_adds(family: str, tmp_path: Path) -> No
     path = tmp_path / "config.json"
     path.write_text(json.dumps(CONFIGS[family]))
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path)).train()
+    hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path)).train()
+    model = to_chain_module(hf)  # what the executor runs, and so what the profile traces
     ids = torch.randint(0, 512, (BATCH, SEQ))
     under_autocast = _saved_bytes(model, ids, autocast=True)
     traced_bf16 = _saved_bytes(model.to(torch.bfloat16), ids, autocast=False)
