@@ -133,12 +133,14 @@ FSDP_UNITS = 4
 """Units of the FSDP2 host-cost benchmark (the slope from 1 to this many)."""
 FSDP_WIDTH = 16
 """Width of each benchmark Linear (width x width, with bias: two parameter tensors)."""
-FSDP_LINEARS = 4
+FSDP_LINEARS = 8
 """Linears per unit in the second stack, whose slope over the first gives the per-tensor
 part: FSDP2 handles every parameter of a unit on its own (views of the gathered buffer,
 the sharded gradient made a DTensor, hooks), 50 us per tensor on this VM (2026-11-26: 1.41,
 1.54 and 1.91 ms per unit of 2, 6 and 12 tensors), so a 12-tensor GPT-2 block costs ~0.5 ms
-more per micro-batch than a one-Linear unit."""
+more per micro-batch than a one-Linear unit). Eight, not four (2026-11-26, 18:40): with 24
+extra tensors the slope read 0 once under load (a failed closed-loop test) and 53-153 us in
+three quiet calibrations, with 56 extra tensors 77-96 us, for ~0.1 s more."""
 FSDP_ROUNDS = 5
 """Alternations of the stacks (the median slopes are kept)."""
 
