@@ -47,6 +47,7 @@ def model_profile(
         try:
             import torch
 
+            from .executor.convert import executed_module
             from .profiler.hf import profile_hf
         except ImportError as exc:  # torch not installed: the planner alone still works
             if source == "trace" or model.lower() not in PRESETS:
@@ -56,7 +57,13 @@ def model_profile(
         else:
             dtype = torch.float32 if precision == "fp32" else torch.bfloat16
             try:
-                traced = profile_hf(model, seq_len=seq_len, dtype=dtype, progress=progress)
+                traced = profile_hf(
+                    model,
+                    seq_len=seq_len,
+                    dtype=dtype,
+                    progress=progress,
+                    as_run=executed_module,  # priced as the executor runs it
+                )
                 profile_cache.store(model, traced, seq_len=seq_len, precision=precision)
                 return traced
             except ValueError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,11 +105,16 @@ def profile_hf(
     dtype: torch.dtype = torch.bfloat16,
     mode: str = "meta",
     progress: bool = False,
+    as_run: Callable[[nn.Module], nn.Module | None] | None = None,
 ) -> ModelProfile:
     """Profile a Hugging Face model given by preset name, config.json path or config dict:
-    built on the meta device (mode="meta", nothing allocated) or on the CPU (mode="measure")."""
+    built on the meta device (mode="meta", nothing allocated) or on the CPU (mode="measure").
+    `as_run` maps the model to the module a runtime runs in its place, with the blocks as an
+    `nn.ModuleList` named ``layers`` (the front door passes the executor's
+    `executed_module`: GPT-2 with q, k and v apart, Llama with a rotary embedding per block),
+    or None to trace it as built; the profile keeps the built model's parameter digest."""
     with quiet_transformers():
-        return _profile_hf(source, seq_len, batch, dtype, mode, progress)
+        return _profile_hf(source, seq_len, batch, dtype, mode, progress, as_run)
 
 
 def _profile_hf(
@@ -118,6 +124,7 @@ def _profile_hf(
     dtype: torch.dtype,
     mode: str,
     progress: bool,
+    as_run: Callable[[nn.Module], nn.Module | None] | None,
 ) -> ModelProfile:
     config = load_config(source)
     shape = shape_of(config)
@@ -141,7 +148,7 @@ def _profile_hf(
         else (Path(source).stem if isinstance(source, str) else str(config.model_type))
     )
     digest = module_digest(model)  # of Hugging Face's names: the module users hand the executor
-    executed = _as_executed(model)
+    executed = as_run(model) if as_run is not None else None
     traced = profile(
         executed if executed is not None else model,
         example_inputs(config, batch, seq, device),
@@ -151,12 +158,3 @@ def _profile_hf(
         progress=progress,
     )
     return dataclasses.replace(traced, module_digest=digest)
-
-
-def _as_executed(model: nn.Module) -> nn.Module | None:
-    """The module the executor runs for `model` (GPT-2, Llama, Mixtral: converted in place),
-    so that the profile prices its operators, saved tensors and parameter tensors; None for
-    a family the executor does not run (traced as Hugging Face builds it)."""
-    from paraplan.executor.convert import executed_module  # torch.distributed: on first use
-
-    return executed_module(model)

@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from paraplan.executor.convert import to_chain_module
+import paraplan
+from paraplan.executor.convert import executed_module, to_chain_module
 from paraplan.profiler import profile
 from paraplan.profiler.chain import module_digest
 from paraplan.profiler.hf import build_model, example_inputs, load_config, profile_hf
@@ -68,7 +69,7 @@ def test_block_is_priced_as_the_executor_runs_it(config: str) -> None:
     block = next(iter(chain.blocks.values()))
     executed_ops = _fwd_ops(lambda: block(x))
 
-    traced_profile = profile_hf(path, seq_len=SEQ, batch=2, dtype=torch.float32)
+    traced_profile = paraplan.model_profile(path, seq_len=SEQ, precision="fp32")  # front door
     traced = traced_profile.layers[1]
     assert traced_profile.seq_len == SEQ and traced_profile.module_digest == digest
     assert executed_ops > hf_ops  # q, k, v apart (GPT-2); the rotary in each block (Llama)
@@ -82,3 +83,12 @@ def test_block_is_priced_as_the_executor_runs_it(config: str) -> None:
 def _hf_blocks(model: torch.nn.Module) -> torch.nn.ModuleList:
     inner = getattr(model, "transformer", None) or model.model  # GPT-2 / Llama
     return inner.h if hasattr(inner, "h") else inner.layers
+
+
+def test_profile_hf_alone_traces_the_module_as_built() -> None:
+    """Without `as_run` the profiler traces Hugging Face's module (the profiler does not
+    import the executor); with the executor's `executed_module`, the executor's."""
+    path = str(CONFIGS / "gpt2-tiny.json")
+    built = profile_hf(path, seq_len=SEQ, dtype=torch.float32).layers[1]
+    run = profile_hf(path, seq_len=SEQ, dtype=torch.float32, as_run=executed_module).layers[1]
+    assert (built.param_tensors, run.param_tensors) == (12, 16)  # c_attn -> q, k, v (+4)

@@ -81,6 +81,7 @@ def execute(args: argparse.Namespace) -> int:
         bar.set_postfix_str("importing torch and transformers")  # seconds before the trace
         import torch
 
+        from ..executor.convert import executed_module
         from ..profiler.hf import profile_hf
 
         bar.update(1)
@@ -95,6 +96,7 @@ def execute(args: argparse.Namespace) -> int:
             dtype=dtype,
             mode=args.mode,
             progress=show_progress(args),  # the profiler's own bar, below this one
+            as_run=executed_module,  # the module the executor runs
         )
         bar.update(1)
     print(format_profile(result))
