@@ -226,7 +226,7 @@ def gemm_grid(
         over = time.perf_counter() - started > budget.gemm_budget_s / budget.rounds
         if _agreed(over or bool(best and flops / best > max_call_s), timer):
             continue
-        ops = pool.operands([(m, k), (k, n), (m, n)])
+        ops = pool.operands([(m, k), (n, k), (m, n)])  # x, the Linear's weight, dY
         f_s = timer(partial(_rotating, _gemm_forward, ops))
         b_s = timer(partial(_rotating, _gemm_backward, ops))
         fwd[(m, n, k)] = max(flops / max(f_s - raw_s, 1e-9), MIN_RATE)
@@ -243,14 +243,20 @@ def gemm_grid(
 
 
 def _gemm_forward(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """`x @ w` (`g` is the backward's operand, unused here)."""
-    return torch.mm(x, w)
+    """An `nn.Linear`'s forward, `x @ w^T` with the weight stored (N, K) as the Linear keeps
+    it (`g` is the backward's operand, unused here). The operands' layout is the Linear's:
+    on a CPU without bf16 units the emulated bf16 GEMM ran 0.9 GFLOP/s as `x @ w` with w
+    stored (K, N) and 10 as the Linear's `x @ w^T` at 1024^3 (2026-11-26; fp32 within 10%
+    either way), and the grid measured the former until then."""
+    return torch.mm(x, w.t())
 
 
 def _gemm_backward(x: torch.Tensor, w: torch.Tensor, g: torch.Tensor) -> None:
-    """The two GEMMs of `x @ w`'s backward: dX = G W^T (M, K) and dW = X^T G (K, N)."""
-    torch.mm(g, w.t())
-    torch.mm(x.t(), g)
+    """The two GEMMs of that Linear's backward, as autograd dispatches them (`nn.Linear`
+    with bias, 3-D input): dX = G W (M, K), both stored row-major, and dW = G^T X (N, K)
+    (0.9 and 23 GFLOP/s in emulated bf16 at 1024^3 on the CPU above)."""
+    torch.mm(g, w)
+    torch.mm(g.t(), x)
 
 
 def _agreed(flag: bool, timer: Timer) -> bool:
@@ -263,12 +269,19 @@ def _agreed(flag: bool, timer: Timer) -> bool:
 
 
 def _filled(rates: dict[tuple[int, int, int], float], shape: tuple[int, int, int]) -> float:
-    """The measured rate at `shape`, or the fastest measured at a shape no larger in any
-    dimension (GEMM rates saturate with size)."""
+    """The measured rate at `shape`, or the rate of the largest measured shape (most work) no
+    larger in any dimension (ties: the faster). Not the fastest below: GEMM rates saturate
+    with size on GPUs and MKL, but an emulated bf16 backward falls with it (this CPU, 2026-11-26:
+    3.3 GFLOP/s at 256 x 64 x 64, 1.1 at 256 x 64 x 4096), and the fastest small shape then
+    priced gpt-small's bf16 backward GEMMs at 5.3 GFLOP/s where they ran ~1-2."""
     if shape in rates:
         return rates[shape]
-    below = [r for s, r in rates.items() if all(a <= b for a, b in zip(s, shape, strict=True))]
-    return max(below) if below else min(rates.values())
+    below = [
+        (s[0] * s[1] * s[2], r)
+        for s, r in rates.items()
+        if all(a <= b for a, b in zip(s, shape, strict=True))
+    ]
+    return max(below)[1] if below else min(rates.values())
 
 
 ATTENTION_WIDTH = 256

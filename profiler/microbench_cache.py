@@ -40,8 +40,8 @@ def gemm_cache_bytes(dtype: torch.dtype, device: torch.device) -> tuple[float, f
     marks = [live_resident_bytes()]
     for i, (m, k, n) in enumerate(shapes, start=1):
         x = torch.ones(m, k, dtype=dtype)
-        w = torch.ones(k, n, dtype=dtype)
-        torch.mm(x, w)
+        w = torch.ones(n, k, dtype=dtype)  # stored as an nn.Linear's weight (its GEMM path)
+        torch.mm(x, w.t())
         del x, w
         if i == CACHE_WARM_SHAPES:
             gc.collect()
