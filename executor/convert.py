@@ -44,17 +44,18 @@ class ExecutedCausalLM(nn.Module):
         super().__init__()
         self.config = config
         """The Hugging Face config (the profiler reads the model's shape from it)."""
-        self.embed = chain.embed
+        if chain.embed is None or chain.head is None:
+            raise ValueError("a pipeline chunk is not a whole model: profile the whole chain")
+        self.embed: nn.Module = chain.embed
         self.layers = nn.ModuleList(chain.blocks.values())
-        self.head = chain.head
+        self.head: nn.Module = chain.head
 
     def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Token ids and target ids (B, T) -> the mean cross-entropy, as the executor's step."""
-        h = self.embed(input_ids) if self.embed is not None else input_ids  # (B, T, H)
+        h = self.embed(input_ids)  # (B, T, H)
         for block in self.layers:
             h = block(h)  # (B, T, H)
-        logits = self.head(h) if self.head is not None else h  # (B, T, V)
-        return causal_lm_loss(logits, labels)
+        return causal_lm_loss(self.head(h), labels)  # logits (B, T, V)
 
 
 def executed_module(model: nn.Module) -> nn.Module | None:
