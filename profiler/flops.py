@@ -28,11 +28,19 @@ def op_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
         return int(flop_registry[packet](*args, **kwargs, out_val=out))
     if packet is _CPU_SDPA:
         q, k, v = args[:3]
-        return int(sdpa_flop_count(q.shape, k.shape, v.shape))
+        return int(sdpa_flop_count(q.shape, _as_q_heads(k, q), _as_q_heads(v, q)))
     if packet is _CPU_SDPA_BWD:
         grad_out, q, k, v = args[:4]
-        return int(sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape))
+        kq, vq = _as_q_heads(k, q), _as_q_heads(v, q)
+        return int(sdpa_backward_flop_count(grad_out.shape, q.shape, kq, vq))
     return 0
+
+
+def _as_q_heads(kv: Any, q: Any) -> tuple[int, ...]:
+    """`kv`'s shape with the query's head count: under grouped-query attention (K/V heads
+    shared by groups of query heads) every query head still multiplies its whole K and V, and
+    torch 2.11's `sdpa_flop_count` refuses K/V with fewer heads than Q (2.13 accepts them)."""
+    return (*kv.shape[:-3], q.shape[-3], *kv.shape[-2:])
 
 
 def is_attention_op(func: Any) -> bool:
