@@ -23,7 +23,11 @@
 Transfers use the accelerator's host link (`Accelerator.pcie_bw_bytes_per_s`, one direction;
 both kinds share it). A copy overlaps only with its neighbouring unit's compute, as FSDP's
 prefetch and vDNN's prefetch do, and overlapped compute runs slower (`hidden_behind`:
-contention); the first copy of each pass is not hidden.
+contention); the first copy of each pass is not hidden. Over a shard group of one rank no
+parameter copy is hidden: FSDP2 then skips the all-gather and copies each unit's shard in
+`FSDPParamGroup.wait_for_unshard` on the compute stream (torch 2.11-2.13,
+`_fsdp_param_group.py`, the `world_size == 1` path), as an H200 showed (2026-11-26: a 1.24B
+Llama's 359 ms of copies per step added to its compute, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -103,28 +107,30 @@ class OffloadModel:
         t, bw = self.train, self.acc.pcie_bw_bytes_per_s
         units = fsdp_units(stage, t)
         fwd_u, bwd_u = c.fwd_s / units, c.bwd_s / units
-        fwd_copy = bwd_copy = 0.0  # bytes per unit, per pass
+        fwd_param = bwd_param = fwd_act = bwd_act = 0.0  # bytes per unit, per pass
         param_bytes = act_bytes = 0.0
+        ranks = max(1, s.dp * s.cp // s.dp_replicate)
+        shard = (stage.dense_params / s.tp + stage.expert_params / (s.tp * s.ep)) / ranks
         if s.offload_params:
-            ranks = max(1, s.dp * s.cp // s.dp_replicate)
-            shard = (stage.dense_params / s.tp + stage.expert_params / (s.tp * s.ep)) / ranks
             param_bytes = shard * (2 * t.param_bytes + t.grad_bytes)
-            fwd_copy += shard * t.param_bytes / units
-            bwd_copy += shard * (t.param_bytes + t.grad_bytes) / units
+            fwd_param = shard * t.param_bytes / units
+            bwd_param = shard * (t.param_bytes + t.grad_bytes) / units
         elif s.offload_optimizer and s.zero_stage == 2:  # the executor's (module docstring)
-            ranks = max(1, s.dp * s.cp // s.dp_replicate)
-            shard = (stage.dense_params / s.tp + stage.expert_params / (s.tp * s.ep)) / ranks
             param_bytes = shard * FP32_BYTES
-            fwd_copy += shard * FP32_BYTES / units
+            fwd_param = shard * FP32_BYTES / units
         if s.offload_activations and stage.n_blocks:
             blocks, _ = self.block_act_bytes(s, stage, policy)
             act_bytes = 2 * blocks * s.micro_batch_size
-            fwd_copy += blocks * s.micro_batch_size / units
-            bwd_copy += blocks * s.micro_batch_size / units
-        f, b = fwd_copy / bw, bwd_copy / bw
-        exposed = 0.0
+            fwd_act = bwd_act = blocks * s.micro_batch_size / units
+        if ranks == 1:  # FSDP2 unshards a one-rank group on the compute stream: never hidden
+            serial_s = units * (fwd_param + bwd_param) / bw
+            fwd_param = bwd_param = 0.0
+        else:
+            serial_s = 0.0
+        f, b = (fwd_param + fwd_act) / bw, (bwd_param + bwd_act) / bw
+        exposed = serial_s
         if f or b:  # the first copy of each pass waits; the others hide under a neighbour
-            exposed = f + b + (units - 1) * (hidden_behind(f, fwd_u) + hidden_behind(b, bwd_u))
+            exposed += f + b + (units - 1) * (hidden_behind(f, fwd_u) + hidden_behind(b, bwd_u))
         return OffloadCost(param_bytes=param_bytes, activation_bytes=act_bytes, exposed_s=exposed)
 
 
