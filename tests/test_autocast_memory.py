@@ -15,8 +15,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import paraplan
 from paraplan.executor.convert import to_chain_module
-from paraplan.planner.cost.mixed_precision import autocast_extra_bytes
-from paraplan.planner.strategy import Recompute, Strategy
+from paraplan.planner.cost.mixed_precision import autocast_extra_bytes, cached_weight_bytes
+from paraplan.planner.strategy import Recompute, Schedule, Strategy
 
 BATCH, SEQ = 4, 64
 CONFIGS = {
@@ -47,7 +47,11 @@ CONFIGS = {
 }
 
 
-def _saved_bytes(model: torch.nn.Module, ids: torch.Tensor, autocast: bool) -> int:
+def _saved_bytes(
+    model: torch.nn.Module, ids: torch.Tensor, autocast: bool, micro_batches: int = 1
+) -> int:
+    """Bytes of every storage autograd saves over the forwards of `micro_batches` slices of
+    `ids`, all in one autocast context (a pipeline's `schedule.step`, graphs kept)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
@@ -59,18 +63,22 @@ def _saved_bytes(model: torch.nn.Module, ids: torch.Tensor, autocast: bool) -> i
 
     hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
     with hooks, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        logits = model(ids)  # (B, T, V)
+        logits = [model(x) for x in ids.chunk(micro_batches)]  # (b, T, V) each, kept
     del logits
     return sum(seen.values())
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_autocast_keeps_what_the_planner_adds(family: str, tmp_path: Path) -> None:
+def _model(family: str, tmp_path: Path) -> tuple[torch.nn.Module, Path]:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(CONFIGS[family]))
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path)).train()
-    model = to_chain_module(hf)  # what the executor runs, and so what the profile traces
+    return to_chain_module(hf), path  # what the executor runs, and so what the profile traces
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_autocast_keeps_what_the_planner_adds(family: str, tmp_path: Path) -> None:
+    model, path = _model(family, tmp_path)
     ids = torch.randint(0, 512, (BATCH, SEQ))
     under_autocast = _saved_bytes(model, ids, autocast=True)
     traced_bf16 = _saved_bytes(model.to(torch.bfloat16), ids, autocast=False)
@@ -81,3 +89,22 @@ def test_autocast_keeps_what_the_planner_adds(family: str, tmp_path: Path) -> No
     measured = under_autocast - traced_bf16
     assert measured > 0
     assert priced == pytest.approx(measured, rel=0.05), (priced, measured)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_pipeline_holds_one_cast_of_each_weight(family: str, tmp_path: Path) -> None:
+    """Two micro-batches in flight in one autocast context, as a pipeline stage runs them:
+    autocast's cache gives both the same bf16 copy of each weight, so the weights count once
+    (`cached_weight_bytes`) and the rest per micro-batch."""
+    model, path = _model(family, tmp_path)
+    ids = torch.randint(0, 512, (BATCH, SEQ))
+    under_autocast = _saved_bytes(model, ids, autocast=True, micro_batches=2)
+    traced_bf16 = _saved_bytes(model.to(torch.bfloat16), ids, autocast=False, micro_batches=2)
+    profile = paraplan.model_profile(str(path), seq_len=SEQ, precision="bf16")
+    s = Strategy(dp=1, tp=1, pp=2, schedule=Schedule.ONE_F_ONE_B, micro_batch_size=BATCH // 2)
+    layers = range(len(profile.layers))
+    per_mb = autocast_extra_bytes(s, layers, profile, 1.0, Recompute.NONE)
+    weights = cached_weight_bytes(s, layers, profile, 1.0)
+    measured = under_autocast - traced_bf16
+    assert weights > 0.2 * measured  # the cache's share is not negligible here
+    assert 2 * per_mb + weights == pytest.approx(measured, rel=0.05), (per_mb, weights, measured)

@@ -119,7 +119,11 @@ def test_runnable_search_offloads_zero3_parameters_with_the_optimizer() -> None:
     )
     runnable = brute_force(ev, runnable_only=True)
     best = runnable[0].strategy
-    assert best.zero_stage == 3 and best.offload_optimizer and best.offload_params
+    assert best.offload_optimizer  # nothing fits without
+    # over one shard rank (tp=2) every copy is serial (`cost/offload.py`): ZeRO-2's one fp32
+    # copy per micro-batch beats ZeRO-3's two plus the gradients', which still ranks
+    zero3 = [e.strategy for e in runnable[:10] if e.strategy.zero_stage == 3]
+    assert zero3 and all(s.offload_optimizer and s.offload_params for s in zero3)
     result = Search(ev, runnable_only=True).run(top_k=3)
     assert result.best is not None and result.best.strategy == best
     assert result.best.step_time_s == runnable[0].step_time_s

@@ -102,7 +102,34 @@ def autocast_held_bytes(
     `tests/test_autocast_memory.py` checks it against the saved tensors of GPT-2 and Llama."""
     if not autocasts(s) or not autocast_memory(s, sm):
         return 0.0
-    return inflight * autocast_extra_bytes(s, stage.layers, sm.profile, sm.act_scale, policy)
+    per_mb = autocast_extra_bytes(s, stage.layers, sm.profile, sm.act_scale, policy)
+    return inflight * per_mb + cached_weight_bytes(s, stage.layers, sm.profile, sm.act_scale)
+
+
+def weights_cached(s: Strategy) -> bool:
+    """Whether autocast's cache holds the weights' casts through the step: a pipeline's whole
+    `schedule.step` runs in one autocast context (`autocast_s`), so its micro-batches share one
+    bf16 copy of each weight, held until the step ends, recomputed blocks' too."""
+    return s.pp > 1
+
+
+def cached_weight_bytes(
+    s: Strategy, layers: Sequence[int], p: ModelProfile, act_scale: float
+) -> float:
+    """The cached bf16 weight copies of the chain `layers` (a stage's) when `weights_cached`
+    (its blocks' and its head's matmul weights, once), else 0 (then `autocast_layer_bytes`
+    counts them per micro-batch in flight)."""
+    if not weights_cached(s):
+        return 0.0
+    compute_bytes = p.act_dtype_bytes * act_scale
+    total = 0.0
+    for i in layers:
+        x = p.layers[i]
+        if x.kind == LayerKind.BLOCK:
+            total += (x.params / s.tp + x.expert_params / (s.tp * s.ep)) * compute_bytes
+        elif x.kind == LayerKind.HEAD:
+            total += p.vocab * p.hidden / s.tp * compute_bytes
+    return total
 
 
 def autocast_extra_bytes(
@@ -124,6 +151,7 @@ def autocast_extra_bytes(
             cp=s.cp,
             ep=s.ep,
             mbs=mbs,
+            cached=weights_cached(s),
         )
     return total
 
@@ -139,10 +167,12 @@ def autocast_layer_bytes(
     cp: int,
     ep: int,
     mbs: int,
+    cached: bool = False,
 ) -> float:
     """One layer's share of `autocast_extra_bytes`, per sequence of a micro-batch of `mbs`
-    (the weight copies spread over its sequences): what the recompute solver adds to a
-    layer's kept bytes under policy `rc` (`per_layer.py`)."""
+    (the weight copies spread over its sequences, unless `cached`: `cached_weight_bytes`
+    holds them once): what the recompute solver adds to a layer's kept bytes under policy
+    `rc` (`per_layer.py`)."""
     compute_bytes = p.act_dtype_bytes * act_scale
     widen = act_scale * (FP32_BYTES / compute_bytes - 1)  # traced bytes -> the extra
     shard = (tp if sp else 1) * cp
@@ -155,6 +185,8 @@ def autocast_layer_bytes(
         extra = max(0.0, x.autocast_saved_bytes - kept)
     else:  # the pre-norm rule: each norm's kept input widens (the head: the final norm's)
         extra = (NORMS_PER_BLOCK if x.kind == LayerKind.BLOCK else 1) * x.input_bytes * widen
+    if cached:
+        return extra / shard
     if x.kind == LayerKind.BLOCK:
         weights = (x.params / tp + x.expert_params / (tp * ep)) * compute_bytes
         return weights / mbs + extra / shard

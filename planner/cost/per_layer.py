@@ -14,7 +14,13 @@ from ..strategy import DEFAULT_MESH_ORDER, Recompute, Strategy
 from .layout import Stage
 from .memo import memo_method
 from .memory import in_flight_microbatches, layer_act_bytes, layer_tmp_bytes, step_tmp_bytes
-from .mixed_precision import autocast_layer_bytes, autocast_memory, autocasts
+from .mixed_precision import (
+    autocast_layer_bytes,
+    autocast_memory,
+    autocasts,
+    cached_weight_bytes,
+    weights_cached,
+)
 from .recompute import (
     LayerChoice,
     Relaxation,
@@ -127,6 +133,7 @@ class PerLayerRecompute:
         boundary = 2 * v * sm.boundary_bytes(s) if s.pp > 1 else 0.0
         m = sm.num_microbatches(s)
         cast = autocasts(s) and autocast_memory(s, sm)  # autocast's held bytes count too
+        cached = cast and weights_cached(s)  # the weights' casts held once, not per micro-batch
         out = []
         for stage in sm.stages(sm.layout_of(s)):
             # Stage objects live as long as the model (`StageLayouts`): their ids key the memos
@@ -136,7 +143,8 @@ class PerLayerRecompute:
                 static = self._static_bytes[key] = sm.static_memory(
                     stage, tp, ep, dpcp, zero, off, replicate
                 ).total_bytes
-            parts = self._stage_parts(stage, tp, s.sequence_parallel, s.cp, ep, mbs, cast)
+            parts = self._stage_parts(stage, tp, s.sequence_parallel, s.cp, ep, mbs, cast, cached)
+            held = cached_weight_bytes(s, stage.layers, sm.profile, sm.act_scale) if cached else 0.0
             where = (s.schedule, s.pp, stage.index, m, v)
             inflight = self._inflight.get(where)
             if inflight is None:
@@ -150,20 +158,28 @@ class PerLayerRecompute:
                     inflight=inflight,
                     transient_bytes=parts.transient_bytes,
                     head_bytes=parts.head_bytes,
-                    budget_bytes=(sm.capacity_bytes - static - boundary) / mbs,
+                    budget_bytes=(sm.capacity_bytes - static - boundary - held) / mbs,
                 )
             )
         return tuple(out)
 
     def _stage_parts(
-        self, stage: Stage, tp: int, sp: bool, cp: int, ep: int, mbs: int, cast: bool
+        self,
+        stage: Stage,
+        tp: int,
+        sp: bool,
+        cp: int,
+        ep: int,
+        mbs: int,
+        cast: bool,
+        cached: bool,
     ) -> _StageParts:
         """What a stage's `StageProblem` takes of its layers (memoized by the stage's id; the
         memo keeps the stage alive, so its id is not reused)."""
-        key = (id(stage), tp, sp, cp, ep, mbs, cast)
+        key = (id(stage), tp, sp, cp, ep, mbs, cast, cached)
         found = self._parts.get(key)
         if found is None:
-            choice, kept_none, tmp = self._layer_choices(tp, sp, cp, ep, mbs, cast)
+            choice, kept_none, tmp = self._layer_choices(tp, sp, cp, ep, mbs, cast, cached)
             layers = stage.layers
             found = self._parts[key] = _StageParts(
                 stage=stage,
@@ -208,11 +224,12 @@ class PerLayerRecompute:
         return found[1]
 
     def _layer_choices_uncached(
-        self, tp: int, sp: bool, cp: int, ep: int, mbs: int, cast: bool
+        self, tp: int, sp: bool, cp: int, ep: int, mbs: int, cast: bool, cached: bool
     ) -> tuple[tuple[LayerChoice | None, ...], tuple[float, ...], tuple[float, ...]]:
         """Per chain layer: the recompute solver's options (None: never recomputes), the bytes
         kept per sequence without recompute, the transient peak per sequence; with `cast`,
-        what autocast holds beside (`mixed_precision.autocast_layer_bytes`)."""
+        what autocast holds beside (`mixed_precision.autocast_layer_bytes`; the weights'
+        copies left out when `cached`: the stage's budget holds them)."""
         sm = self.sm
         p, k = sm.profile, sm.act_scale
         times = sm.layer_times(tp, cp, ep, mbs)
@@ -227,7 +244,9 @@ class PerLayerRecompute:
             acts = [
                 layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=r, saves_gathered=gathered) * k
                 + (
-                    autocast_layer_bytes(p, x, k, r, tp=tp, sp=sp, cp=cp, ep=ep, mbs=mbs)
+                    autocast_layer_bytes(
+                        p, x, k, r, tp=tp, sp=sp, cp=cp, ep=ep, mbs=mbs, cached=cached
+                    )
                     if cast
                     else 0
                 )
