@@ -95,6 +95,20 @@ def test_planner_imports_neither_executor_profiler_nor_front_door() -> None:
         assert "import torch" not in source, f"{name} imports torch"
 
 
+def test_profiler_and_executor_keep_to_their_rows() -> None:
+    """docs/architecture.md's table: the profiler imports no executor module; the executor
+    imports of the profiler only its resident-memory readers and the module digest (each
+    through the package's `__init__`, which the graph lists as an import of its own)."""
+    allowed = {"paraplan.profiler", "paraplan.profiler.host_memory", "paraplan.profiler.chain"}
+    graph = _graph(top_level_only=False)
+    for name in graph:
+        for target in graph.successors(name):
+            if name.startswith("paraplan.profiler"):
+                assert not target.startswith("paraplan.executor"), f"{name} imports {target}"
+            if name.startswith("paraplan.executor") and target.startswith("paraplan.profiler"):
+                assert target in allowed, f"{name} imports {target}"
+
+
 def test_no_module_over_the_line_limit() -> None:
     long = {n: len(p.read_text().splitlines()) for n, p in _modules().items()}
     assert {n: c for n, c in long.items() if c > MAX_LINES} == {}
