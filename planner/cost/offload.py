@@ -71,19 +71,28 @@ class OffloadModel:
 
     def __init__(self, stage_model: StageModel, train: TrainConfig, acc: Accelerator) -> None:
         self.sm, self.train, self.acc = stage_model, train, acc
+        self._is_block = [x.kind == LayerKind.BLOCK for x in stage_model.profile.layers]
+        self._block_bytes: dict[tuple, tuple[Stage, float, float]] = {}
 
     def block_act_bytes(self, s: Strategy, stage: Stage, policy: Policy) -> tuple[float, float]:
         """(bytes all blocks of the stage keep per sequence, the largest block's) under the
-        activation policy."""
+        activation policy (memoized by the stage's id; the memo keeps the stage alive, so its
+        id is not reused)."""
+        key = (id(stage), s.tp, s.sequence_parallel, s.cp, policy)
+        found = self._block_bytes.get(key)
+        if found is not None:
+            return found[1], found[2]
         prefix, _, _ = self.sm.act_prefix(s.tp, s.sequence_parallel, s.cp, policy)
-        kinds = [x.kind for x in self.sm.profile.layers]
+        is_block = self._is_block
         per_block = [
             prefix[i + 1] - prefix[i]
             for c in stage.chunks
             for i in range(c.first_layer, c.last_layer + 1)
-            if kinds[i] == LayerKind.BLOCK
+            if is_block[i]
         ]
-        return sum(per_block), max(per_block, default=0.0)
+        total, largest = sum(per_block), max(per_block, default=0.0)
+        self._block_bytes[key] = (stage, total, largest)
+        return total, largest
 
     def memory(
         self, s: Strategy, stage: Stage, mem: MemoryBreakdown, inflight: float, policy: Policy
