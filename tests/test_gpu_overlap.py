@@ -31,6 +31,7 @@ from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.cost.mixed_precision import autocasts
 from paraplan.planner.model import LayerKind, ModelProfile
 from paraplan.planner.model_spec import parse_model
+from paraplan.planner.plan import Predicted
 from paraplan.planner.strategy import Strategy
 from paraplan.profiler.microbench_host import host_adamw_s_per_param
 
@@ -181,6 +182,16 @@ def llama_1b() -> ModelProfile:
     return model_profile(str(TINY.parent / "llama-1b.json"), seq_len=2048, precision="bf16")
 
 
+def _priced(llama_1b: ModelProfile, calibration: str, pins: str) -> tuple[str, Predicted]:
+    """(the record's strategy name, what `calibration` in RECORD predicts for `pins`), as
+    benchmarks/bench_gpu.py plans them."""
+    strategy = next(name for name, p in STRATEGIES.items() if p == pins)
+    got = paraplan_plan(
+        llama_1b, str(RECORD / calibration), global_batch=16, memory_headroom=0.6, fix=pins
+    )
+    return strategy, got.plan.predicted
+
+
 @pytest.mark.parametrize(
     ("pins", "step_tol"),
     [
@@ -201,13 +212,10 @@ def test_the_h200_calibration_prices_the_runs_it_was_measured_with(
     +6.2%)."""
     calls = [json.loads((RECORD / f"bench-gpu-call{i}.json").read_text()) for i in (1, 2, 3)]
     rows = [r for c in calls for r in c["rows"] if "step_time_s" in r]
-    strategy = next(name for name, p in STRATEGIES.items() if p == pins)
+    strategy, got = _priced(llama_1b, "calibration.yaml", pins)
     mine = [r for r in rows if r["strategy"] == strategy]
     measured_s = min(r["step_time_s"] for r in mine)
     measured_bytes = max(r["peak_memory_bytes"] for r in mine)
-    got = paraplan_plan(
-        llama_1b, str(RECORD / "calibration.yaml"), global_batch=16, memory_headroom=0.6, fix=pins
-    ).plan.predicted
     assert abs(measured_s / got.step_time_s - 1) < step_tol
     assert abs(measured_bytes / got.memory_per_gpu_bytes - 1) < 0.07
 
@@ -229,15 +237,8 @@ def test_the_second_h200_calibration_prices_its_held_out_runs(
     +28.9% (+22.8% once one rank's copies are priced on the compute stream); memory within
     4%. Loose bounds, as the record's."""
     call = json.loads((RECORD / "bench-gpu-call4.json").read_text())
-    strategy = next(name for name, p in STRATEGIES.items() if p == pins)
+    strategy, got = _priced(llama_1b, "calibration-call4.yaml", pins)
     row = next(r for r in call["rows"] if r["strategy"] == strategy)
-    got = paraplan_plan(
-        llama_1b,
-        str(RECORD / "calibration-call4.yaml"),
-        global_batch=16,
-        memory_headroom=0.6,
-        fix=pins,
-    ).plan.predicted
     assert abs(row["step_time_s"] / got.step_time_s - 1) < step_tol
     assert abs(row["peak_memory_bytes"] / got.memory_per_gpu_bytes - 1) < 0.05
 
