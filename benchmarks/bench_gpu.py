@@ -3,7 +3,7 @@
 `paraplan run`, each measured against what the catalog and the calibration predicted; then
 `paraplan calibrate --from-run` on those runs and the plans priced again.
 
-    python benchmarks/bench_gpu.py [--out bench-gpu.json] [--folder DIR] [--quick]
+    python benchmarks/bench_gpu.py [--out bench-gpu.json] [--folder DIR] [--bundle B.tgz] [--quick]
     python benchmarks/bench_gpu.py --cpu     (a dry run of every step on a tiny Llama, no GPU)
 
 Prints a table and writes everything as JSON (plans, reports and cluster files stay in the
@@ -20,6 +20,7 @@ import json
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
@@ -172,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="calibrate --quick")
     parser.add_argument("--cpu", action="store_true", help="dry run without a GPU")
     parser.add_argument("--skip-calibrate", action="store_true", help="catalog plans only")
+    parser.add_argument(
+        "--bundle",
+        help="also write the folder (plans, reports, cluster files, plots) as one .tar.gz: a "
+        "device tool that returns few files returns it whole",
+    )
     args = parser.parse_args(argv)
     setup = CPU if args.cpu else GPU
     folder = Path(args.folder or tempfile.mkdtemp(prefix="paraplan-bench-gpu-")).resolve()
@@ -259,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     result["rows"] = list(rows.values())
     result["folder"] = str(folder)
     Path(args.out).resolve().write_text(json.dumps(result, indent=2) + "\n")
+    if args.bundle:
+        with tarfile.open(args.bundle, "w:gz") as tar:
+            tar.add(folder, arcname=folder.name)
     print(f"results written to {args.out} (plans, reports and cluster files in {folder})")
     return 0
 
