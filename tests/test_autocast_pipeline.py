@@ -57,7 +57,7 @@ def test_a_pipeline_prices_the_weight_casts_once_per_step(m: int) -> None:
     def casts(s: Strategy, batch: int) -> tuple[float, float]:
         ev = Evaluator(prof, cluster, TrainConfig(global_batch=batch, seq_len=128))
         stage = ev.stage_model.stages(ev.stage_model.layout_of(s))[0]
-        return autocast_s(s, stage, ev.stage_model, ev.num_microbatches(s))
+        return autocast_s(s, stage, ev.stage_model)
 
     pp = Strategy(dp=1, tp=1, pp=2, schedule=Schedule.ONE_F_ONE_B, micro_batch_size=1)
     one_f, one_b = casts(pp, 1)

@@ -280,7 +280,7 @@ class Evaluator:
             zero_mb, tail = self._dp_comm(s, stage, links, coll, self.train, c.fwd_s, c.bwd_s)
             if s.offload_optimizer or s.offload_activations:  # PCIe copies (offload.py)
                 zero_mb += self.options.offload.cost(s, stage, c, self.policy(s)).exposed_s
-            cast_f, cast_b = autocast_s(s, stage, self.stage_model, self.num_microbatches(s))
+            cast_f, cast_b = autocast_s(s, stage, self.stage_model)
             out.append(
                 StageTime(
                     stage=stage.index,

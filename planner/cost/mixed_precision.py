@@ -45,10 +45,10 @@ def _autocast_shape(s: Strategy) -> bool:
     return s.dp * s.cp == 1 or (s.tp == 1 and s.pp == 1)
 
 
-def autocast_s(s: Strategy, stage: Stage, sm: StageModel, m: int) -> tuple[float, float]:
+def autocast_s(s: Strategy, stage: Stage, sm: StageModel) -> tuple[float, float]:
     """(forward, backward) seconds per micro-batch of autocast's casts and fp32 gradient
-    accumulation on one rank of `stage` over `m` micro-batches; 0 where the executor does not
-    autocast or the layers are not priced op by op (`StageModel.op_by_op_kernels`).
+    accumulation on one rank of `stage`; 0 where the executor does not autocast or the layers
+    are not priced op by op (`StageModel.op_by_op_kernels`).
 
     Autocast caches the casts of leaf weights until its outermost context exits. The executor
     opens one per micro-batch without a pipeline (backward outside it), but runs a pipeline's
@@ -63,7 +63,7 @@ def autocast_s(s: Strategy, stage: Stage, sm: StageModel, m: int) -> tuple[float
     params = stage.dense_params / s.tp + stage.expert_params / (s.tp * s.ep)
     tensors = stage.param_tensors
     t = k.stream_s(params * AUTOCAST_BYTES_PER_PARAM, params * FP32_BYTES / max(1, tensors))
-    per_step = m if s.pp > 1 else 1  # the weight casts, once per cached context
+    per_step = sm.num_microbatches(s) if weights_cached(s) else 1  # weight casts per context
     return AUTOCAST_FORWARD_SHARE * t / per_step, (1 - AUTOCAST_FORWARD_SHARE) * t
 
 
