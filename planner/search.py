@@ -35,6 +35,8 @@ from .search_blocks import (
     gc_paused,
     keep_best,
     least_memory,
+    rank_key,
+    runnable_choices,
     states_overflow,
     static_rejects,
 )
@@ -47,6 +49,7 @@ from .search_bounds import (
     strategy_lower_bound_s,
 )
 from .search_space import best_order, mesh_orders, space_blocks
+from .search_workers import Explored, Share, explore_shared, worker_count
 from .strategy import Recompute, Schedule, Strategy
 
 _T = TypeVar("_T")
@@ -62,8 +65,11 @@ class Search:
         *,
         runnable_only: bool = False,
         consent: options.Consent = options.NO_CONSENT,
+        workers: int | None = None,
     ) -> None:
         self.ev = ev
+        self.workers = workers
+        """Processes `run` may use (`search_workers.worker_count`); None: by the space."""
         self.pins = pins if pins is not None else Pins()
         self.runnable_only = runnable_only
         """Rank only strategies the executor runs (`capabilities.py`; the API and CLI ask for it
@@ -118,10 +124,40 @@ class Search:
         block's bound is slower than the K-th best found. Once K are found, the costly work on
         one strategy (its per-layer recompute solve, its offload rescues, its time in every
         mesh order) waits in the same queue, keyed by a lower bound on its time, so that it is
-        done only if the K-th best has not fallen below that bound by its turn."""
+        done only if the K-th best has not fallen below that bound by its turn. On a large
+        space, several processes share the queue (`search_workers.py`): the same result."""
+        keep = top_k + 1
+        queue: list[tuple[float, int, Block | Task]] = []  # (lower bound, order, what)
+        for block in self.blocks():
+            broken = self.ev.violation(block.probe())
+            optimist = options.optimistic(self.pins, self.consent, block.base)
+            bound = float("inf") if broken else compute_lower_bound_s(self.ev, optimist)
+            queue.append((bound, len(queue), block))
+        heapq.heapify(queue)
+        found = None
+        workers = worker_count(len(queue), self.workers)
+        if workers > 1:
+            found = explore_shared(
+                lambda share: self._explore(list(queue), keep, progress, share),
+                len(queue),
+                workers,
+                keep,
+            )
+        if found is None:
+            found = self._explore(queue, keep, progress, None)
+        return self._finish(found, keep)
+
+    def _explore(
+        self,
+        queue: list[tuple[float, int, Block | Task]],
+        keep: int,
+        progress: Callable[[float], None] | None,
+        share: Share | None,
+    ) -> Explored:
+        """`run`'s branch and bound over `queue` (a heap of its blocks, by bound): alone, or
+        taking only the blocks it claims in `share` and pruning by the shared K-th best."""
         ev = self.ev
         pinned = bool(self.pins.pinned())
-        keep = top_k + 1
         heap: list[tuple] = []  # min-heap whose top is the worst kept (negated rank key)
         evaluated = 0
         violations: Counter[Rule] = Counter()
@@ -133,25 +169,13 @@ class Search:
             examples.setdefault(broken.rule, broken)
 
         def worst_s() -> float:
-            return -heap[0][0] if len(heap) == keep else float("inf")
+            own = -heap[0][0] if len(heap) == keep else float("inf")
+            return own if share is None else share.worst_s(own)
 
-        # (lower bound, order, what): blocks, then the work deferred (`Task`)
-        queue: list[tuple[float, int, Block | Task]] = []
-        for block in self.blocks():
-            broken = ev.violation(block.probe())
-            bound = (
-                float("inf")
-                if broken
-                else compute_lower_bound_s(
-                    ev, options.optimistic(self.pins, self.consent, block.base)
-                )
-            )
-            queue.append((bound, len(queue), block))
-        heapq.heapify(queue)
         order = itertools.count(len(queue))
         num_blocks, done = len(queue), 0
         while queue:
-            bound, _, item = heapq.heappop(queue)
+            bound, index, item = heapq.heappop(queue)
             if bound > worst_s():
                 break  # everything left is slower still
             if isinstance(item, Task):
@@ -165,16 +189,19 @@ class Search:
                 self._task(item, heap, keep)
                 continue
             block = item
+            claimed = done + 1 if share is None else share.claim(index)
+            if not claimed:
+                continue  # another process explores it
             if progress is not None:
                 progress(done / num_blocks)
-            done += 1
+            done = claimed
             runs = self._runs.setdefault(block.shape, {})  # its shape hashed once
             for sched, v in block.schedules:
                 rest = block.rest
                 runnable = len(heap) == keep and self.runnable_only and not pinned
-                if runnable:  # every choice left runs; asked first, as it is cheaper than
-                    rest = self._runnable(block, runs, sched, v)  # the rules and bounds (and
-                    evaluated += len(block.rest) - len(rest)  # often leaves nothing to do)
+                if runnable:  # every choice left runs; asked first, as it is cheaper than the
+                    rest = runnable_choices(block, runs, sched, v, self._gap)  # rules and bounds
+                    evaluated += len(block.rest) - len(rest)  # (often leaves nothing to do)
                     if not rest:
                         continue
                 probe = block.probe(sched, v)
@@ -269,11 +296,20 @@ class Search:
                     heapq.heappush(queue, (key, next(order), task))  # rescued in its turn
         if progress is not None:
             progress(1.0)
-        if evaluated == 0 and not heap:
+        kept = [e[3] for e in heap]
+        return Explored(kept, evaluated, violations, examples, self._min_mem, self._unrunnable)
+
+    def _finish(self, found: Explored, keep: int) -> SearchResult:
+        """The result of `run` from what its exploration found, or the error that says why
+        nothing was found."""
+        ev = self.ev
+        if found.evaluated == 0 and not found.kept:
+            violations, examples = found.violations, found.examples
             for s in self.configs():  # nothing was valid: say which rule blocks most of it
                 broken = ev.violation(s)
                 if broken is not None:
-                    note(broken)
+                    violations[broken.rule] += 1
+                    examples.setdefault(broken.rule, broken)
             top = violations.most_common(1)[0][0] if violations else None
             why = "no candidates" if top is None else f"{examples[top]} (rule {top})"
             raise ValueError(
@@ -281,17 +317,18 @@ class Search:
                 f"{ev.cluster.num_gpus} GPUs with {self.pins.describe() or 'nothing pinned'}: "
                 f"{why}; change the pinned values"
             )
-        if not heap and self._unrunnable is not None:
+        if not found.kept and found.unrunnable is not None:
             raise ValueError(
                 f"every plan that fits {ev.profile.name} on {ev.cluster.num_gpus} GPUs is one the "
-                f"executor cannot run, e.g. {self._unrunnable}; plan with --any-engine to see "
+                f"executor cannot run, e.g. {found.unrunnable}; plan with --any-engine to see "
                 "the fastest of them anyway"
             )
-        least = None if self._min_mem is None else self._estimate(self._min_mem[1])
-        if not heap:
+        self._min_mem = found.min_mem
+        least = None if found.min_mem is None else self._estimate(found.min_mem[1])
+        if not found.kept:
             least = least_memory(ev, list(self.blocks()), least)
-        ranked = tuple(e[3] for e in sorted(heap, key=lambda e: e[:3], reverse=True))
-        return SearchResult(ranked=ranked, evaluated=evaluated, min_memory=least)
+        ranked = tuple(sorted(found.kept, key=rank_key))
+        return SearchResult(ranked=ranked, evaluated=found.evaluated, min_memory=least)
 
     def _cannot_fit(self, s: Strategy) -> bool:
         """Whether no per-layer solution of `s` fits (`PerLayerRecompute.cannot_fit`): it
@@ -412,32 +449,6 @@ class Search:
             keep_best(heap, keep, best_order(self.ev, s, memory, peak_stage))
         return fits
 
-    def _runnable(
-        self, block: Block, known: dict[tuple[Schedule, int], tuple], sched: Schedule, v: int
-    ) -> tuple[tuple[bool, int, bool, Recompute], ...]:
-        """The choices of `block.rest` under this schedule that the executor runs. What it
-        runs depends on neither sequence parallelism nor the recompute policy (the search's
-        `Job` carries no per-block decisions), so each (ZeRO stage, optimizer offload) pair is
-        asked once; nor on the micro-batch size, so blocks that differ only by it share the
-        answer (`Block.shape`; `known`: the answers of its shape, by schedule). A choice it does
-        not run cannot rank, nor can its offload rescues (they only add offload, which no
-        capability admits more readily), so once the heap is full it needs neither memory nor
-        time."""
-        found = known.get((sched, v))
-        if found is not None:
-            return found
-        runs: dict[tuple[int, bool], bool] = {}
-        out = []
-        for choice in block.rest:
-            sp, zero, off, rc = choice
-            ok = runs.get((zero, off))
-            if ok is None:
-                ok = runs[(zero, off)] = not self._gap(block.strategy(sched, v, sp, zero, off, rc))
-            if ok:
-                out.append(choice)
-        found = known[(sched, v)] = tuple(out)
-        return found
-
     def _slower(self, s: Strategy, worst_s: float) -> bool:
         """Whether `s` is slower than `worst_s` in every mesh order: its family's bound first
         (shared, cheap), then its own (`_time_lower_bound_s`)."""
@@ -475,11 +486,6 @@ class Search:
     def _estimate(self, s: Strategy) -> Estimate:
         memory, stage = self.ev.memory(s)
         return self.ev.finish(s, memory, stage, self.ev.time(s))
-
-
-def rank_key(e: Estimate) -> tuple:
-    """The ranking both the search and brute force use."""
-    return (e.step_time_s, e.memory.total_bytes, e.strategy.sort_key())
 
 
 def brute_force(

@@ -262,3 +262,39 @@ def static_rejects(
     if total is not None and pins.offload_params is None and zero == 3 and off:
         return False  # `options.rescuable`: parameter offload may make it fit
     return max(static) + ev.pipeline_buffer_bytes(probe, sp) > cap
+
+
+def rank_key(e: Estimate) -> tuple:
+    """The ranking both the search and brute force use."""
+    return (e.step_time_s, e.memory.total_bytes, e.strategy.sort_key())
+
+
+def runnable_choices(
+    block: Block,
+    known: dict[tuple[Schedule, int], tuple],
+    sched: Schedule,
+    v: int,
+    gap: Callable[[Strategy], bool],
+) -> tuple[tuple[bool, int, bool, Recompute], ...]:
+    """The choices of `block.rest` under this schedule that the executor runs (`gap`: whether
+    it cannot run a strategy). What it runs depends on neither sequence parallelism nor the
+    recompute policy (the search's `Job` carries no per-block decisions), so each (ZeRO stage,
+    optimizer offload) pair is asked once; nor on the micro-batch size, so blocks that differ
+    only by it share the answer (`Block.shape`; `known`: the answers of its shape, by
+    schedule). A choice it does not run cannot rank, nor can its offload rescues (they only
+    add offload, which no capability admits more readily), so once the heap is full it needs
+    neither memory nor time."""
+    found = known.get((sched, v))
+    if found is not None:
+        return found
+    runs: dict[tuple[int, bool], bool] = {}
+    out = []
+    for choice in block.rest:
+        sp, zero, off, rc = choice
+        ok = runs.get((zero, off))
+        if ok is None:
+            ok = runs[(zero, off)] = not gap(block.strategy(sched, v, sp, zero, off, rc))
+        if ok:
+            out.append(choice)
+    found = known[(sched, v)] = tuple(out)
+    return found
