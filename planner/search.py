@@ -33,7 +33,6 @@ from .search_blocks import (
     SearchResult,
     Task,
     gc_paused,
-    keep_best,
     least_memory,
     rank_key,
     runnable_choices,
@@ -49,7 +48,7 @@ from .search_bounds import (
     strategy_lower_bound_s,
 )
 from .search_space import best_order, mesh_orders, space_blocks
-from .search_workers import Explored, Share, explore_shared, worker_count
+from .search_workers import Explored, Kept, Share, explore_shared, worker_count
 from .strategy import Recompute, Schedule, Strategy
 
 _T = TypeVar("_T")
@@ -158,7 +157,8 @@ class Search:
         taking only the blocks it claims in `share` and pruning by the shared K-th best."""
         ev = self.ev
         pinned = bool(self.pins.pinned())
-        heap: list[tuple] = []  # min-heap whose top is the worst kept (negated rank key)
+        kept = Kept(keep, share)
+        worst_s = kept.worst_s
         evaluated = 0
         violations: Counter[Rule] = Counter()
         examples: dict[Rule, Violation] = {}
@@ -167,10 +167,6 @@ class Search:
         def note(broken: Violation, count: int = 1) -> None:
             violations[broken.rule] += count
             examples.setdefault(broken.rule, broken)
-
-        def worst_s() -> float:
-            own = -heap[0][0] if len(heap) == keep else float("inf")
-            return own if share is None else share.worst_s(own)
 
         order = itertools.count(len(queue))
         num_blocks, done = len(queue), 0
@@ -186,7 +182,7 @@ class Search:
                     if item.key > bound:
                         heapq.heappush(queue, (item.key, next(order), item))
                         continue
-                self._task(item, heap, keep)
+                self._task(item, kept)
                 continue
             block = item
             claimed = done + 1 if share is None else share.claim(index)
@@ -198,7 +194,7 @@ class Search:
             runs = self._runs.setdefault(block.shape, {})  # its shape hashed once
             for sched, v in block.schedules:
                 rest = block.rest
-                runnable = len(heap) == keep and self.runnable_only and not pinned
+                runnable = kept.full() and self.runnable_only and not pinned
                 if runnable:  # every choice left runs; asked first, as it is cheaper than the
                     rest = runnable_choices(block, runs, sched, v, self._gap)  # rules and bounds
                     evaluated += len(block.rest) - len(rest)  # (often leaves nothing to do)
@@ -225,7 +221,7 @@ class Search:
                     ev,
                     probe,
                     rest,
-                    fit_only=len(heap) == keep,
+                    fit_only=kept.full(),
                     statics=statics,
                     params_follow=block.params_follow,
                 )
@@ -238,7 +234,7 @@ class Search:
                     if runnable and total is not None and total > cap and rc not in rescued:
                         evaluated += 1  # does not fit, nor is offload tried on it: it cannot
                         continue  # rank (the heap is full: its memory is not needed either)
-                    full = len(heap) == keep
+                    full = kept.full()
                     if (
                         full
                         and unbuilt
@@ -280,7 +276,7 @@ class Search:
                             continue
                         total = ev.memory(s)[0].total_bytes
                     if not full or total <= cap:
-                        self._fitted(s, total, block, fitted, runnable, heap, keep)
+                        self._fitted(s, total, block, fitted, runnable, kept)
                         continue
                     if not self._rescuable(s):
                         continue  # no offload makes it fit: it cannot rank
@@ -296,8 +292,8 @@ class Search:
                     heapq.heappush(queue, (key, next(order), task))  # rescued in its turn
         if progress is not None:
             progress(1.0)
-        kept = [e[3] for e in heap]
-        return Explored(kept, evaluated, violations, examples, self._min_mem, self._unrunnable)
+        found = kept.estimates()
+        return Explored(found, evaluated, violations, examples, self._min_mem, self._unrunnable)
 
     def _finish(self, found: Explored, keep: int) -> SearchResult:
         """The result of `run` from what its exploration found, or the error that says why
@@ -352,8 +348,7 @@ class Search:
         block: Block,
         fitted: list[tuple[bool, int, bool, int]],
         runnable: bool,
-        heap: list[tuple],
-        keep: int,
+        kept: Kept,
     ) -> None:
         """What follows the peak memory `total` of a strategy of `block`: its offload rescues
         when it does not fit; else, unless it only adds recompute or offload to a faster
@@ -363,7 +358,7 @@ class Search:
             return  # the host cannot hold its shards (its rescues neither: `_offer`)
         self._note_memory(s, total)
         if total > self.ev.capacity_bytes:  # offload may make it fit (options.py)
-            self._rescue(s, heap, keep)
+            self._rescue(s, kept)
             return
         if self.runnable_only and not runnable and self._gap(s):
             return  # fits, but the executor cannot run it
@@ -381,32 +376,32 @@ class Search:
         ):
             return  # only adds recompute/offload to a faster strategy that fits
         fitted.append((sp, zero, off, rc_rank))
-        self._offer(options.fit_variants(s, self.pins, self.consent), heap, keep)
-        if len(heap) == keep and self._slower(s, -heap[0][0]):
+        self._offer(options.fit_variants(s, self.pins, self.consent), kept)
+        if kept.full() and self._slower(s, kept.worst_s()):
             return
         memory, peak_stage = self.ev.memory(s)
-        keep_best(heap, keep, best_order(self.ev, s, memory, peak_stage))
+        kept.push(best_order(self.ev, s, memory, peak_stage))
 
-    def _task(self, task: Task, heap: list[tuple], keep: int) -> None:
+    def _task(self, task: Task, kept: Kept) -> None:
         """Deferred work (`run`), with the K-th best as it stands now."""
         if task.done:
             return  # queued twice, under a lower bound the second time
         task.done = True
         if task.kind == RESCUE:
-            self._rescue(task.strategies[0], heap, keep)
+            self._rescue(task.strategies[0], kept)
         else:  # per-layer solves of one (sp, zero), in the order the block lists them
             for s, plain in zip(task.strategies, task.bounded, strict=True):
-                if self._slower(plain, -heap[0][0]) or self._cannot_fit(s):
+                if self._slower(plain, kept.worst_s()) or self._cannot_fit(s):
                     continue
                 if not has_options(s):  # its recompute bounded before it is solved
                     coll = self._families.coll(s)
                     known = self._plain_stages.get(plain)
-                    if per_layer_lower_bound_s(self.ev, s, coll, plain, known) > -heap[0][0]:
+                    if per_layer_lower_bound_s(self.ev, s, coll, plain, known) > kept.worst_s():
                         continue
                 total = self.ev.memory(s)[0].total_bytes
-                self._fitted(s, total, task.block, task.fitted, task.runnable, heap, keep)
+                self._fitted(s, total, task.block, task.fitted, task.runnable, kept)
 
-    def _rescue(self, s: Strategy, heap: list[tuple], keep: int) -> bool:
+    def _rescue(self, s: Strategy, kept: Kept) -> bool:
         """Offer the offload variants of `s`, which does not fit (`options.rescues`), unless
         they cannot fit or rank (offload only adds time to `s`); whether one fitted. Only
         recompute none or full: offload in place of recomputing, or on top of the least
@@ -414,19 +409,17 @@ class Search:
         ev = self.ev
         if s.recompute not in options.RESCUED_RECOMPUTE or not options.rescuable(ev, s, self.pins):
             return False
-        if len(heap) == keep and self._slower(s, -heap[0][0]):
+        if kept.full() and self._slower(s, kept.worst_s()):
             return False
-        if len(heap) == keep and self._families.rescue_floor_s(s) > -heap[0][0]:
+        if kept.full() and self._families.rescue_floor_s(s) > kept.worst_s():
             return False  # none can rank: skip their memory
         tiers = options.rescues(s, self.pins)
         for i, tier in enumerate(tiers):
-            if self._offer(tier, heap, keep, need_fit=i < len(tiers) - 1):
+            if self._offer(tier, kept, need_fit=i < len(tiers) - 1):
                 return True
         return False
 
-    def _offer(
-        self, variants: list[Strategy], heap: list[tuple], keep: int, *, need_fit: bool = False
-    ) -> bool:
+    def _offer(self, variants: list[Strategy], kept: Kept, *, need_fit: bool = False) -> bool:
         """Evaluate option variants (`options.py`) and keep those that fit and rank; whether
         any fitted (whether or not it ranks) when `need_fit`; otherwise a variant slower than
         the K-th best is dropped before its memory is priced (the answer is then unused)."""
@@ -434,7 +427,7 @@ class Search:
         for s in variants:
             if self.ev.violation(s) is not None or option_problem(s) is not None:
                 continue
-            if not need_fit and len(heap) == keep and self._slower(s, -heap[0][0]):
+            if not need_fit and kept.full() and self._slower(s, kept.worst_s()):
                 continue  # slower than the K-th best in any mesh order, fitting or not
             memory, peak_stage = self.ev.memory(s)
             if memory.total_bytes > self.ev.capacity_bytes:
@@ -444,9 +437,9 @@ class Search:
             if self.runnable_only and self._gap(s):
                 continue
             fits = True
-            if len(heap) == keep and self._slower(s, -heap[0][0]):
+            if kept.full() and self._slower(s, kept.worst_s()):
                 continue  # fits, but slower than the K-th best in any mesh order
-            keep_best(heap, keep, best_order(self.ev, s, memory, peak_stage))
+            kept.push(best_order(self.ev, s, memory, peak_stage))
         return fits
 
     def _slower(self, s: Strategy, worst_s: float) -> bool:

@@ -113,25 +113,62 @@ class Share:
         os.close(self._fd)
 
 
+class Kept:
+    """The K best strategies one process has found (a min-heap whose top is the worst kept,
+    `search_blocks.keep_best`) and the K-th best step time to prune against: its own, or with
+    a `Share` the least any process of the search has found. `full` once that is finite: the
+    search can then no longer end empty, and whatever is slower than it cannot rank."""
+
+    def __init__(self, keep: int, share: Share | None = None) -> None:
+        self._heap: list[tuple] = []
+        self._keep = keep
+        self._share = share
+
+    def worst_s(self) -> float:
+        """The K-th best step time found (inf until K are found)."""
+        heap = self._heap
+        own = -heap[0][0] if len(heap) == self._keep else float("inf")
+        return own if self._share is None else self._share.worst_s(own)
+
+    def full(self) -> bool:
+        """Whether K strategies are found (by this process, or by any with a `Share`)."""
+        return self.worst_s() < float("inf")
+
+    def push(self, est: Estimate) -> None:
+        """Keep `est` if it is among the K best this process has found."""
+        keep_best(self._heap, self._keep, est)
+
+    def estimates(self) -> list[Estimate]:
+        """What this process keeps (any order)."""
+        return [e[3] for e in self._heap]
+
+
+def workers_from_env() -> int | None:
+    """The process count `PARAPLAN_SEARCH_WORKERS` asks for (None when unset); a value that
+    is not a whole number >= 1 is refused (ValueError naming it, the rule and the fix)."""
+    raw = os.environ.get(WORKERS_ENV, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(
+            f"{WORKERS_ENV}={raw!r}: must be a whole number of processes >= 1; unset it to "
+            "use the usable cores, or set 1 to search in one process"
+        )
+    return int(raw)
+
+
 def worker_count(num_blocks: int, asked: int | None = None) -> int:
-    """How many processes search a queue of `num_blocks` blocks: `asked` (or the environment's
-    `PARAPLAN_SEARCH_WORKERS`) when given, else up to `MAX_WORKERS` of the usable cores; one
-    off Linux or below `MIN_SHARED_BLOCKS` blocks unless asked."""
+    """How many processes search a queue of `num_blocks` blocks: `asked` (or what
+    `workers_from_env` asks) when given, else up to `MAX_WORKERS` of the usable cores if the
+    queue has at least `MIN_SHARED_BLOCKS` blocks; one off Linux."""
     if asked is None:
-        raw = os.environ.get(WORKERS_ENV, "").strip()
-        if raw:
-            if not raw.isdigit() or int(raw) < 1:
-                raise ValueError(
-                    f"{WORKERS_ENV}={raw!r}: must be a whole number of processes >= 1; "
-                    f"unset it to use the usable cores, or set 1 to search in one process"
-                )
-            asked = int(raw)
-        elif num_blocks < MIN_SHARED_BLOCKS:
-            return 1
-    if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
+        asked = workers_from_env()
+    if asked == 1 or not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return 1
     if asked is not None:
         return asked
+    if num_blocks < MIN_SHARED_BLOCKS:
+        return 1
     return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0))))
 
 

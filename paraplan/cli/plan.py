@@ -97,8 +97,10 @@ def execute(args: argparse.Namespace) -> int:
     from ..planner.jsonio import dumps_finite
     from ..planner.pins import Pins
     from ..planner.plan_io import save_plan
+    from ..planner.search_workers import workers_from_env
 
     check_output(args)  # an unwritable -o fails now, not after the search
+    workers_from_env()  # a bad PARAPLAN_SEARCH_WORKERS too
 
     if args.from_config:  # judge an existing trainer config (paraplan/export/judge.py)
         from ..export.judge import run_from_config
