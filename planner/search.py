@@ -333,8 +333,10 @@ class Search:
         return not has_options(s) and not ev.single_pass(s) and ev.per_layer.cannot_fit(s)
 
     def _note_memory(self, s: Strategy, total: float) -> None:
-        """Remember `s` if it needs the least memory seen yet."""
-        if self._min_mem is None or total < self._min_mem[0]:
+        """Remember `s` if it needs the least memory seen yet (and its host holds what it
+        offloads: else the least memory would name a strategy no host runs)."""
+        better = self._min_mem is None or total < self._min_mem[0]
+        if better and options.fits_host(self.ev, s):
             self._min_mem = (total, s)
 
     def _rescuable(self, s: Strategy) -> bool:

@@ -201,9 +201,9 @@ class Task:
 
 
 def least_memory(ev: Evaluator, blocks: list[Block], found: Estimate | None) -> Estimate | None:
-    """When nothing fits: the exact least-memory valid strategy of `blocks` (or `found`, if
-    it needs less). Memory grows with the micro-batch size, so each block's smallest
-    micro-batch is enough to look at."""
+    """When nothing fits: the exact least-memory valid strategy of `blocks` whose host holds
+    what it offloads (or `found`, if it needs less). Memory grows with the micro-batch size,
+    so each block's smallest micro-batch is enough to look at."""
     best = found
     smallest: dict[tuple, int] = {}
     for block in blocks:
@@ -217,6 +217,8 @@ def least_memory(ev: Evaluator, blocks: list[Block], found: Estimate | None) -> 
         for s in block.strategies():
             if s.recompute == Recompute.PER_LAYER or ev.violation(s) is not None:
                 continue  # per_layer falls back to the least-memory uniform policy
+            if not options.fits_host(ev, s):
+                continue
             memory, stage = ev.memory(s)
             if best is None or memory.total_bytes < best.memory.total_bytes:
                 best = ev.finish(s, memory, stage, ev.time(s))

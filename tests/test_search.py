@@ -11,6 +11,7 @@ from paraplan.planner.cluster import cluster_from_dict, parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.model_spec import parse_model
+from paraplan.planner.options import fits_host
 from paraplan.planner.pins import Pins
 from paraplan.planner.search import Search, brute_force, rank_key
 from paraplan.planner.strategy import Recompute, Schedule, Strategy
@@ -171,11 +172,25 @@ def test_model_that_fits_nowhere():
     # 405B parameters in bf16 alone are 810 GB; spread over 8 GPUs that is > 24 GB each.
     assert least.memory.total_bytes >= 2 * 405e9 / 8
     # Nothing is feasible by brute force either, and min_memory is the exact least memory
-    # of any valid strategy.
+    # of any valid strategy whose host holds what it offloads.
     assert brute_force(ev) == []
-    valid = list(Search(ev).valid())
+    valid = [s for s in Search(ev).valid() if fits_host(ev, s)]
     assert valid
     assert least.memory.total_bytes == min(ev.memory(s)[0].total_bytes for s in valid)
+
+
+def test_least_memory_names_a_strategy_the_host_can_hold():
+    # gpt3-175b on one node: the least GPU memory is reached by offloading the parameters and
+    # optimizer states, which 175B parameters' fp32 states (2.8 TB) cannot fit in one node's
+    # host memory. The error must not name that strategy (1.98 GiB "needed" against 72 GiB
+    # offered read as a contradiction), but the least of those the host can hold.
+    ev = _evaluator("gpt3-175b", "8xa100-80gb", global_batch=16, seq_len=2048)
+    result = Search(ev, runnable_only=True).run(top_k=3)
+    assert result.best is None
+    least = result.min_memory
+    assert least is not None
+    assert fits_host(ev, least.strategy)
+    assert least.memory.total_bytes > ev.capacity_bytes
 
 
 # --- Pins.parse ------------------------------------------------------------------------------

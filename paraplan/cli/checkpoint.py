@@ -24,6 +24,7 @@ from ..planner import limits
 from .common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
+    Bar,
     add_no_progress_arg,
     check_output,
     count_arg,
@@ -38,8 +39,6 @@ from .common import (
 )
 
 if TYPE_CHECKING:
-    from tqdm import tqdm
-
     from ..planner.model import ModelProfile
     from ..planner.remat_schedule import CheckpointSchedule
     from ..planner.solvers import LayerChain, OpGraph
@@ -141,7 +140,7 @@ def execute(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _solve(args: argparse.Namespace, bar: tqdm[Any]) -> CheckpointSchedule | str:
+def _solve(args: argparse.Namespace, bar: Bar) -> CheckpointSchedule | str:
     """Read the model, solve and replay the schedule, moving `bar` one step per stage (the
     model, the DP, for the ILP its solve and its least-budget solve, the replays); a budget
     below the least feasible peak returns the message that says so."""

@@ -13,7 +13,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 from ..api import model_profile
 from ..planner import limits
@@ -354,19 +354,46 @@ def show_progress(args: argparse.Namespace) -> bool:
     return not getattr(args, "no_progress", False) and sys.stderr.isatty()
 
 
+class QuietBar:
+    """What a command calls on its progress bar when none is drawn: nothing happens, and tqdm
+    (50 ms of imports) is not loaded."""
+
+    disable = True
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.n = 0
+
+    def update(self, n: float = 1) -> None:
+        """Nothing to draw."""
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        """Nothing to draw."""
+
+    def close(self) -> None:
+        """Nothing to erase."""
+
+
+Bar = Union["tqdm[Any]", QuietBar]
+"""A drawn tqdm bar or the quiet stand-in (`progress_bar`)."""
+
+
 @contextmanager
 def progress_bar(
     args: argparse.Namespace, *, desc: str, total: int, unit: str, enabled: bool = True
-) -> Iterator[tqdm[Any]]:
-    """A tqdm bar on stderr, drawn when `show_progress(args)` and `enabled`, erased when done."""
+) -> Iterator[Bar]:
+    """A tqdm bar on stderr, drawn when `show_progress(args)` and `enabled`, erased when done;
+    else a `QuietBar`."""
+    if not (enabled and show_progress(args)):
+        yield QuietBar(total)
+        return
     from tqdm import tqdm
 
-    shown = enabled and show_progress(args)
-    with tqdm(total=total, desc=desc, unit=unit, disable=not shown, leave=False) as bar:
+    with tqdm(total=total, desc=desc, unit=unit, leave=False) as bar:
         yield bar
 
 
-def fraction_callback(bar: tqdm[Any]) -> Callable[[float], None] | None:
+def fraction_callback(bar: Bar) -> Callable[[float], None] | None:
     """A `progress(fraction_done)` callback that moves `bar` (None when the bar is off)."""
     if bar.disable or not bar.total:
         return None
@@ -378,7 +405,7 @@ def fraction_callback(bar: tqdm[Any]) -> Callable[[float], None] | None:
     return update
 
 
-def closing_callback(bar: tqdm[Any]) -> Callable[[float], None] | None:
+def closing_callback(bar: Bar) -> Callable[[float], None] | None:
     """`fraction_callback`, closing (erasing) the bar when the work is done: for a command
     that prints its result before the bar's `with` block ends."""
     update = fraction_callback(bar)
