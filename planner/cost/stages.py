@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import cache, partial
+from itertools import accumulate
 
 from ..cluster import Cluster
 from ..config import AttentionKernel, SelectiveRecompute, TrainConfig
@@ -187,15 +188,14 @@ class StageModel:
         return max(flops / self.flops_per_s, nbytes / self.acc.memory_bw_bytes_per_s)
 
     def _layer_times(self, tp: int, cp: int, ep: int, mbs: int) -> LayerTimes:
-        """Per-micro-batch seconds of each chain layer on one rank, as prefix sums."""
-        sums: tuple[list[float], ...] = ([0.0], [0.0], [0.0], [0.0], [0.0])
+        """Per-micro-batch seconds of each chain layer on one rank, as prefix sums (summed left
+        to right from 0.0, as the stages' sums read them)."""
         seen: dict[tuple, tuple[float, float, float, float, float]] = {}
         for key, x in zip(self.layer_keys, self.profile.layers, strict=True):
             if key not in seen:
                 seen[key] = self._one_layer(x, tp, cp, ep, mbs)
-            for acc, val in zip(sums, seen[key], strict=True):
-                acc.append(acc[-1] + val)
-        return LayerTimes(*(tuple(x) for x in sums))
+        columns = zip(*(seen[key] for key in self.layer_keys), strict=True)
+        return LayerTimes(*(tuple(accumulate(col, initial=0.0)) for col in columns))
 
     def _one_layer(
         self, x: LayerCost, tp: int, cp: int, ep: int, mbs: int
