@@ -95,6 +95,7 @@ class Evaluator:
         self._ideal: dict[int, tuple[Links, Links]] = {}  # `ideal_links`, by id of `links`
         self._in_flight: dict[tuple, tuple[float, ...]] = {}  # `in_flight` results
         self._statics: dict[tuple, tuple[float, ...]] = {}  # `static_totals`, by stage ids
+        self._timelines: dict[tuple, tuple[float, float]] = {}  # `_backward_timeline` peaks
 
     @property
     def capacity_bytes(self) -> float:
@@ -149,19 +150,23 @@ class Evaluator:
         the gradients of layers >= i exist and the activations of layers <= i, plus layer i's
         transient (profiled peak, or its re-materialization under full recompute)."""
         p, t, mbs = self.profile, self.train, s.micro_batch_size
-        prefix, back, tmp = self.stage_model.act_prefix(
-            s.tp, s.sequence_parallel, s.cp, self.policy(s)
-        )
-        steps = self.stage_model.step_tmp(s.tp)
-        grads, best, dpcp = 0.0, (-1.0, 0.0, 0.0), s.dp * s.cp if s.zero_stage >= 2 else 1
+        policy = self.policy(s)
+        dpcp = s.dp * s.cp if s.zero_stage >= 2 else 1
         dense, expert = s.tp * max(1, dpcp // s.dp_replicate), s.tp * s.ep * max(1, dpcp // s.ep)
-        for i in reversed(range(len(p.layers))):
-            x = p.layers[i]
-            grads += (x.params / dense + x.expert_params / expert) * t.grad_bytes
-            acts = prefix[i + 1] * mbs + max(max(tmp[i], back[i]) * mbs, steps[i])
-            if grads + acts > best[0]:
-                best = (grads + acts, grads, acts)
-        return replace(mem, grads_bytes=best[1], activations_bytes=best[2])
+        key = (s.tp, s.sequence_parallel, s.cp, policy, mbs, dense, expert)
+        found = self._timelines.get(key)  # ZeRO and offload variants share it
+        if found is None:
+            prefix, back, tmp = self.stage_model.act_prefix(s.tp, s.sequence_parallel, s.cp, policy)
+            steps = self.stage_model.step_tmp(s.tp)
+            grads, best = 0.0, (-1.0, 0.0, 0.0)
+            for i in reversed(range(len(p.layers))):
+                x = p.layers[i]
+                grads += (x.params / dense + x.expert_params / expert) * t.grad_bytes
+                acts = prefix[i + 1] * mbs + max(max(tmp[i], back[i]) * mbs, steps[i])
+                if grads + acts > best[0]:
+                    best = (grads + acts, grads, acts)
+            found = self._timelines[key] = (best[1], best[2])
+        return replace(mem, grads_bytes=found[0], activations_bytes=found[1])
 
     def static_memory(self, s: Strategy, stage: Stage) -> StaticMemory:
         """What `stage` holds under `s` whatever the micro-batch."""
