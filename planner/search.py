@@ -1,10 +1,11 @@
 """The outer search: enumerate strategies, prune by memory and by a time lower bound, rank.
 
-Deterministic: strategies are ranked by (step time, peak memory, `Strategy.sort_key`). The
-pruning is exact: a strategy is skipped only when its memory does not fit or when a lower
-bound on its step time (each collective at the least time of its group size's links over the
-mesh orders, `search_bounds.py`) is already slower than the K-th best found, so `search`
-returns the same optimum as `brute_force`.
+Deterministic: strategies are ranked by (step time, peak memory, `Strategy.sort_key`), also when
+several processes share a large search (`search_workers.py`; only the count of strategies
+visited then varies). The pruning is exact: a strategy is skipped only when its memory does not
+fit or when a lower bound on its step time (each collective at the least time of its group
+size's links over the mesh orders, `search_bounds.py`) is already slower than the K-th best
+found, so `search` returns the same optimum as `brute_force`.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ class Search:
             )
         if found is None:
             found = self._explore(queue, keep, progress, None)
-        return self._finish(found, keep)
+        return self._finish(found)
 
     def _explore(
         self,
@@ -295,7 +296,7 @@ class Search:
         found = kept.estimates()
         return Explored(found, evaluated, violations, examples, self._min_mem, self._unrunnable)
 
-    def _finish(self, found: Explored, keep: int) -> SearchResult:
+    def _finish(self, found: Explored) -> SearchResult:
         """The result of `run` from what its exploration found, or the error that says why
         nothing was found."""
         ev = self.ev

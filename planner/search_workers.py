@@ -195,22 +195,22 @@ def explore_shared(
             os.close(write)
             children.append((pid, read))
         found = explore(share)
-        for pid, read in children:
+        while children:
+            pid, read = children.pop(0)
             with os.fdopen(read, "rb") as pipe:
                 data = pipe.read()
             _, status = os.waitpid(pid, 0)
             if not data or status != 0:
                 return None
             found = merge(found, pickle.loads(data), keep)
-        children.clear()
         return found
     finally:
         share.close()
-        for pid, read in children:  # only on an error in this process: stop the others
+        for pid, read in children:  # on an error here or in a child: stop the others
+            os.close(read)
             try:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
-                os.close(read)
             except OSError:
                 pass
 
