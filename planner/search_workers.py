@@ -186,9 +186,14 @@ def explore_shared(
     try:
         for _ in range(workers - 1):
             read, write = os.pipe()
-            with warnings.catch_warnings():  # Python 3.12 warns on fork with threads alive
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
+            try:
+                with warnings.catch_warnings():  # Python 3.12 warns on fork with threads alive
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    pid = os.fork()
+            except OSError:  # no process to spare (limits, a sandbox): search alone
+                os.close(read)
+                os.close(write)
+                return None
             if pid == 0:  # the child: explore, send, and leave without any cleanup
                 os.close(read)
                 _child(explore, share, write)

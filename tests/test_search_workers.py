@@ -91,6 +91,18 @@ def test_a_failing_child_leaves_the_search_to_the_parent(monkeypatch):
 
 
 @linux_only
+def test_a_refused_fork_leaves_the_search_to_one_process(monkeypatch):
+    ev = _evaluator(**SMALL_SPACES["small-gpt-16xa100-nodes-of-2"])
+    expected = _keys(Search(ev, workers=1).run(top_k=3))
+
+    def no_fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(search_workers.os, "fork", no_fork)
+    assert _keys(Search(ev, workers=2).run(top_k=3)) == expected
+
+
+@linux_only
 def test_each_block_is_claimed_by_exactly_one_process():
     blocks, forks = 500, 3
     share = Share(blocks)
