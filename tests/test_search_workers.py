@@ -165,3 +165,14 @@ def test_bad_worker_count_is_refused_before_planning():
     assert done.returncode == 2
     assert "PARAPLAN_SEARCH_WORKERS='many'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_plan_help_names_the_environment_variable():
+    done = subprocess.run(
+        [sys.executable, "-m", "paraplan.cli", "plan", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0
+    assert search_workers.WORKERS_ENV in done.stdout.replace("\n", " ")

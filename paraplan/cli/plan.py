@@ -44,6 +44,8 @@ def add_parser(subparsers: Any) -> None:
         help="search the parallelism space and write the fastest plan that fits",
         description="Search DP x ZeRO x TP(+SP) x PP(schedule) x CP x EP x micro-batch x "
         "recompute x mesh order; print the chosen plan, its memory and time, and the runners-up.",
+        epilog="A large search uses up to 4 of the usable cores on Linux (the same plan as one "
+        "process); PARAPLAN_SEARCH_WORKERS=1 keeps it to one process, =N uses N.",
     )
     add_input_args(p, "plan", batch_required=False)
     p.add_argument(
