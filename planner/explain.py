@@ -96,16 +96,17 @@ def format_plan(plan: Plan) -> str:
         lines += ["", "Runners-up"]
         if ties:
             lines.append(f"  (equivalent to the plan under the cost model: {', '.join(ties)})")
+        width = max([len(r.strategy().short()) + 2 for r, _ in rows] + [58])
         if rows:
             lines.append(
-                f"  {'#':<3}{'strategy':<58}{'step s':>9}{'MFU':>7}{'TFLOP/s/GPU':>12}"
+                f"  {'#':<3}{'strategy':<{width}}{'step s':>9}{'MFU':>7}{'TFLOP/s/GPU':>12}"
                 f"{'GiB/GPU':>8}  lost because"
             )
         else:  # every runner-up ties the plan: say so instead of an empty table
             lines.append("  (no distinct runner-up among those ranked: ask for more with --top K)")
         for i, (r, same) in enumerate(rows, 1):
             lines.append(
-                f"  {i:<3}{r.strategy().short():<58}"
+                f"  {i:<3}{r.strategy().short():<{width}}"
                 f"{r.step_time_s:>9.3f}{r.mfu:>7.1%}"
                 f"{tflops_text(model_flops_per_s_per_gpu(plan, r.step_time_s)):>12}"
                 f"{r.memory_per_gpu_bytes / GIB:>8.1f}  "

@@ -52,6 +52,22 @@ def test_runners_up_tflops_follow_their_own_mfu(plan: paraplan.Plan) -> None:
         assert rate == pytest.approx(r.mfu * H100_BF16_FLOPS, rel=1e-9)
 
 
+def test_runners_up_columns_line_up_whatever_the_strategy_names() -> None:
+    # gpt3-175b's top 5 on 1024 A100s names an interleaved schedule, longer than the others:
+    # every row's step time still ends in the header's column
+    out = paraplan.plan(
+        "gpt3-175b", "1024xa100-80gb", global_batch=1536, seq_len=2048, top_k=5
+    ).plan
+    table = format_plan(out).split("Runners-up")[1].splitlines()
+    header = next(line for line in table if "step s" in line)
+    end = header.index("step s") + len("step s")
+    rows = [line for line in table if line.strip()[:1].isdigit()]
+    assert len(rows) >= 3
+    assert max(len(r.strategy().short()) for r in out.runners_up) > 56  # the case this tests
+    for line in rows:
+        assert line[end - 1].isdigit() and line[end] == " ", line
+
+
 def test_a_version_5_plan_loads_with_no_tflops(plan: paraplan.Plan, tmp_path: Path) -> None:
     path = tmp_path / "p.json"
     save_plan(plan, path)
