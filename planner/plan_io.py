@@ -14,6 +14,7 @@ import typing
 from . import limits
 from .cost.hidden import HiddenCosts
 from .cost.layout import chunk_stage
+from .documents import Document, wrong_kind
 from .jsonio import dumps_finite, from_json, read_json, to_json, validate, write_atomic
 from .plan import SCHEMA_VERSION, ChunkRange, Plan
 from .schema import plan_schema
@@ -34,6 +35,9 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
     """Read and strictly validate a plan JSON file (ValueError naming the path and problem)."""
     data = read_json(path, "plan", "write one with paraplan plan -o")
     try:
+        other = wrong_kind(data, Document.PLAN, str(path))
+        if other is not None:
+            raise ValueError(other)
         return plan_from_dict(data)
     except ValueError as exc:
         raise ValueError(f"plan file {str(path)!r}: {exc}") from None

@@ -10,6 +10,7 @@ import typing
 from functools import cache
 
 from . import limits
+from .documents import Document, wrong_kind
 from .jsonio import (
     dumps_finite,
     from_json,
@@ -89,6 +90,9 @@ def load_profile(path: str | os.PathLike[str]) -> ModelProfile:
     """Read and strictly validate a profile JSON file."""
     data = read_json(path, "profile", "write one with paraplan profile -o")
     try:
+        other = wrong_kind(data, Document.PROFILE, str(path))
+        if other is not None:
+            raise ValueError(other)
         return profile_from_dict(data)
     except ValueError as exc:
         raise ValueError(f"profile file {str(path)!r}: {exc}") from None

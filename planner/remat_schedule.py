@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from .documents import Document, wrong_kind
 from .jsonio import from_json, object_schema, read_json, to_json, validate, write_atomic
 from .solvers.schedule import Backward, Forward, Op, SolveStatus
 
@@ -196,6 +197,9 @@ def load_schedule(path: str | os.PathLike[str]) -> CheckpointSchedule:
     problem)."""
     data = read_json(path, "schedule", "write one with paraplan checkpoint -o")
     try:
+        other = wrong_kind(data, Document.SCHEDULE, str(path))
+        if other is not None:
+            raise ValueError(other)
         validate(data, schedule_schema(), "schedule")
         return from_json(CheckpointSchedule, data["schedule"])  # type: ignore[no-any-return]
     except ValueError as exc:

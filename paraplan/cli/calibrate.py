@@ -128,6 +128,7 @@ def _refit(cluster: Cluster, reports: list[str]) -> Cluster:
     import dataclasses
 
     from ..planner.calibration import refit, run_sample
+    from ..planner.documents import Document, wrong_kind
     from ..planner.hardware import get_accelerator, with_calibration
     from ..planner.jsonio import read_json
 
@@ -139,6 +140,9 @@ def _refit(cluster: Cluster, reports: list[str]) -> Cluster:
     samples = []
     for path in reports:
         data = read_json(path, "run report", "pass the JSON that paraplan run's script writes")
+        other = wrong_kind(data, Document.RUN_REPORT, path)
+        if other is not None:
+            raise ValueError(f"run report {path!r}: {other}")
         ran_on = data.get("cluster") if isinstance(data, dict) else None
         if isinstance(ran_on, str) and ran_on != cluster.name:
             print(
