@@ -13,6 +13,7 @@ import torch
 from ..planner.calibration import recalibrate_hint
 from ..planner.jsonio import write_atomic
 from ..planner.plan import Plan
+from ..planner.units import GIB, gib, seconds
 from ..profiler.host_memory import HostPeak, peak_resident_bytes
 
 RSS_SOURCE = "peak RSS of the process (getrusage ru_maxrss: tensors plus Python/torch runtime)"
@@ -166,13 +167,12 @@ def _pct(x: float | None) -> str:
 
 
 def format_report(r: RunReport) -> str:
-    """The report as a table."""
-    mb = 1e6
+    """The report as a table (memory in GiB, as every output: `planner/units.py`)."""
     rows = [
         (
             "step time (median)",
-            f"{r.step_time_s:.4f} s",
-            f"{r.predicted_step_time_s:.4f} s",
+            seconds(r.step_time_s),
+            seconds(r.predicted_step_time_s),
             _pct(r.step_time_rel_err),
         ),
         (
@@ -183,8 +183,8 @@ def format_report(r: RunReport) -> str:
         ),
         (
             "peak memory (max rank)",
-            f"{max(r.peak_memory_bytes) / mb:,.1f} MB",
-            f"{r.predicted_memory_per_gpu_bytes / mb:,.1f} MB",
+            gib(max(r.peak_memory_bytes), 3),
+            gib(r.predicted_memory_per_gpu_bytes, 3),
             _pct(r.memory_rel_err),
         ),
     ]
@@ -198,12 +198,16 @@ def format_report(r: RunReport) -> str:
         f"{'metric':<{width}}  {'measured':>14}  {'predicted':>14}  {'rel. error':>10}",
     ]
     lines += [f"{a:<{width}}  {b:>14}  {c:>14}  {d:>10}" for a, b, c, d in rows]
-    per_rank = ", ".join(f"r{i} {b / mb:,.1f}" for i, b in enumerate(r.peak_memory_bytes))
-    lines += ["", f"peak memory per rank (MB): {per_rank}", f"memory measured as {r.memory_source}"]
+    per_rank = ", ".join(f"r{i} {b / GIB:,.3f}" for i, b in enumerate(r.peak_memory_bytes))
+    lines += [
+        "",
+        f"peak memory per rank (GiB): {per_rank}",
+        f"memory measured as {r.memory_source}",
+    ]
     if r.device == "cpu" and r.peak_rss_bytes and r.memory_source != RSS_SOURCE:
         kept = max(r.peak_rss_bytes) - max(r.peak_memory_bytes)
         lines.append(
-            f"peak RSS (max rank) {max(r.peak_rss_bytes) / mb:,.1f} MB: {kept / mb:+,.1f} MB "
+            f"peak RSS (max rank) {gib(max(r.peak_rss_bytes), 3)}: {kept / GIB:+,.3f} GiB "
             "of it is freed heap glibc keeps (its retention; MALLOC_ARENA_MAX, "
             "MALLOC_TRIM_THRESHOLD_ or jemalloc change it)"
         )

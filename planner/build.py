@@ -25,7 +25,7 @@ from .plan import (
 )
 from .replay import replay
 from .strategy import Strategy
-from .units import gib
+from .units import gib, seconds
 
 GENERATOR = "paraplan 0.1.0"
 
@@ -74,9 +74,9 @@ def lost_because(loser: Estimate, winner: Estimate) -> str:
     diffs = {name: getattr(loser.time, name) - getattr(winner.time, name) for name in _CAUSES}
     cause = max(diffs, key=lambda k: diffs[k])
     return (
-        f"{gap / winner.step_time_s:.1%} slower ({loser.step_time_s:.3f} s vs "
-        f"{winner.step_time_s:.3f} s per step), mostly {_CAUSES[cause]} "
-        f"(+{diffs[cause]:.3f} s)"
+        f"{gap / winner.step_time_s:.1%} slower ({seconds(loser.step_time_s)} vs "
+        f"{seconds(winner.step_time_s)} per step), mostly {_CAUSES[cause]} "
+        f"({seconds(diffs[cause], sign=True)})"
     )
 
 

@@ -6,7 +6,7 @@ from .explain_options import option_lines, option_rows
 from .model import LayerKind, ModelProfile
 from .plan import Plan, RunnerUp
 from .strategy import Recompute
-from .units import GIB, UNIT_NOTE, gib
+from .units import GIB, MIB, UNIT_NOTE, count, figure, gib, seconds
 
 MEMORY_BOUND_SHARE = 0.9
 """A plan using more than this share of usable memory is called memory-bound."""
@@ -32,8 +32,9 @@ def model_flops_per_s_per_gpu(plan: Plan, step_time_s: float | None = None) -> f
 
 
 def tflops_text(flops_per_s: float | None) -> str:
-    """``412.3`` TFLOP/s, or ``-`` when not recorded (a plan written before schema 6)."""
-    return "-" if flops_per_s is None else f"{flops_per_s / TERA:,.1f}"
+    """``412.3`` TFLOP/s (``0.0437`` on a CPU), or ``-`` when not recorded (a plan written
+    before schema 6)."""
+    return "-" if flops_per_s is None else figure(flops_per_s / TERA)
 
 
 def format_plan(plan: Plan) -> str:
@@ -45,7 +46,7 @@ def format_plan(plan: Plan) -> str:
         f"{a}({n})" for a, n in zip(plan.mesh.axis_order, plan.mesh.shape, strict=True)
     )
     lines = [
-        f"paraplan: {m.name} ({m.num_params / 1e9:,.2f}B params) on {c.name} "
+        f"paraplan: {m.name} ({count(m.num_params)} params) on {c.name} "
         f"({c.num_nodes} node{'s' if c.num_nodes > 1 else ''} x {c.gpus_per_node} {c.accelerator})",
         f"          global batch {t.global_batch} x {t.seq_len} tokens, {t.precision}, {t.optimizer}",
         "",
@@ -63,10 +64,10 @@ def format_plan(plan: Plan) -> str:
         *option_rows(plan),
         "",
         "Predicted",
-        f"  step time     {pr.step_time_s:,.3f} s   tokens/s {pr.tokens_per_s:,.0f} "
+        f"  step time     {seconds(pr.step_time_s)}   tokens/s {pr.tokens_per_s:,.0f} "
         f"({pr.tokens_per_s / c.num_gpus:,.0f} per GPU)   MFU {pr.mfu:.1%} "
         f"({tflops_text(pr.model_flops_per_s_per_gpu)} TFLOP/s per GPU)",
-        f"  bubble        {pr.bubble_fraction:.1%}   exposed communication {pr.exposed_comm_s:,.3f} s",
+        f"  bubble        {pr.bubble_fraction:.1%}   exposed communication {seconds(pr.exposed_comm_s)}",
         "",
         f"Memory per GPU (stage {pr.peak_stage}): {_gb(pr.memory_per_gpu_bytes)} of "
         f"{_gb(pr.memory_capacity_bytes)} usable ({UNIT_NOTE})",
@@ -90,16 +91,17 @@ def format_plan(plan: Plan) -> str:
         ("bubble", tb.bubble_s),
         ("optimizer", tb.optimizer_s),
     ):
-        lines.append(f"  {name:<12}{value:>10,.3f} s  {value / step:6.1%}")
+        lines.append(f"  {name:<12}{seconds(value):>12}  {value / step:6.1%}")
     if plan.runners_up:
         rows, ties = _collapse_ties(plan)
         lines += ["", "Runners-up"]
         if ties:
             lines.append(f"  (equivalent to the plan under the cost model: {', '.join(ties)})")
         width = max([len(r.strategy().short()) + 2 for r, _ in rows] + [58])
+        scale, unit = (1e3, "ms") if pr.step_time_s < 0.1 else (1.0, "s")  # as `seconds`
         if rows:
             lines.append(
-                f"  {'#':<3}{'strategy':<{width}}{'step s':>9}{'MFU':>7}{'TFLOP/s/GPU':>12}"
+                f"  {'#':<3}{'strategy':<{width}}{'step ' + unit:>9}{'MFU':>7}{'TFLOP/s/GPU':>12}"
                 f"{'GiB/GPU':>8}  lost because"
             )
         else:  # every runner-up ties the plan: say so instead of an empty table
@@ -107,7 +109,7 @@ def format_plan(plan: Plan) -> str:
         for i, (r, same) in enumerate(rows, 1):
             lines.append(
                 f"  {i:<3}{r.strategy().short():<{width}}"
-                f"{r.step_time_s:>9.3f}{r.mfu:>7.1%}"
+                f"{r.step_time_s * scale:>9.3f}{r.mfu:>7.1%}"
                 f"{tflops_text(model_flops_per_s_per_gpu(plan, r.step_time_s)):>12}"
                 f"{r.memory_per_gpu_bytes / GIB:>8.1f}  "
                 f"{r.lost_because}"
@@ -158,7 +160,7 @@ def _recompute_summary(plan: Plan) -> str:
     if policy != Recompute.NONE:
         rc = pr.time_breakdown.recompute_s
         text += (
-            f"; +{rc:,.3f} s per step ({rc / (pr.step_time_s - rc or 1.0):.1%} over no "
+            f"; {seconds(rc, sign=True)} per step ({rc / (pr.step_time_s - rc or 1.0):.1%} over no "
             f"recompute), saves {_gb(pr.recompute_saved_bytes)} per GPU"
         )
     return text
@@ -200,7 +202,7 @@ def explain(plan: Plan) -> str:
         else f"{tflops_text(rate)} TFLOP/s per GPU"
     )
     out.append(
-        f"Time: {step:.3f} s per step, {tb.compute_s / step:.0%} useful compute, MFU {pr.mfu:.1%} "
+        f"Time: {seconds(step)} per step, {tb.compute_s / step:.0%} useful compute, MFU {pr.mfu:.1%} "
         f"({achieved}), {pr.tokens_per_s / plan.cluster.num_gpus:,.0f} tokens/s per GPU."
     )
     overhead = max(shares, key=lambda k: shares[k])
@@ -208,7 +210,7 @@ def explain(plan: Plan) -> str:
         out.append("Nearly all of the step is compute: the plan is compute-bound.")
     else:
         out.append(
-            f"The largest overhead is {overhead}: {shares[overhead]:.3f} s "
+            f"The largest overhead is {overhead}: {seconds(shares[overhead])} "
             f"({shares[overhead] / step:.0%} of the step)."
         )
         out.append("  " + _advice(overhead, plan))
@@ -217,8 +219,8 @@ def explain(plan: Plan) -> str:
         r = plan.runners_up[0]
         out.append(
             f"Next best: {r.strategy().short()} "
-            f"at {r.step_time_s:.3f} s per step ({r.step_time_s / step - 1:+.1%}), "
-            f"{r.memory_per_gpu_bytes / GIB:.1f} GiB per GPU: {r.lost_because}."
+            f"at {seconds(r.step_time_s)} per step ({r.step_time_s / step - 1:+.1%}), "
+            f"{gib(r.memory_per_gpu_bytes, 1)} per GPU: {r.lost_because}."
         )
     else:
         out.append("No runner-up was recorded (re-plan with --top K to list alternatives).")
@@ -247,12 +249,12 @@ def format_profile(profile: ModelProfile) -> str:
     """A per-layer table of a profile (identical consecutive blocks folded into one row)."""
     p = profile
     lines = [
-        f"{p.name}: {p.num_params / 1e6:,.1f}M params, {p.num_blocks} blocks, seq {p.seq_len}, "
+        f"{p.name}: {count(p.num_params)} params, {p.num_blocks} blocks, seq {p.seq_len}, "
         f"{p.act_dtype_bytes}-byte activations"
         + (f", times measured on {p.measured_on}" if p.measured_on else ", times: roofline"),
         "",
-        f"{'layer':<16}{'params':>12}{'fwd GFLOP':>11}{'bwd GFLOP':>11}{'saved MB':>10}"
-        f"{'out MB':>9}{'tmp MB':>9}{'fwd ms':>9}{'bwd ms':>9}   (per sequence)",
+        f"{'layer':<16}{'params':>12}{'fwd GFLOP':>11}{'bwd GFLOP':>11}{'saved MiB':>10}"
+        f"{'out MiB':>9}{'tmp MiB':>9}{'fwd ms':>9}{'bwd ms':>9}   (per sequence; MiB = 2^20 B)",
     ]
     rows: list[tuple[str, tuple]] = []
     for x in p.layers:
@@ -274,7 +276,7 @@ def format_profile(profile: ModelProfile) -> str:
     for name, (params, f, b, saved, out, tmp, ft, bt) in rows:
         ms = lambda t: "-" if t is None else f"{t * 1e3:.2f}"  # noqa: E731
         lines.append(
-            f"{name:<16}{params:>12,}{f / 1e9:>11.3f}{b / 1e9:>11.3f}{saved / 1e6:>10.2f}"
-            f"{out / 1e6:>9.2f}{tmp / 1e6:>9.2f}{ms(ft):>9}{ms(bt):>9}"
+            f"{name:<16}{params:>12,}{f / 1e9:>11.3f}{b / 1e9:>11.3f}{saved / MIB:>10.2f}"
+            f"{out / MIB:>9.2f}{tmp / MIB:>9.2f}{ms(ft):>9}{ms(bt):>9}"
         )
     return "\n".join(lines)

@@ -174,8 +174,10 @@ def test_report_json_and_table(tmp_path: os.PathLike[str]) -> None:
     with open(path) as fh:
         assert json.load(fh)["peak_memory_bytes"] == [2e9, 1.5e9]
     table = format_report(report)
-    for text in ("step time (median)", "-80.0%", "rc=full", "r1 1,500.0", "RSS"):
+    # memory in GiB as every output (1.5e9 B = 1.397 GiB), not MB
+    for text in ("step time (median)", "-80.0%", "rc=full", "r1 1.397", "1.863 GiB", "RSS"):
         assert text in table
+    assert " MB" not in table
     with pytest.raises(ValueError, match="warm-up"):
         make_report(
             plan,
