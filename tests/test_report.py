@@ -350,7 +350,7 @@ def check_table_against_plans(cells: list[dict[str, str]], folder: Path) -> set[
         col = formats[cell["data-column"]]
         assert col.field == cell["data-field"]
         shown = value * col.scale / (data["cluster"]["num_gpus"] if col.per_gpu else 1)
-        assert cell["text"].strip() == col.fmt.format(shown)
+        assert cell["text"].strip() == col.text(shown)
         seen.add(cell["data-strategy"])
     return seen
 

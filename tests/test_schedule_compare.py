@@ -102,4 +102,4 @@ def test_report_schedules_table_equals_its_plan_files(tmp_path) -> None:
             value = float(field_value(raw, c.field))
             cell = f'data-schedule="{name}" data-field="{c.field}" data-schedule-value="{value!r}"'
             assert cell in html
-            assert c.fmt.format(value * c.scale) in readme
+            assert c.text(value * c.scale) in readme

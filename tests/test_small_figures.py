@@ -71,3 +71,12 @@ def test_the_readme_cpu_example_prints_no_zero_figures() -> None:
     assert f"step time     {seconds(out.predicted.step_time_s)}" in text
     assert " ms " in text.split("Runners-up")[0]
     assert "step ms" in text  # the runners-up column follows the plan's unit
+
+
+def test_report_columns_keep_significant_digits() -> None:
+    from paraplan.report.render import COLUMNS
+
+    step = next(c for c in COLUMNS if c.field == "predicted.step_time_s")
+    tokens = next(c for c in COLUMNS if c.header == "tokens/s")
+    assert step.text(20.5381) == "20.538" and step.text(0.009123) == "0.00912"
+    assert tokens.text(54384.4) == "54,384"

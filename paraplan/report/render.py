@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..planner.plan import Plan
+from ..planner.units import figure
 from .colors import strategy_color
 from .strategies import Compared
 
@@ -33,8 +34,9 @@ class Column:
     """Dotted path of the value in the plan JSON."""
     scale: float
     """Display value = JSON value * scale."""
-    fmt: str
-    """Format of the displayed value."""
+    decimals: int
+    """Decimals of the displayed value (more, to three significant digits, where these
+    would show fewer than two: a CPU plan's 0.00912 s step, `planner.units.figure`)."""
     per_gpu: bool = False
     """Display the value over the plan's GPU count (``cluster.num_gpus``), e.g. tokens/s."""
 
@@ -46,40 +48,44 @@ class Column:
             return "-"
         if self.per_gpu:
             value = value / data["cluster"]["num_gpus"]
-        return self.fmt.format(value * self.scale)
+        return self.text(value * self.scale)
+
+    def text(self, shown: float) -> str:
+        """A displayed value (the JSON value already scaled) as the table writes it."""
+        return figure(shown, self.decimals)
 
 
 COLUMNS = (
-    Column(header="step time (s)", field="predicted.step_time_s", scale=1.0, fmt="{:,.3f}"),
-    Column(header="tokens/s", field="predicted.tokens_per_s", scale=1.0, fmt="{:,.0f}"),
+    Column(header="step time (s)", field="predicted.step_time_s", scale=1.0, decimals=3),
+    Column(header="tokens/s", field="predicted.tokens_per_s", scale=1.0, decimals=0),
     Column(
         header="tokens/s per GPU",
         field="predicted.tokens_per_s",
         scale=1.0,
-        fmt="{:,.0f}",
+        decimals=0,
         per_gpu=True,
     ),
-    Column(header="MFU (%)", field="predicted.mfu", scale=100.0, fmt="{:.1f}"),
+    Column(header="MFU (%)", field="predicted.mfu", scale=100.0, decimals=1),
     Column(
         header="TFLOP/s per GPU",
         field="predicted.model_flops_per_s_per_gpu",
         scale=1e-12,
-        fmt="{:,.1f}",
+        decimals=1,
     ),
     Column(
         header="memory per GPU (GiB)",
         field="predicted.memory_per_gpu_bytes",
         scale=1 / GB,
-        fmt="{:.2f}",
+        decimals=2,
     ),
     Column(
         header="usable per GPU (GiB)",
         field="predicted.memory_capacity_bytes",
         scale=1 / GB,
-        fmt="{:.2f}",
+        decimals=2,
     ),
-    Column(header="bubble (%)", field="predicted.bubble_fraction", scale=100.0, fmt="{:.1f}"),
-    Column(header="exposed comm (s)", field="predicted.exposed_comm_s", scale=1.0, fmt="{:,.3f}"),
+    Column(header="bubble (%)", field="predicted.bubble_fraction", scale=100.0, decimals=1),
+    Column(header="exposed comm (s)", field="predicted.exposed_comm_s", scale=1.0, decimals=3),
 )
 """The numbers the table shows for each strategy, read from its plan JSON."""
 
@@ -126,13 +132,13 @@ class ReportContent:
 
 
 SCHEDULE_COLUMNS = (
-    Column(header="step time (s)", field="predicted.step_time_s", scale=1.0, fmt="{:,.3f}"),
-    Column(header="bubble (%)", field="predicted.bubble_fraction", scale=100.0, fmt="{:.1f}"),
+    Column(header="step time (s)", field="predicted.step_time_s", scale=1.0, decimals=3),
+    Column(header="bubble (%)", field="predicted.bubble_fraction", scale=100.0, decimals=1),
     Column(
         header="memory per GPU (GiB)",
         field="predicted.memory_per_gpu_bytes",
         scale=1 / GB,
-        fmt="{:.2f}",
+        decimals=2,
     ),
 )
 """The numbers the schedules table shows for each schedule, read from its plan JSON."""
