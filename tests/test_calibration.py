@@ -9,6 +9,7 @@ import copy
 import dataclasses
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -377,6 +378,8 @@ def test_closed_loop_on_two_gloo_ranks(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "GEMM peak" in done.stdout and "links (fitted on" in done.stdout
     assert "DTensor host per TP block" in done.stdout and "per GEMM shape" in done.stdout
+    # memory in binary units, as every output (issue 16): runtime memory 458 MB read 437 MiB
+    assert re.search(r"runtime memory per rank [\d.]+ (MiB|GiB)", done.stdout), done.stdout
     calibrated = load_cluster_file(cal)
     assert calibrated.calibration is not None and calibrated.calibration.world_size == 2
     # the executor's TP wrappers run DTensor's sharding propagation and redistributions in

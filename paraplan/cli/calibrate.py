@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .common import EXIT_FAILED, EXIT_OK, add_no_progress_arg, progress_bar
+from .common import EXIT_FAILED, EXIT_OK, add_no_progress_arg, format_bytes, progress_bar
 
 if TYPE_CHECKING:
     from ..planner.calibration import Calibration, RunSample
@@ -211,7 +211,7 @@ def format_calibration(cluster: Cluster) -> str:
             f"{entry.dtype:<6}{_si(fit.peak_gemm_flops_per_s(), 'FLOP/s'):>13}"
             f"{_si(fit.gemm.fwd_flops_per_s[0], 'FLOP/s'):>13}{_si(attn, 'FLOP/s'):>13}"
             f"{_si(fit.elementwise_bw_bytes_per_s, 'B/s'):>14}{fit.launch_s * 1e6:>8.1f} us"
-            f"{_si(fit.gemm_shape_bytes, 'B'):>16}"
+            f"{format_bytes(fit.gemm_shape_bytes):>16}"
         )
     lines += [
         "",
@@ -222,11 +222,11 @@ def format_calibration(cluster: Cluster) -> str:
         )
         + f"{_si(acc.intra_node_bw_bytes_per_s, 'B/s')}, latency "
         f"{acc.intra_node_latency_s * 1e6:.1f} us per step; runtime memory per rank "
-        f"{_si(acc.runtime_overhead_bytes, 'B')}",
+        f"{format_bytes(acc.runtime_overhead_bytes)}",
     ]
     fault = max(entry.fit.page_fault_s_per_byte for entry in cal.dtype_kernels)
     if fault > 0:
-        size = _si(MMAP_THRESHOLD_BYTES, "B")
+        size = format_bytes(MMAP_THRESHOLD_BYTES)
         lines.append(
             f"fresh pages (outputs of {size} or more): {fault * 1e9:.2f} ns per byte to first "
             f"touch, {fault * MMAP_THRESHOLD_BYTES * 1e3:.1f} ms per {size} output"
