@@ -109,12 +109,19 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+MULTI_RANK_PARTS = ("overlap", "tensor-parallel blocks", "FSDP2 units", "sync skew", "AdamW")
+"""The measurements of the executor's runtime over several ranks, after the collectives, each
+a progress step (the bar stood at its end while they ran: 23 s of a 41 s `--quick` here)."""
+
+
 def steps_total(budget: mb.Budget, dtypes: Sequence[str], world: int) -> int:
     """Progress steps: five per dtype and round (dispatch, bandwidth, GEMMs, attention,
-    operators), one for copies and one per collective measurement and round."""
+    operators), one for copies, one per collective measurement and round, and over several
+    ranks one per measurement of the executor's runtime (`MULTI_RANK_PARTS`)."""
     per_size = len(mb.CollectiveKind) if world > 1 else 0
     points = per_size * len(budget.collective_bytes) * budget.rounds
-    return 5 * len(dtypes) * budget.rounds + 1 + points
+    runtime = len(MULTI_RANK_PARTS) if world > 1 else 0
+    return 5 * len(dtypes) * budget.rounds + 1 + points + runtime
 
 
 def _free_port() -> int:
@@ -177,7 +184,7 @@ def _measure(
     timer = mb.Timer(device, budget.repeats, group=world > 1)
 
     def tick(label: str) -> None:
-        if rank == 0:
+        if rank == 0 and label:  # "": a part one rank does not measure
             out.put(("tick", label))
 
     timer(lambda: torch.ones(64, device=device) * 2)  # first collective, allocator warm-up
@@ -216,18 +223,24 @@ def _measure(
     tick("copies")
     # one rank has no link to measure (and a send/recv to itself never completes)
     points = mb.collectives(timer, budget, lambda: tick("collectives")) if world > 1 else []
+    parts = iter(MULTI_RANK_PARTS if world > 1 else ())
     contention = mb.overlap_contention(timer) if world > 1 else OVERLAP_CONTENTION
+    tick(next(parts, ""))
     # DTensor's resident runtime on a host CPU: its lazily imported modules, sharding
     # propagation caches and the code of the ops it runs, grown once by the executor's TP
     # blocks (a GPU's DTensor state is host memory, not the device's)
     gc.collect()
     held = live_resident_bytes() if device.type == "cpu" else 0
     tp_dispatch = tensor_parallel_dispatch(timer) if world > 1 else None
+    tick(next(parts, ""))
     gc.collect()
     tp_runtime = max(0, live_resident_bytes() - held) if held and world > 1 else 0
     fsdp = fsdp_unit_cost(timer) if world > 1 else FsdpUnitCost(unit_s=0.0, tensor_s=0.0)
+    tick(next(parts, ""))
     skew = sync_skew_s(budget.rounds) if world > 1 and device.type == "cpu" else 0.0
+    tick(next(parts, ""))
     adamw_s = dtensor_adamw_tensor_s(timer) if world > 1 else 0.0
+    tick(next(parts, ""))
     # optimizer offload's host AdamW, with the threads a training rank gets (torchrun: one
     # per rank when a node runs several)
     host_adamw = 0.0

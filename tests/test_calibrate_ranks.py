@@ -60,8 +60,19 @@ def test_a_rank_failing_once_is_measured_again(
     free = microbench_run._free_port
     ports = itertools.chain([held_port], iter(free, None))
     monkeypatch.setattr(microbench_run, "_free_port", lambda: next(ports))
-    cal = microbench_run.calibrate(parse_cluster("2xcpu"), quick=True, dtypes=["fp32"])
+    seen: list[tuple[int, int, str]] = []
+    cal = microbench_run.calibrate(
+        parse_cluster("2xcpu"),
+        quick=True,
+        dtypes=["fp32"],
+        progress=lambda done, total, label: seen.append((done, total, label)),
+    )
     assert cal.world_size == 2 and cal.dtypes == ("fp32",) and cal.collectives
+    # the bar counts every measurement, the executor's runtime ones after the collectives
+    # too (it stood full for 23 s of a 41 s run while they went on), and ends full
+    assert [label for *_, label in seen[-5:]] == list(microbench_run.MULTI_RANK_PARTS)
+    assert [done for done, *_ in seen] == list(range(1, len(seen) + 1))
+    assert seen[-1][0] == seen[-1][1]
     err = capsys.readouterr().err
     assert "paraplan: warning: a calibration rank failed: " in err
     assert "address already in use" in err and "measuring again on a new port" in err
