@@ -76,6 +76,11 @@ class Budget:
     rounds: int
     """Rounds of the kernel benchmarks, one after the other; every figure keeps its median
     round (`microbench_rounds.py`: an outlier in one round is dropped)."""
+    runtime_rounds: int | None = None
+    """Alternations of the TP-block and FSDP2-unit benchmarks (None: their own counts,
+    `microbench_tp.TP_ROUNDS`, `FSDP_ROUNDS`)."""
+    runtime_repeats: int | None = None
+    """Timed calls per measurement of those (None: `microbench_tp.TP_REPEATS`)."""
 
 
 FULL = Budget(
@@ -99,6 +104,8 @@ QUICK = Budget(
     collective_repeats=12,
     gemm_budget_s=3.0,
     rounds=1,
+    runtime_rounds=3,  # TP blocks took 13 of a --quick run's 41 s at 7 x 9 (2026-11-27)
+    runtime_repeats=5,
 )
 
 GPU_GEMM_SIZES = (256, 1024, 4096, 8192)

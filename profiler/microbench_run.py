@@ -231,11 +231,11 @@ def _measure(
     # blocks (a GPU's DTensor state is host memory, not the device's)
     gc.collect()
     held = live_resident_bytes() if device.type == "cpu" else 0
-    tp_dispatch = tensor_parallel_dispatch(timer) if world > 1 else None
+    tp_dispatch = tensor_parallel_dispatch(timer, budget) if world > 1 else None
     tick(next(parts, ""))
     gc.collect()
     tp_runtime = max(0, live_resident_bytes() - held) if held and world > 1 else 0
-    fsdp = fsdp_unit_cost(timer) if world > 1 else FsdpUnitCost(unit_s=0.0, tensor_s=0.0)
+    fsdp = fsdp_unit_cost(timer, budget=budget) if world > 1 else FsdpUnitCost(unit_s=0, tensor_s=0)
     tick(next(parts, ""))
     skew = sync_skew_s(budget.rounds) if world > 1 and device.type == "cpu" else 0.0
     tick(next(parts, ""))

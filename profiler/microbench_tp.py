@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import parallelize_module
 
 from ..planner.calibration_tp import TensorParallelBlock, TensorParallelDispatch
-from .microbench import Timer
+from .microbench import Budget, Timer
 
 TP_HEAD_DIM = 16
 """Head size of the tensor-parallel benchmark blocks (two heads per rank)."""
@@ -37,12 +37,13 @@ median). One measurement gave 4.1 ms in one calibration and 9.4 ms in the next, 
 3 alternations 4.8 and 9.4 ms, the median of 9 alternations 5.1-5.8 ms in four trials."""
 
 
-def tensor_parallel_dispatch(timer: Timer) -> TensorParallelDispatch:
+def tensor_parallel_dispatch(timer: Timer, budget: Budget | None = None) -> TensorParallelDispatch:
     """DTensor's host cost on the default group as a 1-D mesh: for a plain (GPT-2) and a gated
     (Llama) block of the executor, with and without sequence parallelism, the calling thread's
     CPU seconds of the block wrapped by the executor's TP plan less the same block unwrapped,
     forward and backward (`calibration_tp`). The collectives' waiting is not in the calling
     thread's CPU time; the links price it."""
+    rounds, repeats = _knobs(budget, TP_ROUNDS)
     dev = timer.device
     world = dist.get_world_size()
     mesh = init_device_mesh(dev.type, (world,))
@@ -59,9 +60,9 @@ def tensor_parallel_dispatch(timer: Timer) -> TensorParallelDispatch:
             local = torch.randn(1, tokens // world if sp else tokens, hidden, device=dev)
             local.requires_grad_()
             fwd, bwd = [], []
-            for _ in range(TP_ROUNDS):  # alternated: a neighbour's burst hits one round
-                f0, t0 = _thread_s(timer, plain, x)
-                f1, t1 = _thread_s(timer, wrapped, local)
+            for _ in range(rounds):  # alternated: a neighbour's burst hits one round
+                f0, t0 = _thread_s(timer, plain, x, repeats)
+                f1, t1 = _thread_s(timer, wrapped, local, repeats)
                 fwd.append(f1 - f0)
                 bwd.append((t1 - f1) - (t0 - f0))
             blocks.append(
@@ -114,7 +115,15 @@ def _executor_block(gated: bool, world: int, dev: torch.device) -> tuple[nn.Modu
     return block, plan_fn, hidden
 
 
-def _thread_s(timer: Timer, block: nn.Module, x: torch.Tensor) -> tuple[float, float]:
+def _knobs(budget: Budget | None, rounds: int) -> tuple[int, int]:
+    """(alternations, timed calls per measurement): a budget's (`--quick`'s fewer) or
+    `rounds` and `TP_REPEATS`."""
+    if budget is None:
+        return rounds, TP_REPEATS
+    return budget.runtime_rounds or rounds, budget.runtime_repeats or TP_REPEATS
+
+
+def _thread_s(timer: Timer, block: nn.Module, x: torch.Tensor, repeats: int) -> tuple[float, float]:
     """(forward, forward + backward) median CPU seconds of the calling thread."""
 
     def forward() -> None:
@@ -124,8 +133,8 @@ def _thread_s(timer: Timer, block: nn.Module, x: torch.Tensor) -> tuple[float, f
         block(x).sum().backward()
 
     return (
-        timer(forward, TP_REPEATS, clock=time.thread_time),
-        timer(train, TP_REPEATS, clock=time.thread_time),
+        timer(forward, repeats, clock=time.thread_time),
+        timer(train, repeats, clock=time.thread_time),
     )
 
 
@@ -155,7 +164,9 @@ class FsdpUnitCost:
     """Per parameter tensor of the unit."""
 
 
-def fsdp_unit_cost(timer: Timer, width: int = FSDP_WIDTH) -> FsdpUnitCost:
+def fsdp_unit_cost(
+    timer: Timer, width: int = FSDP_WIDTH, budget: Budget | None = None
+) -> FsdpUnitCost:
     """Host seconds one FSDP2 unit adds to a forward+backward on the ranks' mesh, in the
     calling thread's CPU time (its pre/post hooks, copy-in and copy-out, the gradient
     division), so that waiting on the unit's collectives (priced by the links) is left out:
@@ -188,8 +199,9 @@ def fsdp_unit_cost(timer: Timer, width: int = FSDP_WIDTH) -> FsdpUnitCost:
 
             steps.append(step)
     per_unit, per_tensor = [], []
-    for _ in range(FSDP_ROUNDS):
-        t = [timer(step, TP_REPEATS, clock=time.thread_time) for step in steps]
+    rounds, repeats = _knobs(budget, FSDP_ROUNDS)
+    for _ in range(rounds):
+        t = [timer(step, repeats, clock=time.thread_time) for step in steps]
         one, many, wide = (t[i] - t[i + 1] for i in (0, 2, 4))  # wrapped less unwrapped
         per_unit.append((many - one) / (FSDP_UNITS - 1))
         per_tensor.append((wide - many) / (FSDP_UNITS * 2 * (FSDP_LINEARS - 1)))
