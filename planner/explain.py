@@ -6,7 +6,7 @@ from .explain_options import option_lines, option_rows
 from .model import LayerKind, ModelProfile
 from .plan import Plan, RunnerUp
 from .strategy import Recompute
-from .units import GIB, MIB, UNIT_NOTE, count, figure, gib, seconds
+from .units import GIB, MIB, UNIT_NOTE, WHOLE_SECONDS_FROM_S, count, figure, gib, seconds
 
 MEMORY_BOUND_SHARE = 0.9
 """A plan using more than this share of usable memory is called memory-bound."""
@@ -98,7 +98,7 @@ def format_plan(plan: Plan) -> str:
         if ties:
             lines.append(f"  (equivalent to the plan under the cost model: {', '.join(ties)})")
         width = max([len(r.strategy().short()) + 2 for r, _ in rows] + [58])
-        scale, unit = (1e3, "ms") if pr.step_time_s < 0.1 else (1.0, "s")  # as `seconds`
+        scale, unit = (1e3, "ms") if pr.step_time_s < WHOLE_SECONDS_FROM_S else (1.0, "s")
         if rows:
             lines.append(
                 f"  {'#':<3}{'strategy':<{width}}{'step ' + unit:>9}{'MFU':>7}{'TFLOP/s/GPU':>12}"

@@ -56,13 +56,17 @@ def figure(value: float, decimals: int = 1) -> str:
     return f"{value:,.{_decimals(value, decimals)}f}"
 
 
+WHOLE_SECONDS_FROM_S = 0.1
+"""`seconds` prints seconds with three decimals from here up, ms or us below."""
+
+
 def seconds(value_s: float, *, sign: bool = False) -> str:
     """Seconds as ``"20.538 s"`` (three decimals); under 0.1 s with three significant digits
     in ms or us (``"9.12 ms"``, ``"12.3 us"``), where three decimals of a second would read
     0.009 or 0.000. `sign`: always a sign (``"+9.12 ms"``)."""
     plus = "+" if sign else ""
     size = abs(value_s)
-    if size == 0 or size >= 0.1:
+    if size == 0 or size >= WHOLE_SECONDS_FROM_S:
         return f"{value_s:{plus},.3f} s"
     if size >= 1e-4:
         scaled, unit = value_s * 1e3, "ms"

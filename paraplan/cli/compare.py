@@ -164,7 +164,7 @@ def execute(args: argparse.Namespace) -> int:
 def summary(result: ReportResult) -> str:
     """The compared strategies in a short table, and where the report went."""
     from ..planner.explain import tflops_text
-    from ..planner.units import figure
+    from ..planner.units import GIB, figure
 
     lines = [
         f"{'strategy':<22}{'step s':>9}{'tokens/s':>12}{'tok/s/GPU':>10}{'MFU':>7}"
@@ -177,7 +177,7 @@ def summary(result: ReportResult) -> str:
                 f"{e.label:<22}{figure(pr.step_time_s, 3):>9}{pr.tokens_per_s:>12,.0f}"
                 f"{pr.tokens_per_s / e.plan.cluster.num_gpus:>10,.0f}{pr.mfu:>7.1%}"
                 f"{tflops_text(pr.model_flops_per_s_per_gpu):>12}"
-                f"{figure(pr.memory_per_gpu_bytes / 2**30):>8}  fits"
+                f"{figure(pr.memory_per_gpu_bytes / GIB):>8}  fits"
             )
         else:  # the status, and why on the lines below (as the report's table says)
             dashes = f"{'-':>9}{'-':>12}{'-':>10}{'-':>7}{'-':>12}{'-':>8}"
