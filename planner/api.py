@@ -6,9 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .build import PlanContext, build_plan
+from .capabilities import precision_gap
 from .cluster import Cluster
-from .config import TrainConfig
+from .config import Precision, TrainConfig
 from .cost.evaluate import Estimate, Evaluator
+from .cost.float8 import fp8_problem
 from .limits import check_planning
 from .model import ModelProfile
 from .options import NO_CONSENT, Consent
@@ -57,6 +59,22 @@ def host_offload_pins(cluster: Cluster, pins: Pins | None) -> Pins | None:
     return replace(pins, offload_optimizer=False, offload_params=False, offload_activations=False)
 
 
+def refuse_precision(cluster: Cluster, train: TrainConfig, any_engine: bool) -> None:
+    """ValueError before any search when no plan of `train.precision` can come out: fp8 on a
+    cluster without fp8 tensor cores, or a precision the executor does not train in when only
+    its plans are asked for (every candidate would be dropped)."""
+    if train.precision == Precision.FP8:
+        problem = fp8_problem(cluster)
+        if problem is not None:
+            raise ValueError(problem)
+    gap = None if any_engine else precision_gap(train.precision)
+    if gap is not None:
+        raise ValueError(
+            f"{gap}; or plan with --any-engine to price it for another trainer (paraplan export "
+            "writes its torchtitan or Megatron-LM config)"
+        )
+
+
 def make_plan(
     profile: ModelProfile,
     cluster: Cluster,
@@ -76,6 +94,7 @@ def make_plan(
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be >= 0")
     check_planning(profile, cluster, train, pins)  # every count in bounds before any search
+    refuse_precision(cluster, train, any_engine)
     asked = pins
     pins = host_offload_pins(cluster, pins)
     ev = Evaluator(profile, cluster, train)

@@ -17,7 +17,7 @@ from .plan import Plan
 from .strategy import Recompute, Schedule, Strategy
 
 RUNNABLE_PRECISIONS = (Precision.FP32, Precision.BF16)
-"""Precisions that need no loss scaling (fp16 and fp8 would)."""
+"""Precisions the executor trains in (fp16 needs loss scaling; fp8 needs fp8 linear layers)."""
 RUNNABLE_OPTIMIZERS = (Optimizer.ADAMW, Optimizer.SGD, Optimizer.ADAFACTOR)
 """Optimizers torch.optim has."""
 
@@ -52,10 +52,21 @@ class Capability:
 
 
 def _precision(j: Job) -> str | None:
-    if j.precision in RUNNABLE_PRECISIONS:
+    return precision_gap(j.precision)
+
+
+def precision_gap(precision: Precision) -> str | None:
+    """Why the executor cannot train in `precision`, whatever the strategy (None: it can)."""
+    if precision in RUNNABLE_PRECISIONS:
         return None
+    if precision == Precision.FP8:
+        return (
+            "precision 'fp8' needs fp8 linear layers (torchao's Float8Linear or Transformer "
+            "Engine) on a GPU with fp8 tensor cores, which the executor does not apply; use "
+            "--precision bf16"
+        )
     return (
-        f"precision {str(j.precision)!r} needs loss scaling, which the executor does not do; "
+        f"precision {str(precision)!r} needs loss scaling, which the executor does not do; "
         "use --precision bf16 or fp32"
     )
 

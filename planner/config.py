@@ -9,11 +9,15 @@ FP32_BYTES = 4
 
 
 class Precision(StrEnum):
-    """Training precision. `bf16`/`fp16` are mixed precision with fp32 master weights."""
+    """Training precision. `bf16`/`fp16` are mixed precision with fp32 master weights; `fp8`
+    is bf16 mixed precision whose blocks' linear layers run their GEMMs in fp8 with dynamic
+    scaling (torchao's Float8Linear as torchtitan applies it, Transformer Engine's recipes in
+    NeMo and Megatron-LM): priced in `cost/float8.py`."""
 
     FP32 = "fp32"
     BF16 = "bf16"
     FP16 = "fp16"
+    FP8 = "fp8"
 
 
 class Optimizer(StrEnum):
@@ -142,8 +146,10 @@ class TrainConfig:
 
     @property
     def compute_dtype(self) -> str:
-        """Dtype key of the accelerator's peak FLOP/s table."""
-        return str(self.precision)
+        """Dtype key of the accelerator's peak FLOP/s table for everything but fp8's GEMMs
+        (attention, the head, memory-bound kernels; MFU is quoted against this peak, as
+        torchtitan and NeMo quote fp8 runs against the bf16 peak): bf16 under fp8."""
+        return "bf16" if self.precision == Precision.FP8 else str(self.precision)
 
     @property
     def param_bytes(self) -> int:

@@ -46,6 +46,8 @@ def torchtitan_view(item: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+_MEGATRON_DEST = {"fp8-format": "fp8"}
+"""Megatron-LM flags whose argparse `dest` is not the flag's name (arguments.py)."""
 _MEGATRON_TRAINING = {
     "seq-length",
     "max-position-embeddings",
@@ -83,7 +85,7 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     kw: dict[str, Any] = {}
     for flag, value in args.items():
-        name = flag.replace("-", "_")
+        name = _MEGATRON_DEST.get(flag, flag.replace("-", "_"))
         if flag in _MEGATRON_TRAINING:
             continue
         if name not in fields:

@@ -22,6 +22,8 @@ from .setup import Gap, Target, TrainerSetup, check_batch, option_gaps, uniform_
 def nearest(plan: Plan, s: Strategy) -> tuple[Strategy, list[Gap]]:
     """The strategy DeepSpeed can run that is nearest to `s`, and what differs."""
     gaps: list[Gap] = []
+    if plan.train.precision == Precision.FP8:
+        gaps.append(Gap(feature="fp8 linear layers (precision fp8)", nearest=""))
     if s.cp > 1:
         gaps.append(
             Gap(

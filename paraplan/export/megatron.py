@@ -34,6 +34,8 @@ _VALUE_FLAGS = (
     "data-parallel-sharding-strategy",
     "num-layers",
     "optimizer-offload-fraction",
+    "fp8-format",
+    "fp8-recipe",
 )
 """Flags with a value that `read` interprets."""
 _SWITCHES = (
@@ -156,7 +158,10 @@ def render(plan: Plan, s: Strategy) -> str:
     if s.sequence_parallel:
         args.append(("sequence-parallel", None))
     args += [("micro-batch-size", s.micro_batch_size), ("global-batch-size", t.global_batch)]
-    if t.precision != Precision.FP32:
+    if t.precision == Precision.FP8:  # bf16, the blocks' linear layers in Transformer
+        # Engine's fp8 with tensorwise current scaling (paraplan's fp8: cost/float8.py)
+        args += [("bf16", None), ("fp8-format", "hybrid"), ("fp8-recipe", "tensorwise")]
+    elif t.precision != Precision.FP32:
         args.append((str(t.precision), None))
     if s.zero_stage == 1:
         args.append(("use-distributed-optimizer", None))
@@ -277,6 +282,8 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
     precision = (
         Precision.BF16 if "bf16" in args else Precision.FP16 if "fp16" in args else Precision.FP32
     )
+    if args.get("fp8-format") and precision == Precision.BF16:
+        precision = Precision.FP8
     mbs = num("micro-batch-size", 1)
     strategy = Strategy(
         dp=dp,

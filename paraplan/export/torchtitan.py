@@ -48,8 +48,17 @@ REGISTRY_CONFIGS = {
     "llama3-405b": "llama3_405b",
 }
 """paraplan presets with a torchtitan `config_registry` function (module `llama3`)."""
-_PRECISION_PARAM = {Precision.BF16: "bfloat16", Precision.FP32: "float32"}
-"""`training.mixed_precision_param` per precision (torchtitan has no fp16 training)."""
+_PRECISION_PARAM = {
+    Precision.BF16: "bfloat16",
+    Precision.FP8: "bfloat16",
+    Precision.FP32: "float32",
+}
+"""`training.mixed_precision_param` per precision (torchtitan has no fp16 training; fp8 is bf16
+with Float8 linear layers)."""
+FLOAT8_SECTIONS = {"model": {"converters": ["float8"]}, "float8": {"filter_fqns": ["output"]}}
+"""torchtitan <= 0.2's Float8 linear layers for every block (the output head left in bf16, as
+paraplan prices fp8: `planner/cost/float8.py`); torchtitan >= 0.3 takes them from the config
+registry (`Float8LinearConverter` in `model_registry(converters=...)`), not the command line."""
 
 
 def nearest(plan: Plan, s: Strategy) -> tuple[Strategy, list[Gap]]:
@@ -135,11 +144,21 @@ def render(plan: Plan, s: Strategy) -> str:
     args = " ".join(cli_args_of({"parallelism": parallelism, "training": training}, s))
     base = REGISTRY_CONFIGS.get(plan.model.name)
     module = f"--module llama3 --config {base}" if base else "--module <model> --config <config>"
+    fp8 = plan.train.precision == Precision.FP8
     lines = [
         f"# torchtitan job config written by {plan.generator} for {plan.model.name} on "
         f"{plan.cluster.name} ({plan.cluster.num_gpus} GPUs): {plan.short()}",
         "# torchtitan <= 0.2: --job.config_file this file (merge into your model's config).",
         f"# torchtitan >= 0.3: {module} {args}",
+        *(
+            [
+                "# fp8: torchtitan >= 0.3 takes Float8 linear layers from the config registry: "
+                "Float8LinearConverter.Config(filter_fqns=['output']) in model_registry's "
+                "converters"
+            ]
+            if fp8
+            else []
+        ),
         "",
         "[parallelism]",
         *(f"{k} = {_toml(v)}" for k, v in parallelism.items()),
@@ -151,7 +170,13 @@ def render(plan: Plan, s: Strategy) -> str:
         f'mode = "{RECOMPUTE_MODES[s.recompute]}"',
         "",
     ]
+    for section, values in FLOAT8_SECTIONS.items() if fp8 else ():
+        lines += [f"[{section}]", *(f"{k} = {_list(v)}" for k, v in values.items()), ""]
     return "\n".join(lines)
+
+
+def _list(names: list[str]) -> str:
+    return "[" + ", ".join(f'"{n}"' for n in names) + "]"
 
 
 def model_parts(plan: Plan, s: Strategy) -> list[list[str]]:
@@ -185,7 +210,8 @@ def cli_args(toml_text: str) -> list[str]:
     doc = tomllib.loads(toml_text)
     mode = doc.get("activation_checkpoint", {}).get("mode")
     policy = {v: k for k, v in RECOMPUTE_MODES.items()}.get(mode or "none", Recompute.NONE)
-    sections = {k: v for k, v in doc.items() if k != "activation_checkpoint"}
+    skip = ("activation_checkpoint", *FLOAT8_SECTIONS)  # fp8: from the registry in >= 0.3
+    sections = {k: v for k, v in doc.items() if k not in skip}
     out = cli_args_of(sections, None)
     return [*out, f"activation-checkpoint:{RECOMPUTE_MODES[policy]}"] if mode else out
 
@@ -231,7 +257,8 @@ def read_toml(text: str, *, world_size: int, source: str) -> TrainerSetup:
     tr = doc.get("training", {})
     ac = doc.get("activation_checkpoint", {})
     mode = ac.get("mode", "selective")  # torchtitan's default policy
-    return from_values(par, tr, mode, world_size=world_size, source=source)
+    fp8 = "float8" in doc.get("model", {}).get("converters", [])
+    return from_values(par, tr, mode, world_size=world_size, source=source, fp8=fp8)
 
 
 def read_registry(name: str, *, world_size: int) -> TrainerSetup:
@@ -263,10 +290,16 @@ def _fields(obj: Any) -> dict[str, Any]:
 
 
 def from_values(
-    par: dict[str, Any], tr: dict[str, Any], mode: str, *, world_size: int, source: str
+    par: dict[str, Any],
+    tr: dict[str, Any],
+    mode: str,
+    *,
+    world_size: int,
+    source: str,
+    fp8: bool = False,
 ) -> TrainerSetup:
     """torchtitan's parallelism/training/activation-checkpoint values (its defaults where a
-    key is absent) in the planner's terms."""
+    key is absent) in the planner's terms; `fp8`: Float8 linear layers are on."""
     notes: list[str] = []
     tp = int(par.get("tensor_parallel_degree", 1))
     pp = int(par.get("pipeline_parallel_degree", 1))
@@ -328,6 +361,8 @@ def from_values(
     if dtype == "bfloat16":
         notes.append("pure bf16 training (no fp32 master weights) evaluated as bf16 mixed")
     precision = Precision.BF16 if "bfloat16" in (dtype, param) else Precision.FP32
+    if fp8 and precision == Precision.BF16:
+        precision = Precision.FP8
     offload = bool(tr.get("enable_cpu_offload", False)) and zero > 0
     if offload and zero < 3:  # FSDP2 keeps unsharded parameters on the GPU
         notes.append("training.enable_cpu_offload evaluated as optimizer offload only")

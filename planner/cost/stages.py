@@ -10,7 +10,7 @@ from functools import cache, partial
 from itertools import accumulate
 
 from ..cluster import Cluster
-from ..config import AttentionKernel, SelectiveRecompute, TrainConfig
+from ..config import SelectiveRecompute, TrainConfig
 from ..model import LayerCost, LayerKind, ModelProfile
 from ..strategy import Recompute, Schedule, Strategy
 from .calibrated import CalibratedKernels
@@ -18,8 +18,6 @@ from .comm import Collectives, link_of
 from .compute import (
     EAGER_BACKWARD_FACTOR,
     EAGER_BLOCK_KERNELS,
-    KERNELS,
-    KernelModel,
     Kernels,
     eager_block_elements,
     every_other_matmul,
@@ -28,6 +26,7 @@ from .compute import (
 )
 from .data_parallel import DDP_BUCKET_BYTES
 from .eager import traced_layer_s
+from .float8 import float8_linears, kernels_for
 from .kernel_cache import gemm_kernel_cache_bytes
 from .layout import Layout, Stage, StageSplit
 from .memo import memo_method, weak_method
@@ -47,19 +46,6 @@ Policy = Recompute | tuple[Recompute, ...]
 
 ACT_IO_FACTOR = 2
 """A layer writes its saved activations in forward and reads them in backward (roofline)."""
-
-
-def _kernels_for(cluster: Cluster, train: TrainConfig) -> Kernels | None:
-    """The measured kernel model when the cluster carries a calibration, else the catalog's
-    table for the accelerator, else None (the roofline with the catalog's efficiency)."""
-    calibration = cluster.calibration
-    if calibration is not None:
-        return calibration.kernels(train.compute_dtype)
-    table = KERNELS.get(cluster.accelerator.name)
-    if table is None:
-        return None
-    fused = train.runtime.attention == AttentionKernel.FUSED
-    return KernelModel(cluster.accelerator, train.compute_dtype, table, fused_attention=fused)
 
 
 class StageModel:
@@ -82,8 +68,9 @@ class StageModel:
         self.tp_dispatch = None if cal is None else cal.tensor_parallel
         """DTensor's measured host cost (calibrated clusters with more than one rank)."""
         self.tp_runtime_bytes = 0.0 if cal is None else cal.tp_runtime_bytes  # its resident
-        self.kernels: Kernels | None = _kernels_for(cluster, train)
+        self.kernels: Kernels | None = kernels_for(cluster, train)
         """GEMM and attention kernel model (None: roofline only)."""
+        self.fp8 = float8_linears(cluster, train, self.kernels)  # None unless fp8
         self.flops_per_s = acc.peak_flops_for(train.compute_dtype) * acc.matmul_efficiency
         """Achieved matmul FLOP/s (peak times the catalog's efficiency)."""
         self.capacity_bytes = acc.memory_bytes * (1.0 - train.memory_headroom)
@@ -245,7 +232,7 @@ class StageModel:
         tokens = mbs * p.seq_len / cp
         f = b = 0.0
         for g in gemms:
-            gf, gb = k.gemm_train_s(max(1, round(tokens * g.per_token)), g.n, g.k)
+            gf, gb = self._linear_s(block, max(1, round(tokens * g.per_token)), g.n, g.k)
             f, b = f + gf, b + gb
         core_bytes = x.act_attn_core_bytes * self.act_scale * mbs / (tp * cp)
         if traced is not None:
@@ -277,9 +264,18 @@ class StageModel:
             # operator run again in backward; attention's output is saved.
             again = every_other_matmul(p, tp, gated=gated)
             sel = elementwise_f + sum(
-                k.gemm_train_s(max(1, round(tokens * g.per_token)), g.n, g.k)[0] for g in again
+                self._linear_s(block, max(1, round(tokens * g.per_token)), g.n, g.k)[0]
+                for g in again
             )
         return f, b, f if block else 0.0, sel, attn_f
+
+    def _linear_s(self, block: bool, m: int, n: int, k: int) -> tuple[float, float]:
+        """(forward, backward) seconds of a layer's (m x k) @ (k x n) GEMM in training: a
+        block's in fp8 under fp8 training (`float8.py`), else in the compute dtype."""
+        assert self.kernels is not None
+        if block and self.fp8 is not None:
+            return self.fp8.gemm_train_s(self.kernels, m, n, k)
+        return self.kernels.gemm_train_s(m, n, k)
 
     def op_by_op_kernels(self, x: LayerCost) -> CalibratedKernels | None:
         """The calibrated kernels when `x` is priced from its traced operators (`eager.py`):

@@ -1,0 +1,128 @@
+"""The kernel models a step is priced with: the measured or the catalog's one in the compute
+dtype (`kernels_for`), and under fp8 training the blocks' linear layers in fp8
+(`float8_linears`).
+
+fp8 training (`Precision.FP8`): the linear layers of every transformer block run their three
+GEMMs (forward, input gradient, weight gradient) in fp8 with dynamic tensorwise scaling, as
+torchao's `Float8Linear` does under torchtitan (`model.converters = ["float8"]`, which leaves
+the output head in bf16: its `filter_fqns` default) and Transformer Engine's recipes do in NeMo
+and Megatron-LM. Attention, norms, the head and the collectives stay bf16; so do the activations
+kept for backward (torchao's `matmul_with_hp_or_float8_args` saves the bf16 input and weight and
+casts them again in backward), so memory is bf16's.
+
+Two mechanisms, nothing fitted:
+- Each GEMM runs through the same tile model as bf16 (`compute.KernelModel`) at the
+  accelerator's fp8 dense peak, its operands streaming one byte per element in the roofline
+  term. Assumption: cuBLASLt's fp8 GEMMs reach the same fraction of their peak as its bf16
+  ones (the tiles are the same; Hopper's fp8 tensor cores double the rate per SM).
+- Dynamic scaling makes every fp8 operand from a bf16 tensor: an absolute-max reduction, then a
+  scaled, saturated cast. Compiled (torch.compile, or Transformer Engine's fused casts), that
+  is two memory-bound passes: the reduction reads the tensor, the cast reads it again and
+  writes one byte per element (`CAST_BYTES_FUSED`). Eager PyTorch runs torchao's formula one
+  operator at a time (`CAST_BYTES_EAGER`). Per linear layer (m tokens, k inputs, n outputs) and
+  step: forward casts the input (m k) and the weight (k n); backward casts the output gradient
+  (m n), the saved weight and input again, and lays the output gradient out a second time for
+  the weight-gradient GEMM (fp8 GEMMs on Hopper take only the "TN" layout, cuBLASLt's
+  `cublasLtMatmul` fp8 requirements), a cast without the reduction (`RELAYOUT_BYTES_*`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..cluster import Cluster
+from ..config import AttentionKernel, Precision, TrainConfig
+from .compute import KERNELS, KernelModel, Kernels
+
+CAST_BYTES_FUSED = 5
+"""Bytes per element of one compiled dynamic cast of a bf16 tensor to fp8: the absolute-max
+reduction reads 2, the cast reads 2 and writes 1 (two kernels: the scale needs the whole
+reduction before any element is cast)."""
+CAST_BYTES_EAGER = 33
+"""The same in eager PyTorch, torchao's `hp_tensor_to_float8_dynamic` one operator at a time:
+abs (reads 2, writes 2), max (reads 2), to fp32 (reads 2, writes 4), multiply by the scale
+(reads 4, writes 4), clamp to the fp8 range (reads 4, writes 4), to fp8 (reads 4, writes 1)."""
+RELAYOUT_BYTES_FUSED = 3
+"""A second fp8 layout of a tensor whose scale is known, compiled: reads 2, writes 1."""
+RELAYOUT_BYTES_EAGER = 27
+"""The same eager: the cast above without abs and max."""
+
+
+@dataclass(frozen=True, slots=True)
+class Float8Linears:
+    """Prices a block's linear layers in fp8: GEMMs at the fp8 rate and the casts' traffic."""
+
+    fp8: KernelModel
+    """The catalog's tile model at the fp8 peak."""
+    bf16: KernelModel
+    """The same at the bf16 peak: a measured (calibrated) bf16 GEMM is scaled by fp8's gain."""
+    cast_bytes: int
+    """Bytes per element of one dynamic cast (`CAST_BYTES_*`)."""
+    relayout_bytes: int
+    """Bytes per element of a second layout (`RELAYOUT_BYTES_*`)."""
+
+    def gemm_train_s(self, k: Kernels, m: int, n: int, kk: int) -> tuple[float, float]:
+        """(forward, backward) seconds of a linear layer (m x kk) @ (kk x n) in fp8 training,
+        casts included; `k` prices the step's bf16 kernels (the catalog's or measured ones)."""
+        f8, b8 = self.fp8.gemm_train_s(m, n, kk)
+        if k is not self.bf16:  # measured bf16 GEMMs: fp8 gains what the tile model says
+            f16, b16 = k.gemm_train_s(m, n, kk)
+            c16f, c16b = self.bf16.gemm_train_s(m, n, kk)
+            f8, b8 = f16 * f8 / c16f, b16 * b8 / c16b
+        c = self.cast_bytes
+        fwd_bytes = c * (m * kk + kk * n)
+        bwd_bytes = (c + self.relayout_bytes) * m * n + c * (m * kk + kk * n)
+        return f8 + k.elementwise_s(fwd_bytes), b8 + k.elementwise_s(bwd_bytes)
+
+
+def kernels_for(cluster: Cluster, train: TrainConfig) -> Kernels | None:
+    """The measured kernel model when the cluster carries a calibration, else the catalog's
+    table for the accelerator, else None (the roofline with the catalog's efficiency)."""
+    calibration = cluster.calibration
+    if calibration is not None:
+        return calibration.kernels(train.compute_dtype)
+    table = KERNELS.get(cluster.accelerator.name)
+    if table is None:
+        return None
+    fused = train.runtime.attention == AttentionKernel.FUSED
+    return KernelModel(cluster.accelerator, train.compute_dtype, table, fused_attention=fused)
+
+
+def fp8_problem(cluster: Cluster) -> str | None:
+    """Why `cluster` cannot price fp8 training, with the fix; None when it can."""
+    acc = cluster.accelerator
+    if "fp8" not in acc.peak_flops:
+        have = ", ".join(acc.peak_flops)
+        return (
+            f"precision fp8 needs fp8 tensor cores; {acc.name} has none in the catalog (its "
+            f"peak FLOP/s figures: {have}); use --precision bf16, or a cluster of h100, h200, "
+            "b200, l4 or mi300x"
+        )
+    if acc.name not in KERNELS:
+        return (
+            f"precision fp8 is priced GEMM by GEMM from the accelerator's kernel table, and "
+            f"{acc.name} has none; use --precision bf16"
+        )
+    return None
+
+
+def float8_linears(
+    cluster: Cluster, train: TrainConfig, bf16: Kernels | None
+) -> Float8Linears | None:
+    """The fp8 pricing of a block's linear layers under `train`, None unless fp8 (ValueError
+    when the cluster cannot run it: `fp8_problem`). `bf16` is the step's bf16 kernel model."""
+    if train.precision != Precision.FP8:
+        return None
+    problem = fp8_problem(cluster)
+    if problem is not None:
+        raise ValueError(problem)
+    acc = cluster.accelerator
+    table = KERNELS[acc.name]
+    catalog = bf16 if isinstance(bf16, KernelModel) else KernelModel(acc, "bf16", table)
+    fused = train.runtime.fused_elementwise
+    return Float8Linears(
+        fp8=KernelModel(acc, "fp8", table),
+        bf16=catalog,
+        cast_bytes=CAST_BYTES_FUSED if fused else CAST_BYTES_EAGER,
+        relayout_bytes=RELAYOUT_BYTES_FUSED if fused else RELAYOUT_BYTES_EAGER,
+    )
