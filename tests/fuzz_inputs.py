@@ -186,7 +186,7 @@ def command_lines(draw: st.DrawFn, out_dir: Path) -> list[str]:
     if pick.maybe(5):
         argv += ["--memory-headroom", pick(["0.1", "0", "0.5"], ["1", "nan", "-1", "x"])]
     if pick.maybe(5):
-        argv += ["--precision", pick(["bf16", "fp32", "fp16"], ["fp8"])]
+        argv += ["--precision", pick(["bf16", "fp32", "fp16", "fp8"], ["fp4"])]
     if pick.maybe(5):
         argv += ["--optimizer", pick(["adamw", "sgd", "adafactor", "adam8bit"], ["lion"])]
     if pick.maybe(4):

@@ -110,15 +110,17 @@ def _validation():
 def test_published_runs_within_the_recorded_bounds():
     """The validation suite (benchmarks/validate_published.py) meets the issue's target on the
     held-out rows (mean |error| <= 5%, max <= 10%), stays within docs/validation.md's recorded
-    figure on the fitted rows, and every published pair keeps its order."""
+    figure on the fitted rows, and every published pair keeps its order (the fp8 rows against
+    their bf16 runs among them). The fp8 rows, priced by a mechanism added after the constants
+    were fitted and fitted on nothing, stay within docs/validation.md's recorded figures."""
     vp = _validation()
     results, _ = vp.run()
-    held = vp.summarize([r for r in results if r.case.held_out])
-    fit = vp.summarize([r for r in results if not r.case.held_out])
-    assert held.rows >= 15 and fit.rows >= 25
+    fit, held, fp8 = vp.groups(results)
+    assert held.rows >= 15 and fit.rows >= 25 and fp8.rows >= 12
     assert held.mean_abs_error <= 0.05
     assert held.max_abs_error <= 0.10
     assert fit.mean_abs_error <= 0.06
+    assert fp8.mean_abs_error <= 0.15 and fp8.max_abs_error <= 0.30
     assert all(ok for _, _, ok in vp.pair_orders(results))
 
 

@@ -1,0 +1,144 @@
+"""fp8 training (`Precision.FP8`, planner/cost/float8.py): the GEMMs of a block's linear layers
+at the fp8 peak, the dynamic-scaling casts as memory traffic, early refusals, and the exports
+that carry fp8 to torchtitan and Megatron-LM (read back by their own loaders)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+import paraplan
+from paraplan.cli import main
+from paraplan.export.exporter import Target, export_plan
+from paraplan.export.megatron import read as read_megatron
+from paraplan.export.torchtitan import read_toml
+from paraplan.planner.cluster import parse_cluster
+from paraplan.planner.config import Precision, Runtime, TrainConfig
+from paraplan.planner.cost.compute import KERNELS, MEMORY_EFFICIENCY, KernelModel
+from paraplan.planner.cost.evaluate import Evaluator
+from paraplan.planner.cost.float8 import float8_linears
+from paraplan.planner.hardware import get_accelerator
+from paraplan.planner.model_spec import parse_model
+from paraplan.planner.strategy import Recompute, Strategy
+from tests.export_cases import run_loaders
+
+H100 = get_accelerator("h100")
+
+
+def test_fp8_gemms_run_at_twice_the_bf16_rate_on_hopper() -> None:
+    """A large GEMM is compute-bound: fp8 halves it, as the H100 datasheet's dense peaks do
+    (1,979 against 989 TFLOP/s, NVIDIA H100 datasheet)."""
+    table = KERNELS["h100"]
+    bf16, fp8 = KernelModel(H100, "bf16", table), KernelModel(H100, "fp8", table)
+    assert H100.peak_flops_for("fp8") == pytest.approx(2 * H100.peak_flops_for("bf16"), rel=1e-3)
+    for m, n, k in ((8192, 8192, 8192), (16384, 28672, 4096)):
+        assert fp8.gemm_s(m, n, k) == pytest.approx(bf16.gemm_s(m, n, k) / 2, rel=1e-3)
+
+
+def test_casts_add_the_bytes_dynamic_scaling_streams() -> None:
+    """Compiled dynamic scaling, by hand: forward casts input (m k) and weight (k n) at 5 bytes
+    an element (amax reads 2; the cast reads 2, writes 1); backward casts the output gradient
+    (5) plus its second layout (3), and the weight and input again (5 each)."""
+    train = TrainConfig(global_batch=8, seq_len=8192, precision="fp8")
+    train = dataclasses.replace(train, runtime=Runtime(fused_elementwise=True))
+    lin = float8_linears(parse_cluster("8xh100"), train, None)
+    assert lin is not None
+    m, n, k = 8192, 14336, 4096
+    f, b = lin.gemm_train_s(lin.bf16, m, n, k)
+    gf, gb = lin.fp8.gemm_train_s(m, n, k)
+    bw = 3.35e12 * MEMORY_EFFICIENCY  # H100 SXM HBM3, datasheet
+    assert H100.memory_bw_bytes_per_s == pytest.approx(3.35e12, rel=0.01)
+    assert f - gf == pytest.approx((5 * m * k + 5 * k * n) / bw, rel=0.01)
+    assert b - gb == pytest.approx((8 * m * n + 5 * k * n + 5 * m * k) / bw, rel=0.01)
+    eager = float8_linears(
+        parse_cluster("8xh100"), dataclasses.replace(train, runtime=Runtime()), None
+    )
+    assert eager is not None
+    assert eager.gemm_train_s(eager.bf16, m, n, k)[0] - gf > 6 * (f - gf)  # 33 bytes, not 5
+
+
+def _step(precision: str, model: str, cluster: str, s: Strategy, batch: int) -> tuple[float, float]:
+    spec = parse_model(model)
+    train = TrainConfig(
+        global_batch=batch,
+        seq_len=8192,
+        precision=precision,
+        runtime=Runtime(fused_elementwise=True),  # compiled, as fp8 is run
+    )
+    ev = Evaluator(spec.to_profile(8192, act_bytes=2), parse_cluster(cluster), train)
+    est = ev.evaluate(s)
+    return est.step_time_s, est.memory.total_bytes
+
+
+def test_fp8_speedup_within_what_nvidia_reports_and_memory_unchanged() -> None:
+    """NVIDIA's Megatron-Bridge performance guide: fp8 on the blocks' linear layers "typically
+    achiev[es] a speedup of 1.2-1.5X" over bf16, less for small models; the memory is bf16's
+    (torchao and Transformer Engine keep bf16 weights and save bf16 activations)."""
+    big = Strategy(
+        dp=2,
+        tp=8,
+        pp=4,
+        zero_stage=1,
+        sequence_parallel=True,
+        schedule="1f1b",
+        micro_batch_size=1,
+        recompute=Recompute.FULL,
+    )
+    t16, m16 = _step("bf16", "llama3-70b", "64xh100", big, 64)
+    t8, m8 = _step("fp8", "llama3-70b", "64xh100", big, 64)
+    assert 1.15 <= t16 / t8 <= 1.6
+    assert m8 == pytest.approx(m16)
+    # On one layout, the gain grows with the hidden size (linear layers' share of the step).
+    one = Strategy(dp=8, tp=1, pp=1, zero_stage=3, micro_batch_size=1, recompute=Recompute.FULL)
+    gains = []
+    for model in ("llama3-8b", "llama3-70b", "llama3-405b"):
+        b16, _ = _step("bf16", model, "8xh100", one, 16)
+        b8, _ = _step("fp8", model, "8xh100", one, 16)
+        gains.append(b16 / b8)
+    assert 1.0 < gains[0] < gains[1] < gains[2] <= 1.6
+
+
+@pytest.mark.parametrize(
+    ("cluster", "extra", "words"),
+    [
+        ("8xa100-80gb", ["--any-engine"], ["fp8 tensor cores", "a100-80gb", "--precision bf16"]),
+        ("2xcpu", ["--any-engine"], ["fp8 tensor cores", "cpu"]),
+        ("8xh100", [], ["fp8", "executor", "--any-engine"]),
+    ],
+)
+def test_fp8_refused_before_any_search(
+    cluster: str, extra: list[str], words: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["plan", "--model", "llama3-8b", "--cluster", cluster, "--global-batch", "16"]
+    assert main([*argv, "--precision", "fp8", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and all(w in err for w in words), err
+
+
+def test_fp8_plan_exports_to_torchtitan_and_megatron_and_reads_back(tmp_path: Path) -> None:
+    plan = paraplan.plan(
+        "llama3-8b",
+        "8xh100",
+        global_batch=64,
+        seq_len=8192,
+        precision="fp8",
+        model_source="spec",
+        any_engine=True,
+        fix="dp=4,tp=2,pp=1,zero=3,recompute=full,mbs=1",
+        top_k=0,
+    ).plan
+    assert plan.train.precision == Precision.FP8
+    megatron = export_plan(plan, Target.MEGATRON, None).text
+    assert "--fp8-format hybrid" in megatron and "--bf16" in megatron
+    assert read_megatron(megatron, world_size=8, source="m").precision == Precision.FP8
+    (tmp_path / "m.args").write_text(megatron)
+    titan = export_plan(plan, Target.TORCHTITAN, None).text
+    assert read_toml(titan, world_size=8, source="t").precision == Precision.FP8
+    (tmp_path / "t.toml").write_text(titan)
+    (m,) = run_loaders("megatron", [{"path": str(tmp_path / "m.args"), "world_size": 8, "dp": 4}])
+    (t,) = run_loaders("torchtitan", [{"path": str(tmp_path / "t.toml"), "world_size": 8, "dp": 4}])
+    assert m["bf16"] and m["tp"] == 2 and t["param_dtype"] == "bfloat16" and t["tp"] == 2
+    with pytest.raises(ValueError, match="deepspeed cannot express fp8"):
+        export_plan(plan, Target.DEEPSPEED, None)
