@@ -135,6 +135,7 @@ def test_supported_checks_name_the_fix() -> None:
     plan = make_plan(dp=2)
     bad: list[tuple[object, str]] = [
         (replace(plan, train=replace(plan.train, precision="fp16")), "--precision bf16"),
+        (replace(plan, train=replace(plan.train, precision="fp8")), "fp8 linear layers"),
         (replace(plan, train=replace(plan.train, optimizer="adam8bit")), "--optimizer"),
         (replace(plan, parallelism=replace(plan.parallelism, offload_optimizer=True)), "zero=2"),
         (replace(plan, parallelism=replace(plan.parallelism, tp=2)), "cluster.s 2 GPUs"),
