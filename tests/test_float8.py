@@ -52,11 +52,12 @@ def test_casts_add_the_bytes_dynamic_scaling_streams() -> None:
     assert H100.memory_bw_bytes_per_s == pytest.approx(3.35e12, rel=0.01)
     assert f - gf == pytest.approx((5 * m * k + 5 * k * n) / bw, rel=0.01)
     assert b - gb == pytest.approx((8 * m * n + 5 * k * n + 5 * m * k) / bw, rel=0.01)
+    # fp8 runs compiled whatever the runtime's other kernels do: the same casts under eager
     eager = float8_linears(
-        parse_cluster("8xh100"), dataclasses.replace(train, runtime=Runtime()), None
+        parse_cluster("8xh100"), TrainConfig(global_batch=8, seq_len=8192, precision="fp8"), None
     )
     assert eager is not None
-    assert eager.gemm_train_s(eager.bf16, m, n, k)[0] - gf > 6 * (f - gf)  # 33 bytes, not 5
+    assert eager.gemm_train_s(eager.bf16, m, n, k) == pytest.approx((f, b))
 
 
 def _step(precision: str, model: str, cluster: str, s: Strategy, batch: int) -> tuple[float, float]:

@@ -18,12 +18,15 @@ Two mechanisms, nothing fitted:
 - Dynamic scaling makes every fp8 operand from a bf16 tensor: an absolute-max reduction, then a
   scaled, saturated cast. Compiled (torch.compile, or Transformer Engine's fused casts), that
   is two memory-bound passes: the reduction reads the tensor, the cast reads it again and
-  writes one byte per element (`CAST_BYTES_FUSED`). Eager PyTorch runs torchao's formula one
-  operator at a time (`CAST_BYTES_EAGER`). Per linear layer (m tokens, k inputs, n outputs) and
-  step: forward casts the input (m k) and the weight (k n); backward casts the output gradient
-  (m n), the saved weight and input again, and lays the output gradient out a second time for
-  the weight-gradient GEMM (fp8 GEMMs on Hopper take only the "TN" layout, cuBLASLt's
-  `cublasLtMatmul` fp8 requirements), a cast without the reduction (`RELAYOUT_BYTES_*`).
+  writes one byte per element (`CAST_BYTES`). fp8 is run compiled whatever the rest of the
+  step does (torchao's float8 README: its casts are meant to be fused by torch.compile; eager,
+  its formula runs one operator at a time, `CAST_BYTES_EAGER`, slower than bf16 altogether), so
+  the compiled count is priced under every runtime. Per linear layer (m tokens, k inputs,
+  n outputs) and step: forward casts the input (m k) and the weight (k n); backward casts the
+  output gradient (m n), the saved weight and input again, and lays the output gradient out a
+  second time for the weight-gradient GEMM (fp8 GEMMs on Hopper take only the "TN" layout,
+  cuBLASLt's `cublasLtMatmul` fp8 requirements), a cast without the reduction
+  (`RELAYOUT_BYTES`).
 """
 
 from __future__ import annotations
@@ -34,18 +37,17 @@ from ..cluster import Cluster
 from ..config import AttentionKernel, Precision, TrainConfig
 from .compute import KERNELS, KernelModel, Kernels
 
-CAST_BYTES_FUSED = 5
+CAST_BYTES = 5
 """Bytes per element of one compiled dynamic cast of a bf16 tensor to fp8: the absolute-max
 reduction reads 2, the cast reads 2 and writes 1 (two kernels: the scale needs the whole
 reduction before any element is cast)."""
 CAST_BYTES_EAGER = 33
 """The same in eager PyTorch, torchao's `hp_tensor_to_float8_dynamic` one operator at a time:
 abs (reads 2, writes 2), max (reads 2), to fp32 (reads 2, writes 4), multiply by the scale
-(reads 4, writes 4), clamp to the fp8 range (reads 4, writes 4), to fp8 (reads 4, writes 1)."""
-RELAYOUT_BYTES_FUSED = 3
+(reads 4, writes 4), clamp to the fp8 range (reads 4, writes 4), to fp8 (reads 4, writes 1).
+Not priced (fp8 runs compiled): the reason it is not."""
+RELAYOUT_BYTES = 3
 """A second fp8 layout of a tensor whose scale is known, compiled: reads 2, writes 1."""
-RELAYOUT_BYTES_EAGER = 27
-"""The same eager: the cast above without abs and max."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +58,6 @@ class Float8Linears:
     """The catalog's tile model at the fp8 peak."""
     bf16: KernelModel
     """The same at the bf16 peak: a measured (calibrated) bf16 GEMM is scaled by fp8's gain."""
-    cast_bytes: int
-    """Bytes per element of one dynamic cast (`CAST_BYTES_*`)."""
-    relayout_bytes: int
-    """Bytes per element of a second layout (`RELAYOUT_BYTES_*`)."""
 
     def gemm_train_s(self, k: Kernels, m: int, n: int, kk: int) -> tuple[float, float]:
         """(forward, backward) seconds of a linear layer (m x kk) @ (kk x n) in fp8 training,
@@ -69,9 +67,9 @@ class Float8Linears:
             f16, b16 = k.gemm_train_s(m, n, kk)
             c16f, c16b = self.bf16.gemm_train_s(m, n, kk)
             f8, b8 = f16 * f8 / c16f, b16 * b8 / c16b
-        c = self.cast_bytes
+        c = CAST_BYTES
         fwd_bytes = c * (m * kk + kk * n)
-        bwd_bytes = (c + self.relayout_bytes) * m * n + c * (m * kk + kk * n)
+        bwd_bytes = (c + RELAYOUT_BYTES) * m * n + c * (m * kk + kk * n)
         return f8 + k.elementwise_s(fwd_bytes), b8 + k.elementwise_s(bwd_bytes)
 
 
@@ -119,10 +117,4 @@ def float8_linears(
     acc = cluster.accelerator
     table = KERNELS[acc.name]
     catalog = bf16 if isinstance(bf16, KernelModel) else KernelModel(acc, "bf16", table)
-    fused = train.runtime.fused_elementwise
-    return Float8Linears(
-        fp8=KernelModel(acc, "fp8", table),
-        bf16=catalog,
-        cast_bytes=CAST_BYTES_FUSED if fused else CAST_BYTES_EAGER,
-        relayout_bytes=RELAYOUT_BYTES_FUSED if fused else RELAYOUT_BYTES_EAGER,
-    )
+    return Float8Linears(fp8=KernelModel(acc, "fp8", table), bf16=catalog)
