@@ -143,3 +143,15 @@ def test_fp8_plan_exports_to_torchtitan_and_megatron_and_reads_back(tmp_path: Pa
     assert m["bf16"] and m["tp"] == 2 and t["param_dtype"] == "bfloat16" and t["tp"] == 2
     with pytest.raises(ValueError, match="deepspeed cannot express fp8"):
         export_plan(plan, Target.DEEPSPEED, None)
+
+
+def test_compare_plans_fp8_for_any_engine(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The executor does not train in fp8, so compare's own plan row is planned for any engine
+    (as its framework baselines are) instead of coming out "not valid"."""
+    argv = ["compare", "--model", "llama3-8b", "--model-source", "spec", "--cluster", "8xh100"]
+    argv += ["--global-batch", "16", "--seq-len", "2048", "--precision", "fp8", "--top", "0"]
+    assert main([*argv, "--no-progress", "-o", str(tmp_path / "out")]) == 0
+    row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("paraplan plan"))
+    assert row.rstrip().endswith("fits"), row

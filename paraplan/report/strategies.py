@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from ..planner.api import NoFeasiblePlanError, make_plan
+from ..planner.capabilities import precision_gap
 from ..planner.cluster import Cluster
 from ..planner.config import TrainConfig
 from ..planner.cost.rules import ProblemShape, violation
@@ -123,9 +124,11 @@ class _Planner:
         """Plan with `pins`; a failure becomes a `Compared` with its reason. The named
         baselines (FSDP, Megatron-style, ...) are what those frameworks run, so they are
         planned whether or not paraplan's executor runs them (`any_engine`); the plan and
-        its runners-up are the executor's."""
+        its runners-up are the executor's, unless the executor does not train in the asked
+        precision (fp8, fp16): then they are any engine's too."""
         text = pins.describe()
         baseline = name in ("fsdp", "dp-recompute", "megatron")
+        baseline = baseline or precision_gap(self.train.precision) is not None
         try:
             outcome = make_plan(
                 self.profile,
