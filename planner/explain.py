@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .config import Precision
 from .explain_options import option_lines, option_rows
 from .model import LayerKind, ModelProfile
 from .plan import Plan, RunnerUp
@@ -196,8 +197,10 @@ def explain(plan: Plan) -> str:
         "the optimizer step": tb.optimizer_s,
     }
     rate = pr.model_flops_per_s_per_gpu
+    fp8 = plan.train.precision == Precision.FP8  # MFU against the bf16 peak (config.py)
+    peak_name = "bf16 peak" if fp8 else "peak"
     achieved = (  # MFU = achieved model FLOP/s over the dense peak (PaLM Appendix B)
-        f"{tflops_text(rate)} of the {tflops_text(rate / pr.mfu)} TFLOP/s peak per GPU"
+        f"{tflops_text(rate)} of the {tflops_text(rate / pr.mfu)} TFLOP/s {peak_name} per GPU"
         if rate is not None and pr.mfu > 0
         else f"{tflops_text(rate)} TFLOP/s per GPU"
     )
@@ -205,6 +208,11 @@ def explain(plan: Plan) -> str:
         f"Time: {seconds(step)} per step, {tb.compute_s / step:.0%} useful compute, MFU {pr.mfu:.1%} "
         f"({achieved}), {pr.tokens_per_s / plan.cluster.num_gpus:,.0f} tokens/s per GPU."
     )
+    if fp8:
+        out.append(
+            "fp8 runs only the blocks' linear layers in fp8 (their GEMMs at up to twice the bf16 "
+            "rate, plus the casts dynamic scaling adds), so MFU is quoted against the bf16 peak."
+        )
     overhead = max(shares, key=lambda k: shares[k])
     if shares[overhead] / step < 0.02:
         out.append("Nearly all of the step is compute: the plan is compute-bound.")

@@ -19,6 +19,7 @@ from paraplan.planner.config import Precision, Runtime, TrainConfig
 from paraplan.planner.cost.compute import KERNELS, MEMORY_EFFICIENCY, KernelModel
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.cost.float8 import float8_linears
+from paraplan.planner.explain import explain
 from paraplan.planner.hardware import get_accelerator
 from paraplan.planner.model_spec import parse_model
 from paraplan.planner.strategy import Recompute, Strategy
@@ -131,6 +132,9 @@ def test_fp8_plan_exports_to_torchtitan_and_megatron_and_reads_back(tmp_path: Pa
         top_k=0,
     ).plan
     assert plan.train.precision == Precision.FP8
+    peak = f"{plan.predicted.model_flops_per_s_per_gpu / plan.predicted.mfu / 1e12:.1f}"
+    assert peak == "989.4"  # the H100's bf16 dense peak, not its fp8 one
+    assert f"of the {peak} TFLOP/s bf16 peak per GPU" in explain(plan)
     megatron = export_plan(plan, Target.MEGATRON, None).text
     assert "--fp8-format hybrid" in megatron and "--bf16" in megatron
     assert read_megatron(megatron, world_size=8, source="m").precision == Precision.FP8
