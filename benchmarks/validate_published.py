@@ -181,8 +181,8 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
       with the userbuffers of h8192, tp4, mbs1, seq 8192, the row's own shape);
     - torchtitan rows without torch.compile (`--training.compile`, or Async TP, which is a
       compile pass) run eager PyTorch (one kernel per operator) and torch SDPA; Async TP
-      overlaps the TP collectives; its selective checkpointing is per operator (every other
-      matmul);
+      overlaps the TP collectives; "FSDP float8 all-gather" gathers fp8 weights; its selective
+      checkpointing is per operator (every other matmul);
     - every other row (Megatron-LM papers and its baselines, Megatron-DeepSpeed, Meta's Llama 3
       stack) runs fused elementwise kernels, no TP overlap, and FlashAttention-2-class
       attention (or unfused attention, which the profile itself says);
@@ -210,6 +210,7 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
         return Runtime(
             fused_elementwise=not eager,
             tp_comm_overlap=async_tp,
+            fp8_all_gather="fsdp float8 all-gather" in text.lower(),
             selective=SelectiveRecompute.EVERY_OTHER_MATMUL,
             fsdp_shared_root=False,  # torchtitan wraps the embedding and the output apart
         )

@@ -103,6 +103,10 @@ class Runtime:
     default) and autocast over fp32 parameters (paraplan's executor beside DDP) leaves fp32
     gradients. False: gradients in the working precision, the ZeRO paper's fp16 accounting
     (Rajbhandari et al. 2020 §3.1: 2 + 2 + 12 bytes per parameter)."""
+    fp8_all_gather: bool = False
+    """Under fp8 training, FSDP gathers the blocks' linear weights in fp8, one byte each, cast
+    on the shard before the all-gather (torchtitan's `float8.enable_fsdp_float8_all_gather`,
+    off by default, with `precompute_float8_dynamic_scale_for_fsdp`); False: in bf16."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

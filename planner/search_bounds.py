@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .config import Precision
 from .cost.comm import Collectives, Links
 from .cost.estimate import StageTime
 from .cost.evaluate import Evaluator
@@ -68,6 +69,11 @@ _FLOOR_MARGIN = 1e-6
 stage cores' over each stage's layers."""
 
 
+def fp8(ev: Evaluator) -> bool:
+    """Whether `ev` prices fp8 training (its sequence-parallel forward gathers are fp8)."""
+    return ev.train.precision == Precision.FP8
+
+
 def _slot_lower_bound_s(ev: Evaluator, s: Strategy) -> float:
     """A bound on one pipeline slot of the busiest stage for these degrees and micro-batch
     size, whatever the layout, ZeRO stage, recompute or mesh order: the busiest stage does
@@ -79,10 +85,11 @@ def _slot_lower_bound_s(ev: Evaluator, s: Strategy) -> float:
     if s.tp > 1:
         act = s.micro_batch_size * sm.block_output_seq_bytes / s.cp
         ideal = Links.ideal_of(s.tp)
-        unit = min(
-            ev.lower_bound_coll.all_reduce(act, ideal),
-            2 * ev.lower_bound_coll.all_gather(act, ideal),
-        )
+        coll = ev.lower_bound_coll
+        # a sequence-parallel pair is an all-gather and a reduce-scatter of at least its
+        # cost; under fp8 a forward pair's all-gather carries one byte an element
+        gather = coll.all_gather(act / ev.train.act_bytes if fp8(ev) else act, ideal)
+        unit = min(coll.all_reduce(act, ideal), gather + coll.all_gather(act, ideal))
         total += (4 * ev.num_blocks + 2) * unit
     return total / s.pp
 
@@ -219,7 +226,12 @@ def family_floor_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float:
     if s.tp > 1 and not ev.train.runtime.tp_comm_overlap:
         act, link = s.micro_batch_size * sm.block_output_seq_bytes / s.cp, ev.ideal_links(s).tp
         if s.sequence_parallel:
-            tp_s = blocks * (coll.all_gather(act, link) + coll.reduce_scatter(act, link))
+            pair = coll.all_gather(act, link) + coll.reduce_scatter(act, link)
+            tp_s = blocks * pair
+            if fp8(ev):  # the forward pairs' all-gathers in fp8 (`stage_core`)
+                fwd = blocks - 2 * ev.num_blocks
+                small = coll.all_gather(act / ev.train.act_bytes, link)
+                tp_s = fwd * (small + coll.reduce_scatter(act, link)) + 2 * ev.num_blocks * pair
         else:
             tp_s = blocks * coll.all_reduce(act, link)
     slot = (t.fwd_s[-1] + t.bwd_s[-1] + recompute_s + tp_s) / s.pp

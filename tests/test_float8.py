@@ -17,11 +17,15 @@ from paraplan.export.torchtitan import read_toml
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import Precision, Runtime, TrainConfig
 from paraplan.planner.cost.compute import KERNELS, MEMORY_EFFICIENCY, KernelModel
+from paraplan.planner.cost.data_parallel import gathered_bytes
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.cost.float8 import float8_linears
 from paraplan.planner.explain import explain
 from paraplan.planner.hardware import get_accelerator
+from paraplan.planner.model import LayerKind
 from paraplan.planner.model_spec import parse_model
+from paraplan.planner.pins import Pins
+from paraplan.planner.search import Search, brute_force
 from paraplan.planner.strategy import Recompute, Strategy
 from tests.export_cases import run_loaders
 
@@ -159,3 +163,51 @@ def test_compare_plans_fp8_for_any_engine(
     assert main([*argv, "--no-progress", "-o", str(tmp_path / "out")]) == 0
     row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("paraplan plan"))
     assert row.rstrip().endswith("fits"), row
+
+
+def test_fsdp_fp8_all_gather_moves_one_byte_per_block_weight() -> None:
+    """torchtitan's `enable_fsdp_float8_all_gather`: the blocks' weights travel in fp8, the
+    embedding and head in bf16; the step's exposed FSDP traffic shrinks, nothing else moves."""
+    profile = parse_model("llama3-8b").to_profile(8192, act_bytes=2)
+    cluster = parse_cluster("32xh200")
+    s = Strategy(dp=32, tp=1, pp=1, zero_stage=3, micro_batch_size=2, recompute=Recompute.FULL)
+    base = TrainConfig(global_batch=64, seq_len=8192, precision="fp8")
+    on = dataclasses.replace(base, runtime=Runtime(fp8_all_gather=True))
+    blocks = sum(x.params for x in profile.layers if x.kind == LayerKind.BLOCK)
+    total = sum(x.params for x in profile.layers)
+    ev = Evaluator(profile, cluster, on)
+    (stage,) = ev.stage_model.stages(ev.stage_model.layout_of(s))
+    assert gathered_bytes(on, stage) == pytest.approx((blocks + 2 * (total - blocks)) / total)
+    assert gathered_bytes(base, stage) == 2
+    fast, slow = ev.evaluate(s), Evaluator(profile, cluster, base).evaluate(s)
+    assert fast.time.comm_s < slow.time.comm_s and fast.time.compute_s == slow.time.compute_s
+
+
+def test_fp8_search_is_exact_against_brute_force() -> None:
+    """fp8's cheaper forward gathers under sequence parallelism enter the search's bounds too:
+    the search still returns brute force's best, also with TP pinned."""
+    ev = Evaluator(
+        parse_model("gpt:layers=4,hidden=1024,heads=16,vocab=8192,seq=2048").to_profile(2048),
+        parse_cluster("8xh100"),
+        TrainConfig(global_batch=16, seq_len=2048, precision="fp8"),
+    )
+    for fix in ("", "tp=4,sp=true"):
+        pins = Pins.parse(fix)
+        best = Search(ev, pins).run(top_k=3).best
+        everything = brute_force(ev, pins)
+        assert best is not None and everything
+        assert best.strategy == everything[0].strategy
+        assert best.step_time_s == everything[0].step_time_s
+
+
+def test_fp8_gathers_the_sequence_parallel_inputs_in_one_byte() -> None:
+    """Under TP with SP, fp8 leaves compute's other parts alone and lowers the exposed TP
+    traffic: the forward all-gathers move half the bytes."""
+    profile = parse_model("llama3-70b").to_profile(8192, act_bytes=2)
+    cluster = parse_cluster("64xh100")
+    s = Strategy(dp=8, tp=8, pp=1, zero_stage=1, sequence_parallel=True, micro_batch_size=1)
+    comm = {}
+    for precision in ("bf16", "fp8"):
+        train = TrainConfig(global_batch=64, seq_len=8192, precision=precision)
+        comm[precision] = Evaluator(profile, cluster, train).evaluate(s).time.comm_s
+    assert comm["fp8"] < comm["bf16"]

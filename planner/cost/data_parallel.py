@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..config import FP32_BYTES, TrainConfig
+from ..config import FP32_BYTES, Precision, TrainConfig
 from ..hardware import Accelerator
 from ..model import LayerCost
 from ..strategy import Strategy
@@ -154,6 +154,17 @@ def fsdp_copy_bytes(unit_params: float, shard_ranks: int, t: TrainConfig, on_hos
     return total
 
 
+def gathered_bytes(t: TrainConfig, stage: Stage) -> float:
+    """Bytes per parameter ZeRO-3 all-gathers on `stage`, averaged over its units: the working
+    precision's, but one for the blocks' weights under fp8 with fp8 all-gathers
+    (`Runtime.fp8_all_gather`; the embedding and the head stay bf16, as does a block's few
+    norm weights)."""
+    if not (t.precision == Precision.FP8 and t.runtime.fp8_all_gather) or not stage.dense_params:
+        return float(t.param_bytes)
+    in_blocks = min(1.0, stage.n_blocks * stage.max_block_params / stage.dense_params)
+    return in_blocks * 1.0 + (1.0 - in_blocks) * t.param_bytes
+
+
 def dp_comm(
     s: Strategy,
     stage: Stage,
@@ -206,7 +217,7 @@ def dp_comm(
             continue
         if s.zero_stage == 3:
             unit = count / units
-            ag = coll.all_gather(unit * t.param_bytes, link)
+            ag = coll.all_gather(unit * gathered_bytes(t, stage), link)
             rs = coll.reduce_scatter(unit * t.grad_bytes, link)
             if link is dense_link and links.replicate.size > 1:
                 rs += coll.all_reduce(unit * t.grad_bytes / link.size, links.replicate)

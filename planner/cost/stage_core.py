@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import TrainConfig
+from ..config import Precision, TrainConfig
 from ..strategy import Recompute, Strategy
 from .comm import Collectives, Links
 from .compute import ATTENTION_BACKWARD_FACTOR
@@ -63,6 +63,13 @@ def stage_core(
         tp_unit = coll.all_gather(act, links.tp) + coll.reduce_scatter(act, links.tp)
     else:
         tp_unit = coll.all_reduce(act, links.tp)
+    fwd_unit = tp_unit  # a block's forward pair: under fp8 with SP its all-gather is fp8
+    if s.sequence_parallel and train.precision == Precision.FP8:
+        # torchtitan's Float8 TP (`PrepareFloat8ModuleInput` before the attention and the MLP)
+        # and Transformer Engine's sequence-parallel layers cast the norm's output shard to
+        # fp8 and all-gather that: one byte per element instead of bf16's two
+        fwd_unit = coll.all_gather(act / train.act_bytes, links.tp)
+        fwd_unit += coll.reduce_scatter(act, links.tp)
     # Ring attention (Liu et al. 2023; torch's context_parallel): K and V of the local
     # chunk (GQA: kv_heads, each TP rank its share) travel cp-1 hops per block forward;
     # backward sends them again with their gradients.
@@ -77,9 +84,9 @@ def stage_core(
         rc, n_full, n_full_moe = per_layer.stage_recompute(s, stage, c)
         # TP: 2 collectives per block forward and 2 backward (Narayanan et al. 2021 §3.2,
         # Korthikanti §4.2.2 with SP: all-gather + reduce-scatter), redone when recomputed.
-        units = stage.n_blocks * 4 + n_full * 2
-        units += int(stage.has_embedding) + int(stage.has_head)
-        comm = units * tp_unit if s.tp > 1 else 0.0
+        fwd_units = stage.n_blocks * 2 + n_full * 2  # forward, and forward again
+        units = stage.n_blocks * 2 + int(stage.has_embedding) + int(stage.has_head)
+        comm = fwd_units * fwd_unit + units * tp_unit if s.tp > 1 else 0.0
         if train.runtime.tp_comm_overlap:
             # Megatron's --tp-comm-overlap (Transformer Engine userbuffers; Wang et al. 2023
             # decomposition): each collective is split and pipelined with the GEMM it feeds,
