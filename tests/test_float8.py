@@ -5,6 +5,7 @@ that carry fp8 to torchtitan and Megatron-LM (read back by their own loaders).""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,19 @@ def test_fp8_gathers_the_sequence_parallel_inputs_in_one_byte() -> None:
         train = TrainConfig(global_batch=64, seq_len=8192, precision=precision)
         comm[precision] = Evaluator(profile, cluster, train).evaluate(s).time.comm_s
     assert comm["fp8"] < comm["bf16"]
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torchtitan") is None
+    or importlib.util.find_spec("torchao") is not None,
+    reason="needs torchtitan without torchao (its Float8 layers then cannot be built)",
+)
+def test_torchtitan_float8_registry_config_without_torchao_is_refused_by_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """torchtitan's llama3_405b registry config applies Float8 linear layers, which torchao
+    builds: without it the command says so (exit 2, one line), not a traceback."""
+    argv = ["plan", "--from-config", "torchtitan:llama3.llama3_405b", "--model", "llama3-405b"]
+    assert main([*argv, "--model-source", "spec", "--cluster", "512xh100", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "torchtitan:llama3.llama3_405b" in err[-1] and "pip install torchao" in err[-1]

@@ -276,12 +276,25 @@ def read_registry(name: str, *, world_size: int) -> TrainerSetup:
         raise ValueError(
             f"torchtitan:{name} needs torchtitan installed (pip install 'paraplan[export]'): {exc}"
         ) from None
-    config = ConfigManager().parse_args(["--module", module, "--config", function])
+    try:
+        config = ConfigManager().parse_args(["--module", module, "--config", function])
+    except ImportError as exc:  # an unknown module, or what the config needs (torchao)
+        need = " (its Float8 linear layers need torchao: pip install torchao)" * (
+            "torchao" in str(exc)
+        )
+        raise ValueError(
+            f"torchtitan:{name}: torchtitan cannot build this config here{need}: "
+            f"{str(exc).rstrip('.')}; or "
+            "write it to a job-config TOML file and pass that to --from-config"
+        ) from None
     par = _fields(config.parallelism)
     tr = _fields(config.training)
     ac = config.activation_checkpoint
     mode = "none" if ac is None else type(ac).__qualname__.split(".")[0].removesuffix("AC").lower()
-    return from_values(par, tr, mode, world_size=world_size, source=f"torchtitan:{name}")
+    # a Float8 converter replaces the blocks' Linear configs in the model tree (torchao's
+    # Float8Linear); torchao absent, building such a config fails above instead
+    fp8 = "Float8" in repr(getattr(getattr(config, "model_spec", None), "model", None))
+    return from_values(par, tr, mode, world_size=world_size, source=f"torchtitan:{name}", fp8=fp8)
 
 
 def _fields(obj: Any) -> dict[str, Any]:
