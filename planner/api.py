@@ -59,15 +59,15 @@ def host_offload_pins(cluster: Cluster, pins: Pins | None) -> Pins | None:
     return replace(pins, offload_optimizer=False, offload_params=False, offload_activations=False)
 
 
-def refuse_precision(cluster: Cluster, train: TrainConfig, any_engine: bool) -> None:
-    """ValueError before any search when no plan of `train.precision` can come out: fp8 on a
+def refuse_precision(cluster: Cluster, precision: Precision, any_engine: bool) -> None:
+    """ValueError before any search when no plan in `precision` can come out: fp8 on a
     cluster without fp8 tensor cores, or a precision the executor does not train in when only
     its plans are asked for (every candidate would be dropped)."""
-    if train.precision == Precision.FP8:
+    if precision == Precision.FP8:
         problem = fp8_problem(cluster)
         if problem is not None:
             raise ValueError(problem)
-    gap = None if any_engine else precision_gap(train.precision)
+    gap = None if any_engine else precision_gap(precision)
     if gap is not None:
         raise ValueError(
             f"{gap}; or plan with --any-engine to price it for another trainer (paraplan export "
@@ -94,7 +94,7 @@ def make_plan(
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be >= 0")
     check_planning(profile, cluster, train, pins)  # every count in bounds before any search
-    refuse_precision(cluster, train, any_engine)
+    refuse_precision(cluster, train.precision, any_engine)
     asked = pins
     pins = host_offload_pins(cluster, pins)
     ev = Evaluator(profile, cluster, train)

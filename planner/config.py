@@ -151,8 +151,9 @@ class TrainConfig:
     @property
     def compute_dtype(self) -> str:
         """Dtype key of the accelerator's peak FLOP/s table for everything but fp8's GEMMs
-        (attention, the head, memory-bound kernels; MFU is quoted against this peak, as
-        torchtitan and NeMo quote fp8 runs against the bf16 peak): bf16 under fp8."""
+        (attention, the head, memory-bound kernels): bf16 under fp8. MFU is quoted against
+        this peak, so an fp8 plan and a bf16 plan read on one scale (a convention: torchtitan
+        quotes no MFU for its fp8 runs, NVIDIA's tables give model TFLOP/s)."""
         return "bf16" if self.precision == Precision.FP8 else str(self.precision)
 
     @property

@@ -94,7 +94,7 @@ def execute(args: argparse.Namespace) -> int:
     """Run `paraplan plan` on parsed arguments; prints, returns the exit status."""
     from ..planner.api import NoFeasiblePlanError, refuse_precision
     from ..planner.capabilities import plan_gaps
-    from ..planner.config import TrainConfig
+    from ..planner.config import Precision
     from ..planner.cost.rules import cluster_violation
     from ..planner.explain import format_plan
     from ..planner.jsonio import dumps_finite
@@ -119,9 +119,7 @@ def execute(args: argparse.Namespace) -> int:
         if mismatch:
             print(f"paraplan: warning: {mismatch}", file=sys.stderr)
     # fp8 without fp8 tensor cores, or a precision the executor does not run: before tracing
-    refuse_precision(
-        cluster, TrainConfig(global_batch=1, seq_len=1, precision=args.precision), args.any_engine
-    )
+    refuse_precision(cluster, Precision(args.precision), args.any_engine)
     fix = Pins.parse(args.fix)  # bad --fix fails before any tracing
     broken = cluster_violation(cluster.num_gpus, fix)  # and degrees the cluster cannot hold
     if broken is not None:
