@@ -4,9 +4,9 @@ dtype (`kernels_for`), and under fp8 training the blocks' linear layers in fp8
 
 fp8 training (`Precision.FP8`): the linear layers of every transformer block run their three
 GEMMs (forward, input gradient, weight gradient) in fp8 with dynamic tensorwise scaling, as
-torchao's `Float8Linear` does under torchtitan (`model.converters = ["float8"]`, which leaves
-the output head in bf16: its `filter_fqns` default) and Transformer Engine's recipes do in NeMo
-and Megatron-LM. Attention, norms, the head and the collectives stay bf16; so do the activations
+torchao's `Float8Linear` does under torchtitan (`model.converters = ["float8"]`; the output
+head is filtered out and stays bf16: `float8.filter_fqns = ["output"]`, 0.3's Llama 3 405B
+config `["lm_head"]`) and Transformer Engine's recipes do in NeMo and Megatron-LM. Attention, norms, the head and the collectives stay bf16; so do the activations
 kept for backward (torchao's `matmul_with_hp_or_float8_args` saves the bf16 input and weight and
 casts them again in backward), so memory is bf16's.
 
@@ -45,7 +45,7 @@ CAST_BYTES_EAGER = 33
 """The same in eager PyTorch, torchao's `hp_tensor_to_float8_dynamic` one operator at a time:
 abs (reads 2, writes 2), max (reads 2), to fp32 (reads 2, writes 4), multiply by the scale
 (reads 4, writes 4), clamp to the fp8 range (reads 4, writes 4), to fp8 (reads 4, writes 1).
-Not priced (fp8 runs compiled): the reason it is not."""
+Not priced: it is why fp8 is run compiled."""
 RELAYOUT_BYTES = 3
 """A second fp8 layout of a tensor whose scale is known, compiled: reads 2, writes 1."""
 
