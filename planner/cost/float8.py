@@ -6,9 +6,10 @@ fp8 training (`Precision.FP8`): the linear layers of every transformer block run
 GEMMs (forward, input gradient, weight gradient) in fp8 with dynamic tensorwise scaling, as
 torchao's `Float8Linear` does under torchtitan (`model.converters = ["float8"]`; the output
 head is filtered out and stays bf16: `float8.filter_fqns = ["output"]`, 0.3's Llama 3 405B
-config `["lm_head"]`) and Transformer Engine's recipes do in NeMo and Megatron-LM. Attention, norms, the head and the collectives stay bf16; so do the activations
-kept for backward (torchao's `matmul_with_hp_or_float8_args` saves the bf16 input and weight and
-casts them again in backward), so memory is bf16's.
+config `["lm_head"]`) and Transformer Engine's recipes do in NeMo and Megatron-LM. Attention,
+norms, the head and the collectives stay bf16; so do the activations kept for backward
+(torchao's `matmul_with_hp_or_float8_args` saves the bf16 input and weight and casts them
+again in backward), so memory is bf16's.
 
 Two mechanisms, nothing fitted:
 - Each GEMM runs through the same tile model as bf16 (`compute.KernelModel`) at the
