@@ -73,6 +73,7 @@ _SIZE_KEYS: dict[str, Bound] = {
     "num_attention_heads": limits.HEADS,
     "n_head": limits.HEADS,
     "num_key_value_heads": limits.HEADS,
+    "head_dim": limits.HIDDEN,
     "intermediate_size": limits.FFN,
     "n_inner": limits.FFN,
     "vocab_size": limits.VOCAB,
@@ -85,8 +86,9 @@ _SIZE_KEYS: dict[str, Bound] = {
 }
 """The size fields of Hugging Face configs (GPT-2, Llama, Mixtral, BERT naming) and their
 bounds: each, when present, is a whole number >= 1 within its bound (or null, for `_NULLABLE`)."""
-_NULLABLE = frozenset({"n_inner", "num_key_value_heads", "intermediate_size"})
-"""Sizes a config may give as null, meaning the family's default (4 x hidden, heads)."""
+_NULLABLE = frozenset({"n_inner", "num_key_value_heads", "intermediate_size", "head_dim"})
+"""Sizes a config may give as null, meaning the family's default (4 x hidden, heads,
+hidden / heads)."""
 
 
 def check_hf_config(data: object, where: str) -> dict[str, Any]:
@@ -110,11 +112,19 @@ def check_hf_config(data: object, where: str) -> dict[str, Any]:
 
 
 def check_hf_shape(
-    *, hidden: int, heads: int, kv_heads: int, experts: int, top_k: int, where: str
+    *,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    experts: int,
+    top_k: int,
+    where: str,
+    head_dim: int = 0,
 ) -> None:
     """The sizes of a built config (defaults of its family applied) that must divide each
-    other: the tracer and the planner assume them (an assertion deep inside otherwise)."""
-    if heads < 1 or hidden % heads:
+    other: the tracer and the planner assume them (an assertion deep inside otherwise). A
+    config with its own `head_dim` need not split the hidden size over the heads."""
+    if heads < 1 or (hidden % heads and not head_dim):
         raise ValueError(
             f"{where}: hidden size {hidden} is not a multiple of {heads} attention heads; give "
             "heads that divide the hidden size"

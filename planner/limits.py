@@ -192,6 +192,8 @@ def check_profile(profile: ModelProfile, *, where: str) -> None:
     HIDDEN.check(profile.hidden, f"{where}: hidden")
     HEADS.check(profile.heads, f"{where}: heads")
     HEADS.check(profile.kv_heads, f"{where}: kv_heads")
+    if profile.head_dim:  # 0: hidden / heads
+        HIDDEN.check(profile.head_dim, f"{where}: head_dim")
     FFN.check(profile.ffn, f"{where}: ffn")
     VOCAB.check(profile.vocab, f"{where}: vocab")
     EXPERTS.check(profile.experts, f"{where}: experts")

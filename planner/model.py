@@ -169,6 +169,9 @@ class ModelProfile:
     """Experts each token is routed to."""
     tied_embeddings: bool = False
     """Whether the head reuses the embedding matrix (a PP>1 plan keeps a copy on both ends)."""
+    head_dim: int = 0
+    """Width of each attention head; 0 means hidden / heads (Qwen3, Gemma and GPT-OSS set it
+    apart from the hidden size: `head_size`)."""
     module_digest: str = ""
     """Digest of the traced module's parameter names and shapes ('' for an analytic spec): the
     executor checks the module it is given against it."""
@@ -189,6 +192,21 @@ class ModelProfile:
             raise ValueError(f"model {self.name!r}: the chain has no blocks; add at least one")
 
     @property
+    def head_size(self) -> int:
+        """Width of each attention head (`head_dim`, or hidden / heads)."""
+        return self.head_dim or self.hidden // max(1, self.heads)
+
+    @property
+    def q_dim(self) -> int:
+        """Width of Q and of the attention output (heads x head size)."""
+        return self.heads * self.head_size
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of K and of V (key/value heads x head size)."""
+        return self.kv_heads * self.head_size
+
+    @property
     def num_blocks(self) -> int:
         """Number of repeated blocks (the layers a pipeline splits)."""
         return sum(1 for layer in self.layers if layer.kind == LayerKind.BLOCK)
@@ -205,5 +223,8 @@ class ModelProfile:
 
     def fingerprint(self) -> str:
         """Stable short digest of everything the planner reads from this profile."""
-        payload = json.dumps(asdict(self), sort_keys=True, default=str)
+        fields = asdict(self)
+        if not fields["head_dim"]:  # profiles from before head_dim keep their fingerprint
+            del fields["head_dim"]
+        payload = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]

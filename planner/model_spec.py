@@ -65,6 +65,7 @@ _BOUNDS = {
     "ffn": limits.FFN,
     "experts": limits.EXPERTS,
     "expert_ffn": limits.FFN,
+    "head_dim": limits.HIDDEN,
 }
 """The bound of each size (0 means "the default" for the optional ones and is not checked)."""
 
@@ -109,6 +110,10 @@ class TransformerSpec:
     """Experts per token (MoE)."""
     expert_ffn: int = 0
     """Inner size of each expert's MLP; 0 means `ffn`."""
+    head_dim: int = 0
+    """Width of each attention head; 0 means hidden / heads. Qwen3, Gemma and GPT-OSS set it
+    apart from the hidden size (Qwen3-32B: 64 heads of 128 over a hidden size of 5120), so the
+    query and attention-output projections are hidden x heads*head_dim, not hidden x hidden."""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "vocab", "seq"):
@@ -117,7 +122,7 @@ class TransformerSpec:
                 raise ValueError(
                     f"model {self.name!r}: {name}={show_number(value)} must be a positive integer"
                 )
-        for name in ("kv_heads", "ffn", "experts", "top_k", "expert_ffn"):
+        for name in ("kv_heads", "ffn", "experts", "top_k", "expert_ffn", "head_dim"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(
@@ -131,10 +136,10 @@ class TransformerSpec:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn == 0:
             object.__setattr__(self, "ffn", 4 * self.hidden)
-        if self.hidden % self.heads:
+        if self.head_dim == 0 and self.hidden % self.heads:
             raise ValueError(
                 f"model {self.name!r}: hidden={self.hidden} is not divisible by heads="
-                f"{self.heads}; pick heads that divide the hidden size"
+                f"{self.heads}; pick heads that divide the hidden size, or give head_dim"
             )
         if self.heads % self.kv_heads:
             raise ValueError(
@@ -156,14 +161,21 @@ class TransformerSpec:
             )
 
     @property
-    def head_dim(self) -> int:
-        """Per-head width h/a."""
-        return self.hidden // self.heads
+    def head_size(self) -> int:
+        """Width of each attention head: `head_dim`, or hidden / heads (not filled in: a
+        `dataclasses.replace` of the sizes must not carry a derived width along)."""
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """Width of Q and of the attention output: heads x head size (h unless head_dim is
+        set apart)."""
+        return self.heads * self.head_size
 
     @property
     def kv_dim(self) -> int:
         """Width of K (and of V): kv_heads * head_dim."""
-        return self.kv_heads * self.head_dim
+        return self.kv_heads * self.head_size
 
     # ---- parameters ---------------------------------------------------------------------
     def _norm_params(self) -> int:
@@ -177,8 +189,8 @@ class TransformerSpec:
 
     def block_params(self) -> tuple[int, int]:
         """(dense, expert) parameters of one block."""
-        h, kv = self.hidden, self.kv_dim
-        attn = h * (h + 2 * kv) + h * h + ((h + 2 * kv) + h if self.bias else 0)
+        h, q, kv = self.hidden, self.q_dim, self.kv_dim
+        attn = h * (q + 2 * kv) + q * h + ((q + 2 * kv) + h if self.bias else 0)
         dense = attn + 2 * self._norm_params()
         if self.experts:
             router = h * self.experts
@@ -203,10 +215,11 @@ class TransformerSpec:
     def block_cost(self, index: int, seq_len: int, act_bytes: int) -> LayerCost:
         """One block, per sequence of `seq_len` tokens with `act_bytes`-byte activations."""
         s, h, a, kv, p = seq_len, self.hidden, self.heads, self.kv_dim, act_bytes
+        q = self.q_dim
         mask = MASK_BYTES if self.dropout else 0
         # Matmul FLOPs, 2 per multiply-add (Narayanan et al. 2021 §5.1).
-        qkv_proj_flops = 2 * s * h * (h + 2 * kv) + 2 * s * h * h
-        attn_core_flops = 2 * 2 * s * s * h  # QK^T and AV over all heads, no causal discount
+        qkv_proj_flops = 2 * s * h * (q + 2 * kv) + 2 * s * q * h
+        attn_core_flops = 2 * 2 * s * s * q  # QK^T and AV over all heads, no causal discount
         if self.ffn_kind == FfnKind.SWIGLU:
             mlp_mats, mlp_saved = 3, 4  # gate/up/down; saves gate, up, silu(gate), product
         else:
@@ -234,7 +247,7 @@ class TransformerSpec:
             core = (p + mask + (p if self.dropout else 0)) * a * s * s
         else:
             core = LSE_BYTES * a * s  # fused kernel keeps O (= proj input) and the LSE only
-        tp_bytes = p * s * (h + 2 * kv) + p * s * h + core + mlp_tp_bytes  # Q,K,V, proj in
+        tp_bytes = p * s * (q + 2 * kv) + p * s * q + core + mlp_tp_bytes  # Q,K,V, proj in
         dense, expert = self.block_params()
         return LayerCost(
             name=f"block.{index}",
@@ -301,6 +314,7 @@ class TransformerSpec:
             experts=self.experts,
             top_k=self.top_k,
             tied_embeddings=self.tied_embeddings,
+            head_dim=self.head_dim,  # 0: h / heads
         )
 
     def to_dict(self) -> dict[str, object]:

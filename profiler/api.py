@@ -366,6 +366,7 @@ def _assemble(
         experts=shape.experts if shape else 0,
         top_k=shape.top_k if shape else 0,
         tied_embeddings=shape.tied if shape else False,
+        head_dim=shape.head_dim if shape else 0,
         measured_on=measured_on,
         module_digest=digest,
         op_graphs=tuple(graphs),

@@ -68,6 +68,7 @@ def load_config(source: str | dict[str, Any]) -> Any:
     check_hf_shape(
         hidden=s.hidden,
         heads=s.heads,
+        head_dim=s.head_dim,
         kv_heads=s.kv_heads,
         experts=s.experts,
         top_k=s.top_k,

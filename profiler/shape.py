@@ -29,6 +29,9 @@ class Shape:
     """Whether the head reuses the embedding matrix."""
     max_seq: int
     """Longest sequence the position embeddings allow."""
+    head_dim: int = 0
+    """Width of each attention head when the config sets it apart from hidden / heads (Qwen3,
+    Gemma, GPT-OSS); 0 otherwise (`ModelProfile.head_dim`)."""
 
 
 def shape_of(config: Any) -> Shape:
@@ -38,7 +41,9 @@ def shape_of(config: Any) -> Shape:
     )
     hidden = g("hidden_size", "n_embd")
     heads = g("num_attention_heads", "n_head")
+    head_dim = g("head_dim", default=0)
     return Shape(
+        head_dim=0 if head_dim * heads == hidden else head_dim,
         hidden=hidden,
         heads=heads,
         kv_heads=g("num_key_value_heads", default=heads),

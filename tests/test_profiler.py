@@ -13,6 +13,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
+from paraplan.planner.cost.compute import layer_gemms
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.model import LayerKind
 from paraplan.planner.model_spec import parse_model
@@ -160,8 +161,22 @@ def test_predicted_peak_matches_memtracker(name: str, recompute: Recompute) -> N
             },
             "llama:layers=3,hidden=128,ffn=352,heads=8,kv_heads=2,vocab=512,seq=2048",
         ),
+        (  # heads wider than hidden / heads, as Qwen3 and Gemma set them apart
+            {
+                "model_type": "llama",
+                "num_hidden_layers": 3,
+                "hidden_size": 128,
+                "intermediate_size": 352,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 2,
+                "head_dim": 32,
+                "vocab_size": 512,
+                "tie_word_embeddings": False,
+            },
+            "llama:layers=3,hidden=128,ffn=352,heads=8,kv_heads=2,head_dim=32,vocab=512,seq=2048",
+        ),
     ],
-    ids=["gpt2", "llama"],
+    ids=["gpt2", "llama", "llama-head-dim"],
 )
 def test_analytic_spec_agrees_with_trace(config: dict, spec: str) -> None:
     from paraplan.profiler.hf import build_model, example_inputs, load_config
@@ -183,6 +198,12 @@ def test_analytic_spec_agrees_with_trace(config: dict, spec: str) -> None:
         f"activations {acts(traced) / acts(analytic) - 1:+.3%}"
     )
     assert traced.num_params == analytic.num_params
+    heads = config.get("num_attention_heads", config.get("n_head", 1))
+    width = config.get("head_dim") or config.get("hidden_size", config.get("n_embd", 0)) // heads
+    assert traced.head_size == analytic.head_size == width
+    # the traced blocks are priced GEMM by GEMM, their shapes read off the head width
+    block = next(x for x in traced.layers if x.kind == LayerKind.BLOCK)
+    assert layer_gemms(traced, block, tp=1) is not None
     assert [x.kind for x in traced.layers] == [x.kind for x in analytic.layers]
     assert flops(traced) == pytest.approx(flops(analytic), rel=0.02)
     assert acts(traced) == pytest.approx(acts(analytic), rel=0.10)

@@ -338,12 +338,12 @@ def layer_gemms(profile: ModelProfile, layer: LayerCost, tp: int) -> tuple[Gemm,
         return gemms if _matches(layer.fwd_flops, gemms, s, tp, h) else None
     if layer.kind != LayerKind.BLOCK or p.heads < 1:
         return None
-    kv = p.kv_heads * (h // p.heads)
+    q, kv = p.q_dim, p.kv_dim
     attn = (
-        Gemm(n=max(1, (h + 2 * kv) // tp), k=h, per_token=1.0),
-        Gemm(n=h, k=max(1, h // tp), per_token=1.0),
+        Gemm(n=max(1, (q + 2 * kv) // tp), k=h, per_token=1.0),
+        Gemm(n=h, k=max(1, q // tp), per_token=1.0),
     )
-    mlp_flops = layer.fwd_flops - layer.attn_core_fwd_flops - 2 * s * h * (h + 2 * kv + h)
+    mlp_flops = layer.fwd_flops - layer.attn_core_fwd_flops - 2 * s * h * (q + 2 * kv + q)
     routed = float(p.top_k) if p.is_moe else 1.0
     if p.is_moe:
         mlp_flops -= 2 * s * h * p.experts  # the router
@@ -362,8 +362,7 @@ def every_other_matmul(profile: ModelProfile, tp: int, gated: bool) -> tuple[Gem
     activation_checkpoint.py, `_get_custom_policy`). With separate projections that order is
     q, k, v, o, then w1, w3, w2 (gated MLP) or fc1, fc2: k, o and w3 (or fc2) are recomputed."""
     p = profile
-    h = p.hidden
-    kv = p.kv_heads * (h // max(1, p.heads))
+    h, q, kv = p.hidden, p.q_dim, p.kv_dim
     mlp = (
         Gemm(n=max(1, p.ffn // tp), k=h, per_token=1.0)  # w3
         if gated
@@ -371,7 +370,7 @@ def every_other_matmul(profile: ModelProfile, tp: int, gated: bool) -> tuple[Gem
     )
     return (
         Gemm(n=max(1, kv // tp), k=h, per_token=1.0),  # k
-        Gemm(n=h, k=max(1, h // tp), per_token=1.0),  # o
+        Gemm(n=h, k=max(1, q // tp), per_token=1.0),  # o
         mlp,
     )
 
@@ -400,10 +399,9 @@ def eager_block_elements(profile: ModelProfile, tp: int, sp: bool, gated: bool) 
     activation over the FFN width (SwiGLU: silu, then a multiply of two inputs; GELU: one
     pass). Llama-family blocks (gated MLP) carry rotary embeddings."""
     p = profile
-    h = p.hidden
-    kv = p.kv_heads * (h // max(1, p.heads))
+    h, q, kv = p.hidden, p.q_dim, p.kv_dim
     along_h = (2 * EAGER_NORM_PASSES + 2 * 3) * h / (tp if sp else 1)
-    attention = (EAGER_ROPE_PASSES * (h + kv) if gated else 0) / tp + 2 * h / tp
+    attention = (EAGER_ROPE_PASSES * (q + kv) if gated else 0) / tp + 2 * q / tp
     mlp = (5 if gated else 2) * p.ffn / tp
     return along_h + attention + mlp
 

@@ -162,12 +162,12 @@ def traced_layer_s(
     attn_f = attn_b = 0.0
     if block and is_math_attention(p, x):
         m = max(1, mbs * p.heads // tp) * (p.seq_len // cp)
-        qk = k.gemm_train_s(m, p.seq_len, p.hidden // p.heads)
-        av = k.gemm_train_s(m, p.hidden // p.heads, p.seq_len)
+        qk = k.gemm_train_s(m, p.seq_len, p.head_size)
+        av = k.gemm_train_s(m, p.head_size, p.seq_len)
         attn_f, attn_b = qk[0] + av[0], qk[1] + av[1]
     elif block:
         attn_f, attn_b = k.attention_s(
-            x.attn_core_fwd_flops * mbs / (tp * cp), head_dim=p.hidden // p.heads
+            x.attn_core_fwd_flops * mbs / (tp * cp), head_dim=p.head_size
         )
     act_bytes = float(train.act_bytes)
     tokens = mbs * p.seq_len / cp

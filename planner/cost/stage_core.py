@@ -74,7 +74,7 @@ def stage_core(
     # chunk (GQA: kv_heads, each TP rank its share) travel cp-1 hops per block forward;
     # backward sends them again with their gradients.
     kv_shard = max(1, min(s.tp, p.kv_heads))
-    kv_bytes = 2 * tokens * (p.kv_heads * p.hidden // p.heads) / kv_shard * train.act_bytes
+    kv_bytes = 2 * tokens * p.kv_dim / kv_shard * train.act_bytes
     hop_s = coll.p2p(kv_bytes, links.cp.nodes > 1) if s.cp > 1 else 0.0
     a2a_bytes = act * p.top_k / (s.tp if s.sequence_parallel else 1)
     a2a = coll.all_to_all(a2a_bytes, links.ep) if s.ep > 1 else 0.0

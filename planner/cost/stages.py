@@ -242,7 +242,7 @@ class StageModel:
         if block and is_math_attention(p, x):
             heads = max(1, mbs * p.heads // tp)
             attn_f, attn_b = k.math_attention_s(
-                heads, p.seq_len // cp, p.seq_len, p.hidden // p.heads, core_bytes
+                heads, p.seq_len // cp, p.seq_len, p.head_size, core_bytes
             )
         else:
             attn_f, attn_b = k.attention_s(x.attn_core_fwd_flops * mbs / (tp * cp))
