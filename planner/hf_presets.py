@@ -75,6 +75,7 @@ _SIZE_KEYS: dict[str, Bound] = {
     "num_key_value_heads": limits.HEADS,
     "head_dim": limits.HIDDEN,
     "intermediate_size": limits.FFN,
+    "moe_intermediate_size": limits.FFN,
     "n_inner": limits.FFN,
     "vocab_size": limits.VOCAB,
     "max_position_embeddings": limits.SEQ_LEN,

@@ -47,7 +47,13 @@ def shape_of(config: Any) -> Shape:
         hidden=hidden,
         heads=heads,
         kv_heads=g("num_key_value_heads", default=heads),
-        ffn=g("intermediate_size", "n_inner", default=4 * hidden) or 4 * hidden,
+        # MoE families that keep a dense size beside the experts' (Qwen2/3-MoE) name the
+        # experts' `moe_intermediate_size`; Mixtral's `intermediate_size` is the experts'
+        ffn=(
+            g("moe_intermediate_size", default=0) if g("num_local_experts", default=0) else 0
+        )
+        or g("intermediate_size", "n_inner", default=4 * hidden)
+        or 4 * hidden,
         vocab=g("vocab_size"),
         experts=g("num_local_experts", default=0),
         top_k=g("num_experts_per_tok", default=0) if g("num_local_experts", default=0) else 0,

@@ -336,3 +336,37 @@ def test_traced_moe_counts_expert_flops_as_the_spec() -> None:
     total = [sum(x.fwd_flops + x.bwd_flops for x in p.layers) for p in (traced, analytic)]
     assert fwd[0] == pytest.approx(fwd[1], rel=0.01)
     assert total[0] == pytest.approx(total[1], rel=0.03)
+
+
+def test_traced_qwen3_moe_reads_its_head_and_expert_widths() -> None:
+    """A tiny Hugging Face Qwen3-MoE (heads wider than hidden / heads, experts sized by
+    `moe_intermediate_size` beside a dense `intermediate_size`) traced on the meta device
+    against the analytic MoE spec of the same sizes: forward FLOPs equal, parameters apart by
+    Qwen3's per-head q/k norms only (2 x head_dim per block, which the spec leaves out), and
+    its blocks priced GEMM by GEMM."""
+    from paraplan.profiler.hf import profile_hf
+
+    config = {
+        "model_type": "qwen3_moe",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "intermediate_size": 384,
+        "moe_intermediate_size": 96,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "vocab_size": 512,
+        "max_position_embeddings": 256,
+        "tie_word_embeddings": False,
+    }
+    traced = profile_hf(config, seq_len=64)
+    spec = "moe:layers=2,hidden=64,heads=4,kv_heads=2,head_dim=32,ffn=96,ffn_kind=swiglu"
+    analytic = parse_model(spec + ",vocab=512,seq=256,experts=4,top_k=2").to_profile(64)
+    assert (traced.experts, traced.top_k, traced.ffn, traced.head_size) == (4, 2, 96, 32)
+    assert traced.num_params - analytic.num_params == 2 * 32 * 2
+    fwd = [sum(x.fwd_flops for x in p.layers) for p in (traced, analytic)]
+    assert fwd[0] == pytest.approx(fwd[1], rel=0.01)
+    block = next(x for x in traced.layers if x.kind == LayerKind.BLOCK)
+    assert layer_gemms(traced, block, tp=1) is not None
