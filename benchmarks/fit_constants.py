@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import validate_published as vp
 
+from paraplan.planner.config import Precision
 from paraplan.planner.cost import comm, compute, data_parallel
 
 CONSTANTS = {
@@ -31,15 +32,18 @@ CONSTANTS = {
 def _mean_abs(cases: list[vp.Case]) -> float:
     errors = []
     for case in cases:
-        r = vp.evaluate(case)
-        if r is not None:
-            errors.append(abs(r.error))
+        try:
+            errors.append(abs(vp.evaluate(case).error))
+        except ValueError:
+            continue  # no valid strategy under its pins (validate_published skips it too)
     return sum(errors) / max(1, len(errors))
 
 
 def main() -> int:
     start = time.perf_counter()
     cases, _ = vp.load_cases()
+    # fp8 rows are fitted on nothing: their mechanism came after the fit (validate_published)
+    cases = [c for c in cases if c.train.precision != Precision.FP8]
     train = [c for c in cases if not c.held_out]
     held = [c for c in cases if c.held_out]
     best = _mean_abs(train)

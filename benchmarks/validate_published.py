@@ -117,12 +117,15 @@ def held_out(row_id: str) -> bool:
 def _spec(row: dict[str, Any]) -> TransformerSpec | None:
     m = row["model"]
     needed = ("layers", "hidden", "heads", "seq_len", "vocab")
-    if any(m.get(k) is None for k in needed) or m.get("experts"):
+    if any(m.get(k) is None for k in needed):
         return None
     flash = row["id"].startswith(_FLASH_SOURCES)
     name = str(m["name"]).lower()
-    llama = "llama" in name
+    llama = "llama" in name or "qwen" in name  # Qwen: Llama's block, SwiGLU, RMSNorm, RoPE
+    if m.get("experts") and "qwen3" not in name:
+        return None  # GPT-OSS: sliding-window attention and attention sinks, not modelled
     base = PRESETS["llama3-8b" if llama else "gpt3-175b"]
+    experts = m.get("experts") or 0
     return dataclasses.replace(
         base,
         name=row["id"],
@@ -134,6 +137,10 @@ def _spec(row: dict[str, Any]) -> TransformerSpec | None:
         vocab=m["vocab"],
         seq=m["seq_len"],
         attention=Attention.FLASH if flash or llama else Attention.MATH,
+        head_dim=m.get("head_dim") or 0,
+        experts=experts,
+        top_k=m.get("top_k") or 0,
+        expert_ffn=m["ffn"] if experts else 0,
     )
 
 
@@ -226,7 +233,7 @@ def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
         spec = _spec(row)
         why = ""
         if spec is None:
-            why = "model not fully specified (or MoE)"
+            why = "model not fully specified (or GPT-OSS's sliding-window attention)"
         elif any(cfg.get(k) is None for k in ("tp", "pp", "dp")):
             why = "degrees not stated"
         elif gpu not in ("a100-80gb", "a100-40gb", "h100", "h100-hbm2e", "h200", "v100", "b200"):
@@ -264,6 +271,7 @@ def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
             tp=cfg["tp"],
             pp=pp,
             cp=cfg.get("cp") or 1,
+            ep=cfg.get("ep") or 1,
             zero_stage=cfg.get("zero_stage"),
             micro_batch_size=cfg.get("micro_batch_size"),
             virtual_stages=v,
@@ -294,8 +302,9 @@ def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
     return cases, skipped
 
 
-def evaluate(case: Case) -> Result | None:
-    """The cost model's best strategy under the case's pins (None: nothing valid)."""
+def evaluate(case: Case) -> Result:
+    """The cost model's best strategy under the case's pins (ValueError: nothing valid, with
+    the first rule that refused it)."""
     profile = case.spec.to_profile(seq_len=case.train.seq_len)
     # The published run fitted in memory: its time is priced whatever our memory model says
     # (memory is validated against MemTracker and measured runs, not here).
@@ -313,15 +322,17 @@ def evaluate(case: Case) -> Result | None:
             for sched in (Schedule.NONE, Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B)
         ]
     found: list[Estimate] = []
+    refused: list[str] = []
     for pin in pins:
         try:
             result = Search(ev, pin).run(top_k=0)
-        except ValueError:
+        except ValueError as exc:
+            refused.append(str(exc))
             continue
         if result.best or result.min_memory:
             found.append(result.best or result.min_memory)  # type: ignore[arg-type]
     if not found:
-        return None
+        raise ValueError(refused[0] if refused else "nothing fits")
     best = min(found, key=lambda e: (not e.feasible, e.step_time_s))
     return Result(case=case, predicted_step_s=best.step_time_s, strategy=best.strategy.short())
 
@@ -406,11 +417,10 @@ def run(path: Path = DATA) -> tuple[list[Result], list[tuple[str, str]]]:
     cases, skipped = load_cases(path)
     results = []
     for case in cases:
-        r = evaluate(case)
-        if r is None:
-            skipped.append((case.id, "no valid strategy under its pins"))
-        else:
-            results.append(r)
+        try:
+            results.append(evaluate(case))
+        except ValueError as exc:
+            skipped.append((case.id, f"no valid strategy under its pins: {exc}"))
     return results, skipped
 
 
