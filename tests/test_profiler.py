@@ -308,6 +308,20 @@ def test_bad_arguments() -> None:
         profile(model, inputs, blocks="transformer.nope")
 
 
+_TINY_MOE = {
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_local_experts": 4,  # Qwen3-MoE's config reads it as num_experts (its attribute map)
+    "num_experts_per_tok": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}
+"""The sizes of the tiny MoE configs traced below (each adds its family and widths)."""
+
+
 def test_traced_moe_counts_expert_flops_as_the_spec() -> None:
     """A tiny Hugging Face Mixtral traced on the meta device against the analytic MoE spec of
     the same sizes: parameters equal, forward FLOPs within 1% (before the balanced-routing
@@ -315,19 +329,7 @@ def test_traced_moe_counts_expert_flops_as_the_spec() -> None:
     backward convention the dense models share (test_analytic_spec_agrees_with_trace)."""
     from paraplan.profiler.hf import profile_hf
 
-    config = {
-        "model_type": "mixtral",
-        "num_hidden_layers": 2,
-        "hidden_size": 64,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "intermediate_size": 96,
-        "num_local_experts": 4,
-        "num_experts_per_tok": 2,
-        "vocab_size": 512,
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": False,
-    }
+    config = {**_TINY_MOE, "model_type": "mixtral", "intermediate_size": 96}
     traced = profile_hf(config, seq_len=64)
     spec = "moe:layers=2,hidden=64,heads=4,kv_heads=2,ffn=96,ffn_kind=swiglu,vocab=512,seq=256"
     analytic = parse_model(spec + ",experts=4,top_k=2").to_profile(64, act_bytes=2)
@@ -347,19 +349,11 @@ def test_traced_qwen3_moe_reads_its_head_and_expert_widths() -> None:
     from paraplan.profiler.hf import profile_hf
 
     config = {
+        **_TINY_MOE,
         "model_type": "qwen3_moe",
-        "num_hidden_layers": 2,
-        "hidden_size": 64,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
         "head_dim": 32,
         "intermediate_size": 384,
         "moe_intermediate_size": 96,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "vocab_size": 512,
-        "max_position_embeddings": 256,
-        "tie_word_embeddings": False,
     }
     traced = profile_hf(config, seq_len=64)
     spec = "moe:layers=2,hidden=64,heads=4,kv_heads=2,head_dim=32,ffn=96,ffn_kind=swiglu"
