@@ -49,9 +49,7 @@ def shape_of(config: Any) -> Shape:
         kv_heads=g("num_key_value_heads", default=heads),
         # MoE families that keep a dense size beside the experts' (Qwen2/3-MoE) name the
         # experts' `moe_intermediate_size`; Mixtral's `intermediate_size` is the experts'
-        ffn=(
-            g("moe_intermediate_size", default=0) if g("num_local_experts", default=0) else 0
-        )
+        ffn=(g("moe_intermediate_size", default=0) if g("num_local_experts", default=0) else 0)
         or g("intermediate_size", "n_inner", default=4 * hidden)
         or 4 * hidden,
         vocab=g("vocab_size"),

@@ -66,10 +66,9 @@ class PowerSGDCost:
 def block_matrices(p: ModelProfile, block_params: float) -> tuple[tuple[int, int], ...]:
     """A transformer block's weight matrices (rows, cols): q, k, v, o and the MLP's two or
     three (a gated MLP, SwiGLU, when the block holds enough parameters for three)."""
-    h = p.hidden
-    kv = p.kv_heads * (h // max(1, p.heads))
-    attention = ((h, h), (h, kv), (h, kv), (h, h))
-    attn_params = 2 * h * h + 2 * h * kv
+    h, q, kv = p.hidden, p.q_dim, p.kv_dim
+    attention = ((h, q), (h, kv), (h, kv), (q, h))
+    attn_params = 2 * h * q + 2 * h * kv
     gated = block_params - attn_params >= 3 * h * p.ffn
     mlp = ((h, p.ffn), (h, p.ffn), (p.ffn, h)) if gated else ((h, p.ffn), (p.ffn, h))
     return attention + mlp

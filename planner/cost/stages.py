@@ -415,13 +415,12 @@ class StageModel:
         w1 and w2's partial sum; fc1 without a gated MLP) and the fused attention's output
         (`compute.every_other_matmul` for the order)."""
         p = self.profile
-        h = p.hidden
-        kv = p.kv_heads * (h // max(1, p.heads))
+        h, q, kv = p.hidden, p.q_dim, p.kv_dim
         gated = x.fwd_flops - x.attn_core_fwd_flops > 2 * p.seq_len * h * (
-            2 * h + 2 * kv + 2.5 * p.ffn
+            2 * q + 2 * kv + 2.5 * p.ffn
         )
         per_elem = x.input_bytes / (p.seq_len * h)  # bytes per activation element
-        elements = h / (tp if sp else 1) + (h + kv + p.ffn + h) / tp + (h if gated else 0)
+        elements = h / (tp if sp else 1) + (q + kv + p.ffn + q) / tp + (h if gated else 0)
         return elements * p.seq_len * per_elem / cp
 
     def _act_prefix(
