@@ -137,6 +137,7 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
             vocab=p.vocab,
             experts=p.experts,
             module_digest=p.module_digest,
+            head_dim=p.head_dim,
         ),
         cluster=ClusterInfo(
             name=c.name,

@@ -60,6 +60,8 @@ class ModelInfo:
     module_digest: str
     """Digest of the traced module's parameter names and shapes ('' when planned from an
     analytic spec); the executor refuses a module whose digest differs."""
+    head_dim: int = 0
+    """Width of each attention head when set apart from hidden / heads (0: hidden / heads)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -131,6 +131,7 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
     )
     return {
         "tp": config.tensor_model_parallel_size,
+        "kv_channels": config.kv_channels,
         "pp": config.pipeline_model_parallel_size,
         "cp": config.context_parallel_size,
         "vpp": config.virtual_pipeline_model_parallel_size,

@@ -140,6 +140,8 @@ def render(plan: Plan, s: Strategy) -> str:
         ("hidden-size", m.hidden),
         ("num-attention-heads", m.heads),
     ]
+    if m.head_dim:  # heads set apart from hidden / heads (Qwen3): Megatron's kv_channels
+        args.append(("kv-channels", m.head_dim))
     if m.kv_heads != m.heads:
         args += [("group-query-attention", None), ("num-query-groups", m.kv_heads)]
     if m.experts:
