@@ -79,10 +79,11 @@ def _slot_lower_bound_s(ev: Evaluator, s: Strategy) -> float:
     size, whatever the layout, ZeRO stage, recompute or mesh order: the busiest stage does
     at least the average of the forward and backward compute plus the TP collectives every
     block and the embedding and head run (2 + 2 per block; all on the fastest link, no
-    latency: `lower_bound_coll`)."""
+    latency: `lower_bound_coll`), unless they hide under compute (`Runtime.tp_comm_overlap`:
+    then only their contention shows, which this bound leaves out)."""
     sm = ev.stage_model
     total = sm.total_compute_s(s.tp, s.cp, s.ep, s.micro_batch_size)
-    if s.tp > 1:
+    if s.tp > 1 and not ev.train.runtime.tp_comm_overlap:
         act = s.micro_batch_size * sm.block_output_seq_bytes / s.cp
         ideal = Links.ideal_of(s.tp)
         coll = ev.lower_bound_coll

@@ -228,3 +228,26 @@ def test_torchtitan_float8_registry_config_without_torchao_is_refused_by_name(
     assert main([*argv, "--model-source", "spec", "--cluster", "512xh100", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "torchtitan:llama3.llama3_405b" in err[-1] and "pip install torchao" in err[-1]
+
+
+def test_search_is_exact_with_tp_overlap() -> None:
+    """With TP collectives hidden under compute (Megatron's --tp-comm-overlap, the NeMo and
+    Megatron-LM README rows' runtime) the search's bounds leave them out, and the search
+    returns brute force's best (fp8 and bf16)."""
+    profile = parse_model("gpt:layers=4,hidden=1024,heads=16,vocab=8192,seq=2048").to_profile(2048)
+    for precision in ("bf16", "fp8"):
+        train = TrainConfig(
+            global_batch=16,
+            seq_len=2048,
+            precision=precision,
+            runtime=Runtime(fused_elementwise=True, tp_comm_overlap=True),
+        )
+        ev = Evaluator(profile, parse_cluster("8xh100"), train)
+        pins = Pins.parse("tp=4,sp=true")
+        best = Search(ev, pins).run(top_k=3).best
+        everything = brute_force(ev, pins)
+        assert best is not None and everything
+        assert (best.strategy, best.step_time_s) == (
+            everything[0].strategy,
+            everything[0].step_time_s,
+        )
