@@ -128,6 +128,19 @@ def test_predicted_peak_matches_memtracker(name: str, recompute: Recompute) -> N
     assert predicted == pytest.approx(measured, rel=0.05)
 
 
+_TINY_LLAMA = {
+    "model_type": "llama",
+    "num_hidden_layers": 3,
+    "hidden_size": 128,
+    "intermediate_size": 352,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "tie_word_embeddings": False,
+}
+"""A tiny Llama config (the spec-against-trace cases below)."""
+
+
 @pytest.mark.parametrize(
     ("config", "spec"),
     [
@@ -148,31 +161,9 @@ def test_predicted_peak_matches_memtracker(name: str, recompute: Recompute) -> N
             },
             "gpt:layers=3,hidden=128,heads=4,vocab=512,seq=128,dropout=false,attention=flash",
         ),
-        (
-            {
-                "model_type": "llama",
-                "num_hidden_layers": 3,
-                "hidden_size": 128,
-                "intermediate_size": 352,
-                "num_attention_heads": 8,
-                "num_key_value_heads": 2,
-                "vocab_size": 512,
-                "tie_word_embeddings": False,
-            },
-            "llama:layers=3,hidden=128,ffn=352,heads=8,kv_heads=2,vocab=512,seq=2048",
-        ),
+        (_TINY_LLAMA, "llama:layers=3,hidden=128,ffn=352,heads=8,kv_heads=2,vocab=512,seq=2048"),
         (  # heads wider than hidden / heads, as Qwen3 and Gemma set them apart
-            {
-                "model_type": "llama",
-                "num_hidden_layers": 3,
-                "hidden_size": 128,
-                "intermediate_size": 352,
-                "num_attention_heads": 8,
-                "num_key_value_heads": 2,
-                "head_dim": 32,
-                "vocab_size": 512,
-                "tie_word_embeddings": False,
-            },
+            {**_TINY_LLAMA, "head_dim": 32},
             "llama:layers=3,hidden=128,ffn=352,heads=8,kv_heads=2,head_dim=32,vocab=512,seq=2048",
         ),
     ],
