@@ -232,7 +232,7 @@ class StageModel:
         tokens = mbs * p.seq_len / cp
         f = b = 0.0
         for g in gemms:
-            gf, gb = self._linear_s(block, max(1, round(tokens * g.per_token)), g.n, g.k)
+            gf, gb = self._linear_s(k, block, max(1, round(tokens * g.per_token)), g.n, g.k)
             f, b = f + gf, b + gb
         core_bytes = x.act_attn_core_bytes * self.act_scale * mbs / (tp * cp)
         if traced is not None:
@@ -264,18 +264,20 @@ class StageModel:
             # operator run again in backward; attention's output is saved.
             again = every_other_matmul(p, tp, gated=gated)
             sel = elementwise_f + sum(
-                self._linear_s(block, max(1, round(tokens * g.per_token)), g.n, g.k)[0]
+                self._linear_s(k, block, max(1, round(tokens * g.per_token)), g.n, g.k)[0]
                 for g in again
             )
         return f, b, f if block else 0.0, sel, attn_f
 
-    def _linear_s(self, block: bool, m: int, n: int, k: int) -> tuple[float, float]:
-        """(forward, backward) seconds of a layer's (m x k) @ (k x n) GEMM in training: a
-        block's in fp8 under fp8 training (`float8.py`), else in the compute dtype."""
-        assert self.kernels is not None
+    def _linear_s(
+        self, kernels: Kernels, block: bool, m: int, n: int, k: int
+    ) -> tuple[float, float]:
+        """(forward, backward) seconds of a layer's (m x k) @ (k x n) GEMM in training on
+        `kernels` (the step's): a block's in fp8 under fp8 training (`float8.py`), else in the
+        compute dtype."""
         if block and self.fp8 is not None:
-            return self.fp8.gemm_train_s(self.kernels, m, n, k)
-        return self.kernels.gemm_train_s(m, n, k)
+            return self.fp8.gemm_train_s(kernels, m, n, k)
+        return kernels.gemm_train_s(m, n, k)
 
     def op_by_op_kernels(self, x: LayerCost) -> CalibratedKernels | None:
         """The calibrated kernels when `x` is priced from its traced operators (`eager.py`):
