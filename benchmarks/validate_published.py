@@ -31,6 +31,7 @@ import yaml
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import (
     AttentionKernel,
+    Float8Casts,
     Precision,
     Runtime,
     SelectiveRecompute,
@@ -185,7 +186,10 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
       communication overlap (--tp-comm-overlap) and run Transformer Engine's fused attention;
       so do NeMo's Megatron-Bridge performance recipes (Megatron-Core with Transformer Engine;
       NeMo 2.0's Llama 3 70B recipe adds `MegatronCommOverlapCallback(tp_comm_overlap=True)`
-      with the userbuffers of h8192, tp4, mbs1, seq 8192, the row's own shape);
+      with the userbuffers of h8192, tp4, mbs1, seq 8192, the row's own shape); under fp8
+      they run Transformer Engine's Linear (`Float8Casts.TRANSFORMER_ENGINE`: fp8 weights cast
+      once per step, inputs cast once and saved in fp8; NeMo's H100 recipes are "fp8cs",
+      current scaling);
     - torchtitan rows without torch.compile (`--training.compile`, or Async TP, which is a
       compile pass) run eager PyTorch (one kernel per operator) and torch SDPA; Async TP
       overlaps the TP collectives; "FSDP float8 all-gather" gathers fp8 weights; its selective
@@ -205,6 +209,7 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
             attention=AttentionKernel.FUSED,
             sp_saves_gathered_input=False,
             torch_loss=False,
+            fp8_casts=Float8Casts.TRANSFORMER_ENGINE,
         )
     if rid.startswith("torchtitan"):
         # torchtitan's "selective" is per-operator SAC (`selective_ac_option = "op"`, its

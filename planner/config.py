@@ -63,6 +63,22 @@ class SelectiveRecompute(StrEnum):
     attention's are saved."""
 
 
+class Float8Casts(StrEnum):
+    """How a framework makes the fp8 operands of its linear layers under fp8 training
+    (`Precision.FP8`; priced in `cost/float8.py`)."""
+
+    TORCHAO = "torchao"
+    """torchao's `Float8Linear` (torchtitan): every micro-batch casts the input and the weight in
+    forward; backward casts the output gradient, lays it out a second time, and casts the saved
+    bf16 input and weight again."""
+    TRANSFORMER_ENGINE = "transformer_engine"
+    """Transformer Engine's Linear under Megatron-Core (NeMo, Megatron-LM): forward casts the input
+    to fp8 in both layouts at once and saves that for backward, backward casts the output gradient
+    in both layouts at once; the weight is cast once per step, on the first micro-batch, and its
+    fp8 copies are reused by the others (`is_first_microbatch`, which Megatron-Core's schedules
+    set through `set_is_first_microbatch`)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Runtime:
     """How the training framework runs a step's kernels. The defaults are paraplan's own
@@ -107,6 +123,8 @@ class Runtime:
     """Under fp8 training, FSDP gathers the blocks' linear weights in fp8, one byte each, cast
     on the shard before the all-gather (torchtitan's `float8.enable_fsdp_float8_all_gather`,
     off by default, with `precompute_float8_dynamic_scale_for_fsdp`); False: in bf16."""
+    fp8_casts: Float8Casts = Float8Casts.TORCHAO
+    """How the fp8 operands are made under fp8 training (`Float8Casts`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -8,7 +8,7 @@ from dataclasses import replace
 from functools import partial
 
 from ..cluster import Cluster
-from ..config import FP32_BYTES, Optimizer, TrainConfig
+from ..config import FP32_BYTES, Float8Casts, Optimizer, TrainConfig
 from ..model import ModelProfile
 from ..strategy import MeshAxis, Recompute, Schedule, Strategy
 from . import schedules as split_schedules
@@ -24,6 +24,7 @@ from .data_parallel import (
 )
 from .eager import unfused_adamw_s
 from .estimate import Estimate, StageTime, TimeBreakdown
+from .float8 import block_weight_elements
 from .layout import Stage, StageSplit
 from .memo import memo_method
 from .memory import MemoryBreakdown, in_flight_microbatches
@@ -294,7 +295,7 @@ class Evaluator:
                     recompute_s=core.recompute_s,
                     comm_s=core.comm_s + zero_mb,
                     tail_comm_s=tail,
-                    optimizer_s=self._optimizer_s(s, stage),
+                    optimizer_s=self._optimizer_s(s, stage) + self._fp8_weight_cast_s(s, stage),
                 )
             )
         return tuple(out)
@@ -305,6 +306,15 @@ class Evaluator:
         """`StageCores.get` (stage_core.py): `stage_times` less the data-parallel, offload and
         optimizer terms, memoized for this evaluator's collectives and `PlacementBound`s."""
         return self.cores.get(s, links, coll, merged=merged)
+
+    def _fp8_weight_cast_s(self, s: Strategy, stage: Stage) -> float:
+        """The once-per-step fp8 cast of the stage's block weights (`Float8Linears.weight_cast_s`;
+        0 unless fp8 training casts its weights once per step)."""
+        sm = self.stage_model
+        f8, k = sm.fp8, sm.kernels
+        if f8 is None or k is None or f8.casts != Float8Casts.TRANSFORMER_ENGINE:
+            return 0.0
+        return f8.weight_cast_s(k, block_weight_elements(self.profile, stage, s.tp, s.ep))
 
     def _optimizer_s(self, s: Strategy, stage: Stage) -> float:
         """`data_parallel.optimizer_s`; on a calibrated device with a traced model, torch's

@@ -27,7 +27,16 @@ Two mechanisms, nothing fitted:
   output gradient (m n), the saved weight and input again, and lays the output gradient out a
   second time for the weight-gradient GEMM (fp8 GEMMs on Hopper take only the "TN" layout,
   cuBLASLt's `cublasLtMatmul` fp8 requirements), a cast without the reduction
-  (`RELAYOUT_BYTES`).
+  (`RELAYOUT_BYTES`). That is torchao's `Float8Linear` (`Float8Casts.TORCHAO`: it saves the
+  bf16 input and weight and casts them again in backward).
+- Transformer Engine under Megatron-Core (`Float8Casts.TRANSFORMER_ENGINE`: NeMo, Megatron-LM)
+  casts each operand once, in both layouts by one kernel (`fp8_cast_transpose_fused`,
+  transformer_engine/pytorch/module/linear.py), with current (tensorwise) scaling after an
+  absolute-max pass (`TE_CAST_BYTES`): per micro-batch the input in forward, saved in fp8 for
+  the weight-gradient GEMM, and the output gradient in backward; the weight once per step, on
+  the first micro-batch, whose fp8 copies the later ones reuse (`is_first_microbatch`, set by
+  Megatron-Core's schedules through `set_is_first_microbatch`): `weight_cast_s`, a
+  once-per-step term of the stage.
 """
 
 from __future__ import annotations
@@ -35,8 +44,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..cluster import Cluster
-from ..config import AttentionKernel, Precision, TrainConfig
+from ..config import AttentionKernel, Float8Casts, Precision, TrainConfig
+from ..model import LayerKind, ModelProfile
 from .compute import KERNELS, KernelModel, Kernels
+from .layout import Stage
 
 CAST_BYTES = 5
 """Bytes per element of one compiled dynamic cast of a bf16 tensor to fp8: the absolute-max
@@ -49,6 +60,10 @@ abs (reads 2, writes 2), max (reads 2), to fp32 (reads 2, writes 4), multiply by
 Not priced: it is why fp8 is run compiled."""
 RELAYOUT_BYTES = 3
 """A second fp8 layout of a tensor whose scale is known, compiled: reads 2, writes 1."""
+TE_CAST_BYTES = 6
+"""Bytes per element of Transformer Engine's current-scaling cast of a bf16 tensor to fp8 in
+both layouts: the absolute-max pass reads 2, the fused cast-transpose reads 2 and writes 1 in
+each layout."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +74,8 @@ class Float8Linears:
     """The catalog's tile model at the fp8 peak."""
     bf16: KernelModel
     """The same at the bf16 peak: a measured (calibrated) bf16 GEMM is scaled by fp8's gain."""
+    casts: Float8Casts = Float8Casts.TORCHAO
+    """How the framework makes the fp8 operands (`Float8Casts`)."""
 
     def gemm_train_s(self, k: Kernels, m: int, n: int, kk: int) -> tuple[float, float]:
         """(forward, backward) seconds of a linear layer (m x kk) @ (kk x n) in fp8 training,
@@ -68,10 +85,34 @@ class Float8Linears:
             f16, b16 = k.gemm_train_s(m, n, kk)
             c16f, c16b = self.bf16.gemm_train_s(m, n, kk)
             f8, b8 = f16 * f8 / c16f, b16 * b8 / c16b
+        if self.casts == Float8Casts.TRANSFORMER_ENGINE:  # weights: `weight_cast_s`
+            return f8 + k.elementwise_s(TE_CAST_BYTES * m * kk), b8 + k.elementwise_s(
+                TE_CAST_BYTES * m * n
+            )
         c = CAST_BYTES
         fwd_bytes = c * (m * kk + kk * n)
         bwd_bytes = (c + RELAYOUT_BYTES) * m * n + c * (m * kk + kk * n)
         return f8 + k.elementwise_s(fwd_bytes), b8 + k.elementwise_s(bwd_bytes)
+
+    def weight_cast_s(self, k: Kernels, weight_elements: float) -> float:
+        """Seconds per step a stage spends casting the `weight_elements` weights of its blocks'
+        linear layers (one rank's) to fp8 once per step (Transformer Engine's cached fp8 weights);
+        0 where every micro-batch casts them (`gemm_train_s` prices those)."""
+        if self.casts != Float8Casts.TRANSFORMER_ENGINE:
+            return 0.0
+        return k.elementwise_s(TE_CAST_BYTES * weight_elements)
+
+
+def block_weight_elements(profile: ModelProfile, stage: Stage, tp: int, ep: int) -> float:
+    """Weights of `stage`'s transformer blocks one rank holds (TP shards them, EP the experts):
+    what a once-per-step fp8 cast of its linear layers reads (norms included: a few per
+    block, against millions)."""
+    layers = profile.layers
+    return sum(
+        layers[i].params / tp + layers[i].expert_params / (tp * ep)
+        for i in stage.layers
+        if layers[i].kind == LayerKind.BLOCK
+    )
 
 
 def kernels_for(cluster: Cluster, train: TrainConfig) -> Kernels | None:
@@ -118,4 +159,6 @@ def float8_linears(
     acc = cluster.accelerator
     table = KERNELS[acc.name]
     catalog = bf16 if isinstance(bf16, KernelModel) else KernelModel(acc, "bf16", table)
-    return Float8Linears(fp8=KernelModel(acc, "fp8", table), bf16=catalog)
+    return Float8Linears(
+        fp8=KernelModel(acc, "fp8", table), bf16=catalog, casts=train.runtime.fp8_casts
+    )
