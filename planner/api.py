@@ -11,6 +11,7 @@ from .cluster import Cluster
 from .config import Precision, TrainConfig
 from .cost.evaluate import Estimate, Evaluator
 from .cost.float8 import fp8_problem
+from .frameworks import is_own
 from .limits import check_planning
 from .model import ModelProfile
 from .options import NO_CONSENT, Consent
@@ -87,18 +88,20 @@ def make_plan(
     consent: Consent = NO_CONSENT,
 ) -> PlanOutcome:
     """Search the space and build the plan (only strategies the executor runs, unless
-    `any_engine`: then any strategy the cost model prices; PowerSGD and the asynchronous
+    `any_engine` or `train.runtime` is another framework's (`frameworks.py`): then any
+    strategy the cost model prices; PowerSGD and the asynchronous
     pipeline only with `consent`, `planner/options.py`). Raises `NoFeasiblePlanError` when
     nothing fits (unless every dimension is pinned: then the plan is returned marked
     infeasible)."""
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be >= 0")
     check_planning(profile, cluster, train, pins)  # every count in bounds before any search
-    refuse_precision(cluster, train.precision, any_engine)
+    own = is_own(train.runtime)  # priced for paraplan's executor: rank only what it runs
+    refuse_precision(cluster, train.precision, any_engine or not own)
     asked = pins
     pins = host_offload_pins(cluster, pins)
     ev = Evaluator(profile, cluster, train)
-    search = Search(ev, pins, runnable_only=not any_engine, consent=consent)
+    search = Search(ev, pins, runnable_only=own and not any_engine, consent=consent)
     result = search.run(top_k=top_k, progress=progress)
     ctx = PlanContext(profile=profile, cluster=cluster, train=train)
     if result.best is not None:

@@ -153,6 +153,7 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
             precision=t.precision,
             optimizer=t.optimizer,
             memory_headroom=t.memory_headroom,
+            runtime=t.runtime,
         ),
         parallelism=parallelism_of(s),
         mesh=Mesh(

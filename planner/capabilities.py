@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .config import Optimizer, Precision
+from .frameworks import describe_runtime, is_own
 from .plan import Plan
 from .strategy import Recompute, Schedule, Strategy
 
@@ -223,8 +224,18 @@ def executor_gaps(job: Job) -> tuple[str, ...]:
 
 
 def plan_gaps(plan: Plan) -> tuple[str, ...]:
-    """`executor_gaps` of a plan."""
-    return executor_gaps(
+    """`executor_gaps` of a plan, after the runtime it was priced for when not the executor's."""
+    runtime = plan.train.runtime
+    priced = (
+        ()
+        if is_own(runtime)
+        else (
+            f"it was priced for {describe_runtime(runtime)}'s runtime, not paraplan's executor, so "
+            "its measured step would be compared with another framework's prices; plan it again "
+            "without --runtime to run it here, or `paraplan export` it to that trainer",
+        )
+    )
+    return priced + executor_gaps(
         Job(
             strategy=plan.strategy(),
             experts=plan.model.experts,

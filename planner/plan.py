@@ -10,16 +10,17 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass, field
 
-from .config import Optimizer, Precision
+from .config import Optimizer, Precision, Runtime
 from .cost.estimate import Replay, TimeBreakdown
 from .cost.hidden import HiddenCosts
 from .cost.memory import MemoryBreakdown
 from .jsonio import to_json
 from .strategy import MeshAxis, Recompute, Schedule, Strategy
 
-SCHEMA_VERSION = 6
-"""Bumped on any incompatible change of the plan JSON (6: `Predicted.model_flops_per_s_per_gpu`;
-5: PowerSGD, offload and asynchronous pipeline options)."""
+SCHEMA_VERSION = 7
+"""Bumped on any incompatible change of the plan JSON (7: `ModelInfo.head_dim` and
+`TrainInfo.runtime`; 6: `Predicted.model_flops_per_s_per_gpu`; 5: PowerSGD, offload and
+asynchronous pipeline options)."""
 
 LAYER_RECOMPUTE: tuple[Recompute, ...] = tuple(r for r in Recompute if r != Recompute.PER_LAYER)
 """Policies a single layer can have (`per_layer` describes how a plan chose them)."""
@@ -91,6 +92,10 @@ class TrainInfo:
     """Optimizer."""
     memory_headroom: float = _schema(minimum=0, exclusiveMaximum=1)
     """Fraction of device memory left free."""
+    runtime: Runtime = field(default_factory=Runtime)
+    """How the framework the plan was priced for runs its kernels (`frameworks.py`: paraplan's
+    executor unless planned with `--runtime`); absent in older plans, which were priced for
+    paraplan's executor."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -12,6 +12,7 @@ import os
 import typing
 
 from . import limits
+from .config import Runtime
 from .cost.hidden import HiddenCosts
 from .cost.layout import chunk_stage
 from .documents import Document, wrong_kind
@@ -54,10 +55,28 @@ _V4_HIDDEN_COSTS = to_json(HiddenCosts())
 """`predicted.hidden_costs` of a version-4 plan: nothing hidden."""
 
 
+_V6_RUNTIME = to_json(Runtime())
+"""`train.runtime` of a version-6 plan: every plan was priced for paraplan's executor."""
+
+
 def upgrade(data: typing.Any) -> typing.Any:
-    """A version-4 or -5 plan document as the current version (`upgrade_v4`, `upgrade_v5`);
-    anything else unchanged (the schema then says what is wrong)."""
-    return upgrade_v5(upgrade_v4(data))
+    """A version-4, -5 or -6 plan document as the current version (`upgrade_v4`, `upgrade_v5`,
+    `upgrade_v6`); anything else unchanged (the schema then says what is wrong)."""
+    return upgrade_v6(upgrade_v5(upgrade_v4(data)))
+
+
+def upgrade_v6(data: typing.Any) -> typing.Any:
+    """A version-6 plan document as version 7: heads as wide as hidden / heads (`head_dim` 0,
+    unless the plan has it: plans written between the two changes) and priced for paraplan's
+    executor (`train.runtime`); anything else unchanged."""
+    if not isinstance(data, dict) or data.get("schema_version") != 6:
+        return data
+    out = dict(data, schema_version=7)
+    if isinstance(out.get("model"), dict):
+        out["model"] = {"head_dim": 0, **out["model"]}
+    if isinstance(out.get("train"), dict):
+        out["train"] = {"runtime": dict(_V6_RUNTIME), **out["train"]}
+    return out
 
 
 def upgrade_v5(data: typing.Any) -> typing.Any:
@@ -97,7 +116,7 @@ def upgrade_v4(data: typing.Any) -> typing.Any:
 
 def plan_from_dict(data: typing.Any) -> Plan:
     """Validate a parsed plan document and build the `Plan` (ValueError on any problem);
-    version-4 and -5 documents are read as the current version (`upgrade`)."""
+    version-4 to -6 documents are read as the current version (`upgrade`)."""
     data = upgrade(data)
     if isinstance(data, dict) and data.get("schema_version") not in (None, SCHEMA_VERSION):
         raise ValueError(

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..api import plan as make
 from ..planner import limits
+from ..planner.frameworks import Framework
 from .common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
@@ -86,6 +87,15 @@ def add_parser(subparsers: Any) -> None:
         help="also search the asynchronous PipeDream-2BW pipeline (no flush): it changes the "
         "training semantics (weight staleness 1); paraplan's executor does not run it",
     )
+    p.add_argument(
+        "--runtime",
+        default="paraplan",
+        choices=[f.value for f in Framework],
+        help="price the plan for this framework's runtime (default paraplan, the executor's): "
+        "torchtitan (eager), torchtitan-compile, megatron (Megatron-Core with Transformer "
+        "Engine), nemo (megatron with TP communication overlap); another than paraplan searches "
+        "every strategy, as --any-engine, and the plan is for `paraplan export`",
+    )
     add_no_progress_arg(p)
     p.set_defaults(handler=execute)
 
@@ -119,7 +129,8 @@ def execute(args: argparse.Namespace) -> int:
         if mismatch:
             print(f"paraplan: warning: {mismatch}", file=sys.stderr)
     # fp8 without fp8 tensor cores, or a precision the executor does not run: before tracing
-    refuse_precision(cluster, Precision(args.precision), args.any_engine)
+    own = args.runtime == Framework.PARAPLAN
+    refuse_precision(cluster, Precision(args.precision), args.any_engine or not own)
     fix = Pins.parse(args.fix)  # bad --fix fails before any tracing
     broken = cluster_violation(cluster.num_gpus, fix)  # and degrees the cluster cannot hold
     if broken is not None:
@@ -144,6 +155,7 @@ def execute(args: argparse.Namespace) -> int:
                 any_engine=args.any_engine,
                 allow_compression=args.allow_compression,
                 allow_async=args.allow_async,
+                runtime=args.runtime,
             )
     except NoFeasiblePlanError as exc:
         print(f"paraplan: no plan fits: {exc}", file=sys.stderr)

@@ -86,6 +86,7 @@ class Costing:
             precision=t.precision,
             optimizer=t.optimizer,
             memory_headroom=t.memory_headroom,
+            runtime=t.runtime,  # priced as the plan was
         )
         self.evaluator = Evaluator(profile, cluster, train)
 
