@@ -29,16 +29,10 @@ from typing import Any
 import yaml
 
 from paraplan.planner.cluster import parse_cluster
-from paraplan.planner.config import (
-    AttentionKernel,
-    Float8Casts,
-    Precision,
-    Runtime,
-    SelectiveRecompute,
-    TrainConfig,
-)
+from paraplan.planner.config import Precision, Runtime, TrainConfig
 from paraplan.planner.cost.evaluate import Estimate, Evaluator
 from paraplan.planner.cost.layout import StageSplit
+from paraplan.planner.frameworks import RUNTIMES, Framework
 from paraplan.planner.hardware import with_calibration
 from paraplan.planner.model_spec import PRESETS, Attention, TransformerSpec
 from paraplan.planner.pins import Pins
@@ -203,14 +197,7 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
     text = f"{row.get('notes', '')} {row.get('quote', '')}"
     rid = row["id"]
     if rid.startswith(("megatron_readme", "nemo")):
-        return Runtime(
-            fused_elementwise=True,
-            tp_comm_overlap=True,
-            attention=AttentionKernel.FUSED,
-            sp_saves_gathered_input=False,
-            torch_loss=False,
-            fp8_casts=Float8Casts.TRANSFORMER_ENGINE,
-        )
+        return RUNTIMES[Framework.NEMO]  # `paraplan plan --runtime nemo`
     if rid.startswith("torchtitan"):
         # torchtitan's "selective" is per-operator SAC (`selective_ac_option = "op"`, its
         # default and what every torchtitan row here states or implies). Async TP is a
@@ -219,12 +206,10 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
         async_tp = "asynctp" in str(row.get("quote", "")).lower().replace(" ", "")
         compiled = "--training.compile" in text or async_tp
         eager = not compiled and ("no torch.compile" in text or "torch.compile" not in text)
-        return Runtime(
-            fused_elementwise=not eager,
+        return dataclasses.replace(  # --runtime torchtitan(-compile), and the row's flags
+            RUNTIMES[Framework.TORCHTITAN if eager else Framework.TORCHTITAN_COMPILE],
             tp_comm_overlap=async_tp,
             fp8_all_gather="fsdp float8 all-gather" in text.lower(),
-            selective=SelectiveRecompute.EVERY_OTHER_MATMUL,
-            fsdp_shared_root=False,  # torchtitan wraps the embedding and the output apart
         )
     return Runtime(fused_elementwise=True, sp_saves_gathered_input=False, torch_loss=False)
 

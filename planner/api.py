@@ -11,7 +11,8 @@ from .cluster import Cluster
 from .config import Precision, TrainConfig
 from .cost.evaluate import Estimate, Evaluator
 from .cost.float8 import fp8_problem
-from .frameworks import is_own
+from .framework_pins import framework_pins
+from .frameworks import is_own, space_of
 from .limits import check_planning
 from .model import ModelProfile
 from .options import NO_CONSENT, Consent
@@ -99,9 +100,10 @@ def make_plan(
     own = is_own(train.runtime)  # priced for paraplan's executor: rank only what it runs
     refuse_precision(cluster, train.precision, any_engine or not own)
     asked = pins
-    pins = host_offload_pins(cluster, pins)
+    pins = host_offload_pins(cluster, framework_pins(pins, train.runtime, consent))
     ev = Evaluator(profile, cluster, train)
-    search = Search(ev, pins, runnable_only=own and not any_engine, consent=consent)
+    space = space_of(train.runtime)  # a framework's: what it runs (frameworks.py)
+    search = Search(ev, pins, runnable_only=own and not any_engine, consent=consent, space=space)
     result = search.run(top_k=top_k, progress=progress)
     ctx = PlanContext(profile=profile, cluster=cluster, train=train)
     if result.best is not None:

@@ -8,10 +8,11 @@ it (its measured-against-predicted comparison would read another framework's pri
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from .config import AttentionKernel, Float8Casts, Runtime, SelectiveRecompute
+from .strategy import Schedule
 
 
 class Framework(StrEnum):
@@ -86,3 +87,72 @@ def describe_runtime(runtime: Runtime) -> str:
 def is_own(runtime: Runtime) -> bool:
     """Whether `runtime` is paraplan's executor's (the plans `paraplan run` runs as priced)."""
     return runtime == RUNTIMES[Framework.PARAPLAN]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FrameworkSpace:
+    """What a framework can run, to which a search for it is restricted (`Search`'s `space`),
+    as its exporter writes it (paraplan/export: a strategy inside the space exports without
+    an approximation)."""
+
+    name: str
+    """The framework, for messages."""
+    schedules: frozenset[Schedule]
+    """Pipeline schedules it runs (no pipeline is always run)."""
+    zero_stages: frozenset[int]
+    """Data-parallel sharding stages it runs."""
+    per_layer_recompute: bool = False
+    """Whether each block may get its own recompute policy."""
+    hsdp: bool = False
+    """Whether ZeRO-3 may shard within groups smaller than dp (HSDP)."""
+    offload_optimizer_alone: bool = False
+    """Whether it offloads the optimizer step without the parameters (else only FSDP2's
+    CPUOffloadPolicy: ZeRO-3 with parameters, gradients and optimizer on the host)."""
+    offload_params: bool = False
+    """Whether it offloads parameter shards (`offload_params`)."""
+
+
+_ALL_PIPELINES = frozenset(
+    {
+        Schedule.GPIPE,
+        Schedule.ONE_F_ONE_B,
+        Schedule.INTERLEAVED_1F1B,
+        Schedule.INTERLEAVED_ZB,
+        Schedule.ZBV,
+        Schedule.DUALPIPEV,
+    }
+)
+_TORCHTITAN_SPACE = FrameworkSpace(
+    # torch.distributed.pipelining's schedules; FSDP2 (ZeRO-2 with reshard_after_forward
+    # "never", ZeRO-3) or DDP, HSDP; `training.enable_cpu_offload` is CPUOffloadPolicy
+    name="torchtitan",
+    schedules=_ALL_PIPELINES,
+    zero_stages=frozenset({0, 2, 3}),
+    hsdp=True,
+    offload_params=True,
+)
+_MEGATRON_SPACE = FrameworkSpace(
+    # Megatron-Core's pipeline: 1F1B and interleaved 1F1B (uneven stages through
+    # `--pipeline-model-parallel-layout`); the distributed optimizer (ZeRO-1), Megatron-FSDP
+    # (ZeRO-2/3), `--optimizer-cpu-offload`
+    name="megatron",
+    schedules=frozenset({Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B}),
+    zero_stages=frozenset({0, 1, 2, 3}),
+    offload_optimizer_alone=True,
+)
+SPACES: dict[Framework, FrameworkSpace] = {
+    Framework.TORCHTITAN: _TORCHTITAN_SPACE,
+    Framework.TORCHTITAN_COMPILE: _TORCHTITAN_SPACE,
+    Framework.MEGATRON: _MEGATRON_SPACE,
+    Framework.NEMO: replace(_MEGATRON_SPACE, name="nemo"),
+}
+"""What each framework but paraplan's own runs (the executor's limits are
+`capabilities.py`'s)."""
+
+
+def space_of(runtime: Runtime) -> FrameworkSpace | None:
+    """The space a search for `runtime`'s framework is restricted to; None: unrestricted (the
+    executor's own runtime, whose limits the search applies by capability, or an API
+    caller's own `Runtime`)."""
+    framework = framework_of(runtime)
+    return None if framework is None else SPACES.get(framework)

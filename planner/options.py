@@ -18,6 +18,7 @@ from .cost.compression import POWERSGD_RANKS
 from .cost.evaluate import Evaluator
 from .cost.hidden import HiddenCosts
 from .cost.options import ASYNC_STALENESS_STEPS, HOST_MEMORY_BYTES_PER_GPU, option_problem
+from .frameworks import FrameworkSpace
 from .pins import Pins
 from .strategy import Recompute, Schedule, Strategy
 
@@ -57,14 +58,18 @@ def admits(pins: Pins, zero_stage: int, offload_optimizer: bool) -> bool:
     return pins.powersgd_rank is None or zero_stage <= 1
 
 
-def params_follow_optimizer(pins: Pins, runnable_only: bool) -> bool:
+def params_follow_optimizer(
+    pins: Pins, runnable_only: bool, space: FrameworkSpace | None = None
+) -> bool:
     """Whether the search's ZeRO-3 optimizer offload also offloads the parameter shards: in a
     search for the executor, which offloads through FSDP2's `CPUOffloadPolicy` (sharded
     parameters, gradients and the optimizer step on the host, each shard copied in for its
     all-gather; torchtitan's offload is the same policy), unless `offload_params` is pinned.
     DeepSpeed offloads the optimizer alone (`offload_optimizer` without `offload_param`), so
-    a search for any engine keeps both choices."""
-    return runnable_only and pins.offload_params is None
+    a search for any engine keeps both choices; a search for a framework, as it offloads
+    (`FrameworkSpace.offload_optimizer_alone`: Megatron-LM's `--optimizer-cpu-offload`)."""
+    follows = runnable_only if space is None else not space.offload_optimizer_alone
+    return follows and pins.offload_params is None
 
 
 def admits_schedule(pins: Pins, schedule: Schedule) -> bool:

@@ -25,6 +25,7 @@ from .cost.evaluate import Estimate, Evaluator
 from .cost.memory_totals import memory_totals
 from .cost.options import has_options, option_problem
 from .cost.rules import Rule, Violation
+from .frameworks import FrameworkSpace
 from .pins import Pins
 from .search_blocks import (
     PER_LAYER,
@@ -48,7 +49,7 @@ from .search_bounds import (
     schedule_lower_bound_s,
     strategy_lower_bound_s,
 )
-from .search_space import best_order, mesh_orders, space_blocks
+from .search_space import best_order, orders_of, space_blocks
 from .search_workers import Explored, Kept, Share, explore_shared, worker_count
 from .strategy import Recompute, Schedule, Strategy
 
@@ -66,8 +67,11 @@ class Search:
         runnable_only: bool = False,
         consent: options.Consent = options.NO_CONSENT,
         workers: int | None = None,
+        space: FrameworkSpace | None = None,
     ) -> None:
         self.ev = ev
+        self.space = space
+        """What the framework planned for runs (`frameworks.py`), None: anything priced."""
         self.workers = workers
         """Processes `run` may use (`search_workers.worker_count`); None: by the space."""
         self.pins = pins if pins is not None else Pins()
@@ -102,8 +106,8 @@ class Search:
     def blocks(self) -> Iterator[Block]:
         """The space in blocks that share degrees and micro-batch size, valid or not
         (`search_space.space_blocks`)."""
-        follow = options.params_follow_optimizer(self.pins, self.runnable_only)
-        return space_blocks(self.ev, self.pins, params_follow=follow)
+        follow = options.params_follow_optimizer(self.pins, self.runnable_only, self.space)
+        return space_blocks(self.ev, self.pins, params_follow=follow, space=self.space)
 
     def configs(self) -> Iterator[Strategy]:
         """Every combination of the searched dimensions (default mesh order), valid or not."""
@@ -114,7 +118,7 @@ class Search:
         """Structurally valid strategies in every distinct mesh order."""
         for s in self.configs():
             if self.ev.violation(s) is None:
-                for order in mesh_orders(s):
+                for order in orders_of(s, self.space):
                     yield replace(s, mesh_order=order)
 
     @gc_paused
@@ -383,7 +387,7 @@ class Search:
         if kept.full() and self._slower(s, kept.worst_s()):
             return
         memory, peak_stage = self.ev.memory(s)
-        kept.push(best_order(self.ev, s, memory, peak_stage))
+        kept.push(best_order(self.ev, s, memory, peak_stage, self.space))
 
     def _task(self, task: Task, kept: Kept) -> None:
         """Deferred work (`run`), with the K-th best as it stands now."""
@@ -442,7 +446,7 @@ class Search:
             fits = True
             if kept.full() and self._slower(s, kept.worst_s()):
                 continue  # fits, but slower than the K-th best in any mesh order
-            kept.push(best_order(self.ev, s, memory, peak_stage))
+            kept.push(best_order(self.ev, s, memory, peak_stage, self.space))
         return fits
 
     def _slower(self, s: Strategy, worst_s: float) -> bool:
@@ -482,17 +486,3 @@ class Search:
     def _estimate(self, s: Strategy) -> Estimate:
         memory, stage = self.ev.memory(s)
         return self.ev.finish(s, memory, stage, self.ev.time(s))
-
-
-def brute_force(
-    ev: Evaluator, pins: Pins | None = None, *, runnable_only: bool = False
-) -> list[Estimate]:
-    """Every valid strategy in every mesh order (the executor's only, as `Search`), evaluated in
-    full and ranked (for tests)."""
-    search = Search(ev, pins, runnable_only=runnable_only)
-    out = [
-        ev.evaluate(s)
-        for s in search.valid()
-        if not (runnable_only and search._gap(s)) and options.fits_host(ev, s)
-    ]
-    return sorted((e for e in out if e.feasible), key=rank_key)

@@ -13,6 +13,7 @@ from . import options
 from .cost.comm import Links
 from .cost.evaluate import Estimate, Evaluator
 from .cost.memory import MemoryBreakdown
+from .frameworks import FrameworkSpace
 from .intmath import divisors
 from .pins import Pins
 from .search_blocks import Block
@@ -48,14 +49,27 @@ def mesh_orders(s: Strategy) -> list[tuple[MeshAxis, ...]]:
     return orders
 
 
-def best_order(ev: Evaluator, s: Strategy, memory: MemoryBreakdown, peak_stage: int) -> Estimate:
-    """The strategy in its fastest mesh order (ties broken by `sort_key`), with its `memory`
-    (the same in every order) peaking on `peak_stage`."""
+def orders_of(s: Strategy, space: FrameworkSpace | None) -> list[tuple[MeshAxis, ...]]:
+    """The mesh orders searched for `s`: every distinct one (`mesh_orders`), or a framework's
+    fixed order (`DEFAULT_MESH_ORDER`, torchtitan's and Megatron-LM's)."""
+    return mesh_orders(s) if space is None else [DEFAULT_MESH_ORDER]
+
+
+def best_order(
+    ev: Evaluator,
+    s: Strategy,
+    memory: MemoryBreakdown,
+    peak_stage: int,
+    space: FrameworkSpace | None = None,
+) -> Estimate:
+    """The strategy in its fastest mesh order (ties broken by `sort_key`) of those searched
+    for the framework's `space` (`orders_of`), with its `memory` (the same in every order)
+    peaking on `peak_stage`."""
     # Time depends on the mesh order only through the links each group gets: orders with
     # equal links tie exactly, and the tie goes to the smallest `sort_key`.
     # Orders of one strategy differ in `sort_key` only by their locality ranks.
     by_links: dict[Links, tuple[tuple[int, ...], tuple[MeshAxis, ...]]] = {}
-    for order in mesh_orders(s):
+    for order in orders_of(s, space):
         links = ev.links_in_order(s, order)
         rank = tuple(LOCALITY_RANK[a] for a in reversed(order))
         known = by_links.get(links)
@@ -66,9 +80,16 @@ def best_order(ev: Evaluator, s: Strategy, memory: MemoryBreakdown, peak_stage: 
     return ev.finish(so, memory, peak_stage, tb)
 
 
-def space_blocks(ev: Evaluator, pins: Pins, *, params_follow: bool = False) -> Iterator[Block]:
-    """The space in blocks that share degrees and micro-batch size, valid or not; with
-    `params_follow`, ZeRO-3's optimizer offload takes the parameters with it (`Block`)."""
+def space_blocks(
+    ev: Evaluator,
+    pins: Pins,
+    *,
+    params_follow: bool = False,
+    space: FrameworkSpace | None = None,
+) -> Iterator[Block]:
+    """The space in blocks that share degrees and micro-batch size, valid or not, within what a
+    framework runs (`space`: its schedules, ZeRO stages, recompute and offload; None: all);
+    with `params_follow`, ZeRO-3's optimizer offload takes the parameters with it (`Block`)."""
     f, t = pins, ev.train
     n = ev.cluster.num_gpus
     divs = divisors(n)
@@ -108,7 +129,7 @@ def space_blocks(ev: Evaluator, pins: Pins, *, params_follow: bool = False) -> I
         if f.virtual_stages is not None:
             fv = f.virtual_stages
             scheds = [x for x in scheds if x[1] == fv] or [(x[0], fv) for x in scheds[:1]]
-        scheds = [x for x in scheds if options.admits_schedule(f, x[0])]
+        scheds = [x for x in scheds if options.admits_schedule(f, x[0]) and _runs(space, pp, x)]
         rest = list(
             itertools.product(
                 _options(f.sequence_parallel, [False, True] if tp > 1 else [False]),
@@ -120,7 +141,11 @@ def space_blocks(ev: Evaluator, pins: Pins, *, params_follow: bool = False) -> I
         if f.offload_optimizer is None:
             rest = [r for r in rest if not (r[2] and r[1] == 0)]  # offload needs ZeRO >= 1
         rest = [r for r in rest if options.admits(f, r[1], r[2])]  # with the pinned options
+        if space is not None:
+            rest = [r for r in rest if _admits(space, r, params_follow)]
         shards = _dp_shards(ev, pins, dp, tp, cp)
+        if space is not None and not space.hsdp:
+            shards = [x for x in shards if x is None]
         for mbs in mbss:
             for shard in shards:
                 base = Strategy(
@@ -136,6 +161,25 @@ def space_blocks(ev: Evaluator, pins: Pins, *, params_follow: bool = False) -> I
                 sub = rest if shard is None else [r for r in rest if r[1] == 3]
                 if sub and scheds:
                     yield Block(base, tuple(scheds), tuple(sub), params_follow)
+
+
+def _runs(space: FrameworkSpace | None, pp: int, sched: tuple[Schedule, int]) -> bool:
+    """Whether the framework runs this pipeline schedule (`space`; None: any)."""
+    return space is None or pp == 1 or sched[0] in space.schedules
+
+
+def _admits(
+    space: FrameworkSpace, choice: tuple[bool, int, bool, Recompute], params_follow: bool
+) -> bool:
+    """Whether the framework runs a (sp, ZeRO, optimizer offload, recompute) choice: its ZeRO
+    stages, per-layer recompute only where it has it, and optimizer offload only as it does it
+    (alone, or with the parameters under ZeRO-3: `FrameworkSpace.offload_optimizer_alone`)."""
+    _, zero, off, rc = choice
+    if zero not in space.zero_stages:
+        return False
+    if rc == Recompute.PER_LAYER and not space.per_layer_recompute:
+        return False
+    return not off or space.offload_optimizer_alone or (zero == 3 and params_follow)
 
 
 def _dp_shards(ev: Evaluator, pins: Pins, dp: int, tp: int, cp: int) -> list[int | None]:

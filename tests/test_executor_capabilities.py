@@ -18,7 +18,8 @@ from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.model_spec import parse_model
 from paraplan.planner.pins import Pins
 from paraplan.planner.plan_io import save_plan
-from paraplan.planner.search import Search, brute_force
+from paraplan.planner.search import Search
+from paraplan.planner.search_brute import brute_force
 from paraplan.planner.strategy import Strategy
 from tests.executor_plans import ROOT, make_plan
 from tests.test_executor_numerics import PLANS_2, PLANS_4

@@ -26,7 +26,8 @@ from paraplan.planner.hardware import get_accelerator
 from paraplan.planner.model import LayerKind
 from paraplan.planner.model_spec import parse_model
 from paraplan.planner.pins import Pins
-from paraplan.planner.search import Search, brute_force
+from paraplan.planner.search import Search
+from paraplan.planner.search_brute import brute_force
 from paraplan.planner.strategy import Recompute, Strategy
 from tests.export_cases import run_loaders
 

@@ -210,7 +210,8 @@ def test_executor_offloads_saved_activations_outside_checkpoints(
 
 def test_pinned_offload_search_equals_brute_force() -> None:
     from paraplan.planner.pins import Pins
-    from paraplan.planner.search import Search, brute_force, rank_key
+    from paraplan.planner.search import Search, rank_key
+    from paraplan.planner.search_brute import brute_force
 
     ev = _ev("gpt2", "16xl4", batch=32, seq=1024)
     pins = Pins(tp=1, cp=1, offload_activations=True)

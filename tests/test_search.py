@@ -13,7 +13,8 @@ from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.model_spec import parse_model
 from paraplan.planner.options import fits_host
 from paraplan.planner.pins import Pins
-from paraplan.planner.search import Search, brute_force, rank_key
+from paraplan.planner.search import Search, rank_key
+from paraplan.planner.search_brute import brute_force
 from paraplan.planner.strategy import Recompute, Schedule, Strategy
 
 

@@ -12,7 +12,8 @@ from paraplan.planner import options
 from paraplan.planner.capabilities import Job, executor_gaps
 from paraplan.planner.config import Optimizer, Precision
 from paraplan.planner.pins import Pins
-from paraplan.planner.search import Search, brute_force
+from paraplan.planner.search import Search
+from paraplan.planner.search_brute import brute_force
 from paraplan.planner.strategy import Recompute, Schedule, Strategy
 from tests.test_search import SMALL_SPACES, _evaluator
 

@@ -13,7 +13,8 @@ import pytest
 
 from paraplan.planner import search_workers
 from paraplan.planner.pins import Pins
-from paraplan.planner.search import Search, brute_force, rank_key
+from paraplan.planner.search import Search, rank_key
+from paraplan.planner.search_brute import brute_force
 from paraplan.planner.search_workers import Share, worker_count, workers_from_env
 from tests.test_search import SMALL_SPACES, _evaluator
 

@@ -87,10 +87,12 @@ def stage_core(
         fwd_units = stage.n_blocks * 2 + n_full * 2  # forward, and forward again
         units = stage.n_blocks * 2 + int(stage.has_embedding) + int(stage.has_head)
         comm = fwd_units * fwd_unit + units * tp_unit if s.tp > 1 else 0.0
-        if train.runtime.tp_comm_overlap:
+        if train.runtime.tp_comm_overlap and links.tp.nodes == 1:
             # Megatron's --tp-comm-overlap (Transformer Engine userbuffers; Wang et al. 2023
             # decomposition): each collective is split and pipelined with the GEMM it feeds,
-            # so it hides under the stage's compute, which it slows (contention).
+            # so it hides under the stage's compute, which it slows (contention). Userbuffers
+            # exchange over NVLink (CUDA IPC within the node): a TP group spanning nodes
+            # runs its collectives on the critical path.
             comm = hidden_behind(comm, c.fwd_s + c.bwd_s, contention)
         if s.cp > 1 and stage.n_blocks:
             # Each of the cp ring steps computes one (s/cp)^2 block of attention, balanced

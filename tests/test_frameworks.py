@@ -1,0 +1,152 @@
+"""Plans priced for another framework (`paraplan plan --runtime`, planner/frameworks.py): the
+search restricted to what the framework runs equals brute force over the same space, its plans
+export to that trainer with nothing approximated, and bad combinations are refused early."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import paraplan
+from paraplan.cli import main
+from paraplan.export.exporter import Costing, Target, export_plan
+from paraplan.planner.capabilities import plan_gaps
+from paraplan.planner.cluster import parse_cluster
+from paraplan.planner.config import Runtime, TrainConfig
+from paraplan.planner.cost.evaluate import Evaluator
+from paraplan.planner.frameworks import RUNTIMES, SPACES, Framework
+from paraplan.planner.model_spec import parse_model
+from paraplan.planner.plan_io import load_plan, save_plan
+from paraplan.planner.search import Search
+from paraplan.planner.search_blocks import rank_key
+from paraplan.planner.search_brute import brute_force
+from paraplan.planner.strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
+
+MODEL = "gpt:layers=8,hidden=1024,heads=16,vocab=32000,seq=2048"
+TARGET = {
+    Framework.MEGATRON: Target.MEGATRON,
+    Framework.NEMO: Target.MEGATRON,
+    Framework.TORCHTITAN: Target.TORCHTITAN,
+}
+
+
+def _evaluator(framework: Framework, gpus: str = "16xh100", batch: int = 32) -> Evaluator:
+    profile = parse_model(MODEL).to_profile(2048, act_bytes=2)
+    train = TrainConfig(global_batch=batch, seq_len=2048, runtime=RUNTIMES[framework])
+    return Evaluator(profile, parse_cluster(gpus, gpus_per_node=8), train)
+
+
+@pytest.mark.parametrize("framework", [Framework.MEGATRON, Framework.TORCHTITAN])
+def test_search_for_a_framework_equals_brute_force_over_its_space(framework: Framework) -> None:
+    ev = _evaluator(framework)
+    space = SPACES[framework]
+    every = brute_force(ev, space=space)
+    found = Search(ev, space=space).run(top_k=3)
+    assert found.best is not None and every
+    assert found.best.strategy == every[0].strategy
+    assert found.best.step_time_s == pytest.approx(every[0].step_time_s, rel=1e-12)
+    assert [rank_key(e)[:2] for e in found.ranked] == [rank_key(e)[:2] for e in every[:4]]
+    for e in every:  # the space as the framework's exporter states it
+        s = e.strategy
+        assert s.mesh_order == DEFAULT_MESH_ORDER
+        assert s.recompute != Recompute.PER_LAYER
+        assert s.zero_stage in space.zero_stages
+        assert s.pp == 1 or s.schedule in space.schedules
+        assert not (s.offload_activations or s.powersgd_rank or s.async_pipeline)
+
+
+def test_the_unrestricted_search_finds_what_the_frameworks_cannot_run() -> None:
+    """The case above exercises the restriction: over the same model and cluster, some of
+    paraplan's any-engine space lies outside megatron's (zero-bubble schedules, other mesh
+    orders or per-layer recompute)."""
+    ev = _evaluator(Framework.PARAPLAN)
+    space = SPACES[Framework.MEGATRON]
+    outside = [
+        s
+        for s in Search(ev).valid()
+        if s.schedule not in (Schedule.NONE, *space.schedules) or s.mesh_order != DEFAULT_MESH_ORDER
+    ]
+    assert outside
+
+
+@pytest.mark.parametrize("framework", [Framework.MEGATRON, Framework.NEMO, Framework.TORCHTITAN])
+def test_plans_for_a_framework_export_to_it_as_they_are(framework: Framework) -> None:
+    """Every ranked plan for a framework is one its trainer runs: the export names no
+    approximation, and it is priced for the framework's runtime (the plan says so; `paraplan
+    run` refuses it first of all)."""
+    outcome = paraplan.plan(
+        MODEL, "16xh100", global_batch=32, seq_len=2048, runtime=framework.value, top_k=3
+    )
+    plan = outcome.plan
+    assert plan.train.runtime == RUNTIMES[framework]
+    profile = parse_model(MODEL).to_profile(2048, act_bytes=2)
+    costing = Costing(profile, parse_cluster("16xh100"), plan)
+    exported = export_plan(plan, TARGET[framework], costing)
+    assert exported.approximation is None, exported.approximation
+    assert "priced for" in plan_gaps(plan)[0] and framework.value in plan_gaps(plan)[0]
+    assert all(e.strategy.mesh_order == DEFAULT_MESH_ORDER for e in outcome.result.ranked)
+
+
+def test_megatron_prices_the_runtime_it_runs() -> None:
+    """Under sequence parallelism Megatron keeps the sequence shards for backward where torch's
+    SequenceParallel (paraplan's executor) keeps the gathered inputs: less memory for the same
+    strategy; and its fused kernels make the step no slower."""
+    s = next(
+        e.strategy
+        for e in brute_force(_evaluator(Framework.MEGATRON), space=SPACES[Framework.MEGATRON])
+        if e.strategy.sequence_parallel
+    )
+    ours = _evaluator(Framework.PARAPLAN).evaluate(s)
+    megatron = _evaluator(Framework.MEGATRON).evaluate(s)
+    assert megatron.memory.activations_bytes < ours.memory.activations_bytes
+    assert megatron.step_time_s <= ours.step_time_s
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--runtime", "megatron", "--fix", "schedule=zbv"], "schedule=zbv"),
+        (["--runtime", "torchtitan", "--fix", "zero=1"], "zero=1"),
+        (["--runtime", "nemo", "--fix", "recompute=per_layer"], "recompute=per_layer"),
+        (["--runtime", "megatron", "--allow-compression"], "--allow-compression"),
+        (["--runtime", "megatron", "--fix", "offload_params=true,zero=3"], "offload_params"),
+    ],
+)
+def test_what_a_framework_cannot_run_is_refused_before_tracing(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = ["plan", "--model", "llama3-8b", "--cluster", "8xh100", "--global-batch", "8"]
+    code = main([*base, *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and named in err and "--runtime" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_version_6_plan_reads_as_priced_for_the_executor(tmp_path: Path) -> None:
+    """Plans written before the head width and the runtime were recorded (schema 6) load:
+    heads as wide as hidden / heads, priced for paraplan's executor."""
+    plan = paraplan.plan(MODEL, "8xh100", global_batch=8, seq_len=2048).plan
+    path = tmp_path / "p.json"
+    save_plan(plan, path)
+    doc = json.loads(path.read_text())
+    doc["schema_version"] = 6
+    del doc["model"]["head_dim"], doc["train"]["runtime"]
+    path.write_text(json.dumps(doc))
+    old = load_plan(path)
+    assert old.model.head_dim == 0 and old.train.runtime == Runtime()
+    assert old == plan
+
+
+def test_tp_overlap_hides_only_a_tp_group_within_a_node() -> None:
+    """NeMo's runtime is Megatron's with TP communication overlapped (userbuffers, over NVLink
+    within a node): the same step is faster with tp=8 on 8-GPU nodes, and exactly as slow with
+    tp=16, whose group spans two nodes."""
+    for tp, faster in ((8, True), (16, False)):
+        s = Strategy(dp=16 // tp, tp=tp, pp=1, micro_batch_size=1, sequence_parallel=True)
+        nemo = _evaluator(Framework.NEMO).evaluate(s).step_time_s
+        megatron = _evaluator(Framework.MEGATRON).evaluate(s).step_time_s
+        assert (nemo < megatron) == faster
+        if not faster:
+            assert nemo == pytest.approx(megatron, rel=1e-12)
