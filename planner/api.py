@@ -87,22 +87,26 @@ def make_plan(
     progress: Callable[[float], None] | None = None,
     any_engine: bool = False,
     consent: Consent = NO_CONSENT,
+    within_framework: bool = True,
 ) -> PlanOutcome:
     """Search the space and build the plan (only strategies the executor runs, unless
     `any_engine` or `train.runtime` is another framework's (`frameworks.py`): then any
     strategy the cost model prices; PowerSGD and the asynchronous
     pipeline only with `consent`, `planner/options.py`). Raises `NoFeasiblePlanError` when
     nothing fits (unless every dimension is pinned: then the plan is returned marked
-    infeasible)."""
+    infeasible). A search for another framework's runtime keeps to what it runs (`frameworks.
+    FrameworkSpace`) unless not `within_framework` (a trainer's own configuration, pinned)."""
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be >= 0")
     check_planning(profile, cluster, train, pins)  # every count in bounds before any search
     own = is_own(train.runtime)  # priced for paraplan's executor: rank only what it runs
     refuse_precision(cluster, train.precision, any_engine or not own)
     asked = pins
-    pins = host_offload_pins(cluster, framework_pins(pins, train.runtime, consent))
+    if within_framework:
+        pins = framework_pins(pins, train.runtime, consent)
+    pins = host_offload_pins(cluster, pins)
     ev = Evaluator(profile, cluster, train)
-    space = space_of(train.runtime)  # a framework's: what it runs (frameworks.py)
+    space = space_of(train.runtime) if within_framework else None  # what it runs
     search = Search(ev, pins, runnable_only=own and not any_engine, consent=consent, space=space)
     result = search.run(top_k=top_k, progress=progress)
     ctx = PlanContext(profile=profile, cluster=cluster, train=train)

@@ -150,3 +150,24 @@ def test_tp_overlap_hides_only_a_tp_group_within_a_node() -> None:
         assert (nemo < megatron) == faster
         if not faster:
             assert nemo == pytest.approx(megatron, rel=1e-12)
+
+
+def test_a_megatron_config_is_judged_as_megatron_runs_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`plan --from-config ARGS --runtime megatron`: your configuration priced on Megatron's
+    runtime as it is, against the best plan Megatron runs (1F1B or interleaved 1F1B)."""
+    args = tmp_path / "megatron.args"
+    args.write_text(
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --sequence-parallel "
+        "--micro-batch-size 1 --global-batch-size 32 --seq-length 2048 --num-layers 8 --bf16 "
+        "--use-distributed-optimizer"
+    )
+    base = ["plan", "--from-config", str(args), "--model", MODEL, "--cluster", "16xh100"]
+    assert main([*base, "--runtime", "megatron", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "priced for megatron's runtime" in out
+    best = next(line for line in out.splitlines() if line.strip().startswith("strategy"))
+    assert not any(name in best for name in ("zbv", "dualpipev", "interleaved_zb", "gpipe"))
+    assert main([*base, "--no-progress"]) == 0  # the executor's pricing: another figure
+    assert "priced for" not in capsys.readouterr().out

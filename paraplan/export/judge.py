@@ -13,6 +13,7 @@ from ..planner.api import NoFeasiblePlanError, make_plan
 from ..planner.cluster import Cluster
 from ..planner.config import TrainConfig
 from ..planner.explain import explain, tflops_text
+from ..planner.frameworks import RUNTIMES, Framework, describe_runtime, is_own
 from ..planner.model import ModelProfile
 from ..planner.plan import Plan
 from . import deepspeed, megatron, torchtitan
@@ -65,8 +66,17 @@ def compare(
 ) -> Comparison:
     """Evaluate `setup` pinned and search the best plan for the same job; `progress(fraction)`
     follows the search (the pinned evaluation is quick)."""
-    # any engine: the configuration runs on its own trainer, not on paraplan's executor
-    yours = make_plan(profile, cluster, train, pins=setup.pins(), top_k=0, any_engine=True).plan
+    # any engine: the configuration runs on its own trainer, not on paraplan's executor (and
+    # as it is: a framework's search space is for the best plan)
+    yours = make_plan(
+        profile,
+        cluster,
+        train,
+        pins=setup.pins(),
+        top_k=0,
+        any_engine=True,
+        within_framework=False,
+    ).plan
     try:
         best: Plan | None = make_plan(
             profile, cluster, train, top_k=top_k, any_engine=True, progress=progress
@@ -84,7 +94,8 @@ def format_comparison(c: Comparison) -> str:
         f"paraplan: your {c.setup.target} config ({c.source}) vs the best plan for {y.model.name} "
         f"on {y.cluster.name}",
         f"          global batch {t.global_batch} x {t.seq_len} tokens, {t.precision}, "
-        f"{t.optimizer}",
+        f"{t.optimizer}"
+        + ("" if is_own(t.runtime) else f", priced for {describe_runtime(t.runtime)}'s runtime"),
         "",
     ]
     w = max(44, len(y.short()) + 2)
@@ -191,6 +202,7 @@ def run_from_config(
         precision=setup.precision,
         optimizer=args.optimizer,
         memory_headroom=args.memory_headroom,
+        runtime=RUNTIMES[Framework(getattr(args, "runtime", Framework.PARAPLAN))],  # --runtime
     )
     comparison = compare(
         args.from_config, setup, profile, cluster, train, top_k=args.top, progress=progress
