@@ -21,8 +21,11 @@ def framework_pins(pins: Pins | None, runtime: Runtime, consent: Consent) -> Pin
     (parameter and activation offload). ValueError naming the pin or option the framework
     does not run."""
     space = space_of(runtime)
-    if space is None:
-        return pins
+    return pins if space is None else space_pins(pins, space, consent)
+
+
+def space_pins(pins: Pins | None, space: FrameworkSpace, consent: Consent) -> Pins:
+    """`framework_pins` for a framework's `space`."""
     pins = pins or Pins()
     problem = _pinned_outside(pins, space) or _consent_outside(consent, space)
     if problem is not None:

@@ -25,6 +25,7 @@ from .cost.evaluate import Estimate, Evaluator
 from .cost.memory_totals import memory_totals
 from .cost.options import has_options, option_problem
 from .cost.rules import Rule, Violation
+from .framework_pins import space_pins
 from .frameworks import FrameworkSpace
 from .pins import Pins
 from .search_blocks import (
@@ -75,6 +76,8 @@ class Search:
         self.workers = workers
         """Processes `run` may use (`search_workers.worker_count`); None: by the space."""
         self.pins = pins if pins is not None else Pins()
+        if space is not None:  # the options it lacks pinned off (ValueError: pinned on)
+            self.pins = space_pins(self.pins, space, consent)
         self.runnable_only = runnable_only
         """Rank only strategies the executor runs (`capabilities.py`; the API and CLI ask for it
         unless told `any_engine`); False: the whole space the cost model prices."""
