@@ -169,5 +169,6 @@ def test_a_megatron_config_is_judged_as_megatron_runs_it(
     assert "priced for megatron's runtime" in out
     best = next(line for line in out.splitlines() if line.strip().startswith("strategy"))
     assert not any(name in best for name in ("zbv", "dualpipev", "interleaved_zb", "gpipe"))
+    assert "dp_shard" not in out  # no HSDP on either side: the shard group is just dp
     assert main([*base, "--no-progress"]) == 0  # the executor's pricing: another figure
     assert "priced for" not in capsys.readouterr().out

@@ -165,8 +165,9 @@ def _difference(y: Plan, b: Plan | None) -> list[str]:
     for field in ("sequence_parallel", "offload_optimizer", "schedule", "recompute"):
         if getattr(ys_, field) != getattr(bs_, field):
             changes.append(f"{field} {getattr(ys_, field)} -> {getattr(bs_, field)}")
-    if y.parallelism.dp_shard != b.parallelism.dp_shard:
-        changes.append(f"dp_shard {y.parallelism.dp_shard} -> {b.parallelism.dp_shard}")
+    ysh, bsh = y.parallelism.dp_shard, b.parallelism.dp_shard
+    if (ysh < ys_.dp or bsh < bs_.dp) and ysh != bsh:  # HSDP on either side (else it is dp)
+        changes.append(f"dp_shard {ysh} -> {bsh}")
     if changes:
         lines.append("  what the best plan changes: " + ", ".join(changes))
     return lines
