@@ -136,6 +136,7 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
         "cp": config.context_parallel_size,
         "vpp": config.virtual_pipeline_model_parallel_size,
         "sp": config.sequence_parallel,
+        "tp_comm_overlap": config.tp_comm_overlap,
         "recompute": [config.recompute_granularity, config.recompute_method],
         "bf16": config.bf16,
         "distributed_optimizer": ddp.use_distributed_optimizer,

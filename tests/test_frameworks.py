@@ -172,3 +172,33 @@ def test_a_megatron_config_is_judged_as_megatron_runs_it(
     assert "dp_shard" not in out  # no HSDP on either side: the shard group is just dp
     assert main([*base, "--no-progress"]) == 0  # the executor's pricing: another figure
     assert "priced for" not in capsys.readouterr().out
+
+
+def test_a_nemo_plan_exports_the_tp_overlap_it_was_priced_with(tmp_path: Path) -> None:
+    """A plan priced with TP communication overlap (`--runtime nemo`) asks Megatron-LM for it
+    (`--tp-comm-overlap`, a megatron-core `ModelParallelConfig` field, with sequence
+    parallelism as it requires); megatron-core's own configs accept the file. Planned for
+    Megatron's runtime (no overlap), the flag is absent."""
+    from tests.export_cases import run_loaders
+
+    profile = parse_model(MODEL).to_profile(2048, act_bytes=2)
+    manifest = []
+    for framework in (Framework.NEMO, Framework.MEGATRON):
+        plan = paraplan.plan(
+            MODEL,
+            "8xh100",
+            global_batch=16,
+            seq_len=2048,
+            runtime=framework.value,
+            fix="tp=2,sp=true",
+        ).plan
+        text = export_plan(
+            plan, Target.MEGATRON, Costing(profile, parse_cluster("8xh100"), plan)
+        ).text
+        assert ("--tp-comm-overlap" in text) == (framework == Framework.NEMO)
+        path = tmp_path / f"{framework}.args"
+        path.write_text(text)
+        manifest.append({"path": str(path), "world_size": 8})
+    verdicts = run_loaders("megatron", manifest)
+    assert [v["tp_comm_overlap"] for v in verdicts] == [True, False]
+    assert all(v["sp"] and v["tp"] == 2 for v in verdicts)

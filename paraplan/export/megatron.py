@@ -45,8 +45,10 @@ _SWITCHES = (
     "use-distributed-optimizer",
     "use-megatron-fsdp",
     "optimizer-cpu-offload",
+    "tp-comm-overlap",
 )
-"""Flags without a value that `read` interprets."""
+"""Flags without a value that `read` interprets (`--tp-comm-overlap` as what the plan was priced
+with: `read` gives a strategy, the runtime is `--runtime`'s)."""
 
 
 def block_pattern(plan: Plan) -> int | None:
@@ -159,6 +161,8 @@ def render(plan: Plan, s: Strategy) -> str:
         args.append(("num-virtual-stages-per-pipeline-rank", s.virtual_stages))
     if s.sequence_parallel:
         args.append(("sequence-parallel", None))
+        if t.runtime.tp_comm_overlap and s.tp > 1:  # priced with it (`--runtime nemo`)
+            args.append(("tp-comm-overlap", None))
     args += [("micro-batch-size", s.micro_batch_size), ("global-batch-size", t.global_batch)]
     if t.precision == Precision.FP8:  # bf16, the blocks' linear layers in Transformer
         # Engine's fp8 with tensorwise current scaling (paraplan's fp8: cost/float8.py)
