@@ -43,6 +43,7 @@ def torchtitan_view(item: dict[str, Any]) -> dict[str, Any]:
         "param_dtype": tr.mixed_precision_param,
         "ac": "none" if ac is None else type(ac).__qualname__.split(".")[0],
         "cpu_offload": tr.enable_cpu_offload,
+        "compile": config.compile.enable,
     }
 
 

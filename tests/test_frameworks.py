@@ -202,3 +202,23 @@ def test_a_nemo_plan_exports_the_tp_overlap_it_was_priced_with(tmp_path: Path) -
     verdicts = run_loaders("megatron", manifest)
     assert [v["tp_comm_overlap"] for v in verdicts] == [True, False]
     assert all(v["sp"] and v["tp"] == 2 for v in verdicts)
+
+
+def test_a_compiled_torchtitan_plan_exports_compile_on(tmp_path: Path) -> None:
+    """Priced compiled (`--runtime torchtitan-compile`), the torchtitan export turns
+    torch.compile on (`[compile] enable`), which torchtitan's own ConfigManager reads; priced
+    eager (`--runtime torchtitan`), it leaves it off."""
+    from tests.export_cases import run_loaders
+
+    profile = parse_model(MODEL).to_profile(2048, act_bytes=2)
+    manifest = []
+    for framework in (Framework.TORCHTITAN_COMPILE, Framework.TORCHTITAN):
+        plan = paraplan.plan(
+            MODEL, "8xh100", global_batch=16, seq_len=2048, runtime=framework.value
+        ).plan
+        costing = Costing(profile, parse_cluster("8xh100"), plan)
+        text = export_plan(plan, Target.TORCHTITAN, costing).text
+        path = tmp_path / f"{framework}.toml"
+        path.write_text(text)
+        manifest.append({"path": str(path), "world_size": 8, "dp": plan.parallelism.dp})
+    assert [v["compile"] for v in run_loaders("torchtitan", manifest)] == [True, False]

@@ -141,7 +141,10 @@ def render(plan: Plan, s: Strategy) -> str:
         training["enable_cpu_offload"] = True
     if pipelined:
         training["disable_cuda_graphs"] = True  # torchtitan refuses CUDA graphs with PP
-    args = " ".join(cli_args_of({"parallelism": parallelism, "training": training}, s))
+    sections = {"parallelism": parallelism, "training": training}
+    if plan.train.runtime.fused_elementwise:  # priced compiled (`--runtime torchtitan-compile`)
+        sections["compile"] = {"enable": True}
+    args = " ".join(cli_args_of(sections, s))
     base = REGISTRY_CONFIGS.get(plan.model.name)
     module = f"--module llama3 --config {base}" if base else "--module <model> --config <config>"
     fp8 = plan.train.precision == Precision.FP8
@@ -169,6 +172,7 @@ def render(plan: Plan, s: Strategy) -> str:
         "[activation_checkpoint]",
         f'mode = "{RECOMPUTE_MODES[s.recompute]}"',
         "",
+        *(["[compile]", "enable = true", ""] if "compile" in sections else []),
     ]
     for section, values in FLOAT8_SECTIONS.items() if fp8 else ():
         lines += [f"[{section}]", *(f"{k} = {_list(v)}" for k, v in values.items()), ""]
