@@ -45,8 +45,8 @@ from dataclasses import dataclass
 
 from ..cluster import Cluster
 from ..config import AttentionKernel, Float8Casts, Precision, TrainConfig
-from ..model import LayerKind, ModelProfile
-from .compute import KERNELS, KernelModel, Kernels
+from ..model import LayerCost, LayerKind, ModelProfile
+from .compute import KERNELS, KernelModel, Kernels, layer_gemms
 from .layout import Stage
 
 CAST_BYTES = 5
@@ -101,6 +101,28 @@ class Float8Linears:
         if self.casts != Float8Casts.TRANSFORMER_ENGINE:
             return 0.0
         return k.elementwise_s(TE_CAST_BYTES * weight_elements)
+
+
+def fp8_kept_cut_bytes(
+    f8: Float8Linears | None, profile: ModelProfile, layer: LayerCost, tp: int, sp: bool, cp: int
+) -> float:
+    """Bytes per sequence (the profile's activation dtype) a block keeps less for backward when
+    Transformer Engine saves its linear layers' inputs in fp8, one byte an element instead of
+    two (`Float8Casts.TRANSFORMER_ENGINE`): the QKV and MLP inputs (sequence shards under
+    sequence parallelism, cast before the all-gather), the attention output and the MLP's
+    activation output (TP shards; each routed copy for experts). 0 under torchao (it saves
+    bf16), outside fp8 and for layers not of the standard block shape; the caller takes it
+    off every policy that keeps them (not full recompute)."""
+    if f8 is None or f8.casts != Float8Casts.TRANSFORMER_ENGINE or layer.kind != LayerKind.BLOCK:
+        return 0.0
+    gemms = layer_gemms(profile, layer, 1)
+    if gemms is None:
+        return 0.0
+    qkv, proj, up, down = gemms
+    replicated = qkv.k * qkv.per_token + up.k * up.per_token
+    sharded = proj.k * proj.per_token + down.k * down.per_token
+    elements = profile.seq_len * (replicated / (tp if sp else 1) + sharded / tp) / cp
+    return elements * profile.act_dtype_bytes / 2  # half of each 2-byte element
 
 
 def block_weight_elements(profile: ModelProfile, stage: Stage, tp: int, ep: int) -> float:

@@ -26,7 +26,7 @@ from .compute import (
 )
 from .data_parallel import DDP_BUCKET_BYTES
 from .eager import traced_layer_s
-from .float8 import float8_linears, kernels_for
+from .float8 import float8_linears, fp8_kept_cut_bytes, kernels_for
 from .kernel_cache import gemm_kernel_cache_bytes
 from .layout import Layout, Stage, StageSplit
 from .memo import memo_method, weak_method
@@ -453,18 +453,19 @@ class StageModel:
         op_sac = self.train.runtime.selective == SelectiveRecompute.EVERY_OTHER_MATMUL
         for x in self.profile.layers:
             kept: dict[Recompute, float] = {}
+            cut = fp8_kept_cut_bytes(self.fp8, self.profile, x, tp, sp, cp)  # TE's fp8 inputs
             for policy in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL):
                 one = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=policy, saves_gathered=g)
                 if policy == Recompute.SELECTIVE and op_sac and x.kind == LayerKind.BLOCK:
                     one = min(one, self._every_other_matmul_kept(x, tp, sp, cp))
-                kept[policy] = one * k
+                kept[policy] = (one - (cut if policy != Recompute.FULL else 0.0)) * k
             kept_of.append(kept)
             if x.kind == LayerKind.BLOCK:
                 none, full = (
                     layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=r, saves_gathered=g)
                     for r in (Recompute.NONE, Recompute.FULL)
                 )
-                back.append((none - full) * k)
+                back.append((none - cut - full) * k)
             else:
                 back.append(0.0)
             tmp.append(layer_tmp_bytes(x, self.profile, act_scale=k, tp=tp, cp=cp, torch_loss=loss))
