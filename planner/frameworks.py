@@ -16,19 +16,20 @@ from .strategy import Schedule
 
 
 class Framework(StrEnum):
-    """A training framework paraplan prices (`runtime_of`)."""
+    """A training framework paraplan prices (its runtime: `RUNTIMES`; what it runs: `SPACES`)."""
 
     PARAPLAN = "paraplan"
     """paraplan's executor: eager PyTorch, torch SDPA, torch's sequence parallelism (keeps the
     gathered inputs), torch's cross-entropy, FSDP2 with the embedding and head in one root
     unit."""
     TORCHTITAN = "torchtitan"
-    """torchtitan as configured by default (`training.compile` off): eager PyTorch, torch SDPA,
+    """torchtitan as configured by default (`compile.enable` off): eager PyTorch, torch SDPA,
     per-operator selective checkpointing (`selective_ac_option = "op"`), FSDP2 units for the
     embedding, each block and norm + output apart, torchao's Float8Linear under fp8."""
     TORCHTITAN_COMPILE = "torchtitan-compile"
-    """torchtitan with `--training.compile`: the elementwise operators fused by torch.compile
-    (and torchao's fp8 casts with them); otherwise as `TORCHTITAN`."""
+    """torchtitan with `compile.enable` (`--training.compile` in its early releases): the
+    elementwise operators fused by torch.compile (and torchao's fp8 casts with them);
+    otherwise as `TORCHTITAN`."""
     MEGATRON = "megatron"
     """Megatron-LM (Megatron-Core with Transformer Engine): fused elementwise kernels and
     attention, the sequence shards kept for backward and gathered again, its fused
