@@ -222,3 +222,34 @@ def test_a_compiled_torchtitan_plan_exports_compile_on(tmp_path: Path) -> None:
         path.write_text(text)
         manifest.append({"path": str(path), "world_size": 8, "dp": plan.parallelism.dp})
     assert [v["compile"] for v in run_loaders("torchtitan", manifest)] == [True, False]
+
+
+def test_an_uneven_pipeline_split_exports_as_megatron_s_layout(tmp_path: Path) -> None:
+    """8 blocks over pp=2 x 3 chunks do not split evenly: the Megatron export writes the plan's
+    chunks as `--pipeline-model-parallel-layout` (E, t, L per chunk), which megatron-core's own
+    config parses into the same 3 virtual stages, and the reader reads back; an even split
+    writes none (Megatron's default)."""
+    from paraplan.export.megatron import read
+    from tests.export_cases import run_loaders
+
+    profile = parse_model(MODEL).to_profile(2048, act_bytes=2)
+    texts = {}
+    for vpp in (3, 2):
+        fix = f"pp=2,vpp={vpp},schedule=interleaved_1f1b,tp=1,cp=1"
+        plan = paraplan.plan(
+            MODEL, "16xh100", global_batch=32, seq_len=2048, runtime="megatron", fix=fix
+        ).plan
+        costing = Costing(profile, parse_cluster("16xh100"), plan)
+        exported = export_plan(plan, Target.MEGATRON, costing)
+        assert exported.approximation is None
+        texts[vpp] = exported.text
+    layout = next(x for x in texts[3].splitlines() if "pipeline-model-parallel-layout" in x)
+    chunks = layout.split()[1].split("|")
+    assert len(chunks) == 6 and chunks[0].startswith("E") and chunks[-1].endswith("L")
+    assert sum(c.count("t") for c in chunks) == 8
+    assert "pipeline-model-parallel-layout" not in texts[2]
+    path = tmp_path / "uneven.args"
+    path.write_text(texts[3])
+    (view,) = run_loaders("megatron", [{"path": str(path), "world_size": 16}])
+    assert view["vpp"] == 3 and view["pp"] == 2
+    assert read(texts[3], world_size=16, source="x").strategy.virtual_stages == 3

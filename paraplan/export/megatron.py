@@ -8,6 +8,7 @@ arguments (batch, sequence, distributed optimizer, Megatron-FSDP, offload).
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import replace
 
@@ -36,6 +37,7 @@ _VALUE_FLAGS = (
     "optimizer-offload-fraction",
     "fp8-format",
     "fp8-recipe",
+    "pipeline-model-parallel-layout",
 )
 """Flags with a value that `read` interprets."""
 _SWITCHES = (
@@ -122,16 +124,34 @@ def nearest(plan: Plan, s: Strategy) -> tuple[Strategy, list[Gap]]:
             )
         )
         s = replace(s, mesh_order=DEFAULT_MESH_ORDER)
-    blocks = plan.model.num_blocks
-    if s.pp > 1 and blocks % (s.pp * s.virtual_stages):
-        gaps.append(
-            Gap(
-                feature=f"{blocks} layers over pp x virtual stages = "
-                f"{s.pp * s.virtual_stages} chunks (not a divisor)",
-                nearest="",
-            )
+    return s, gaps  # any split of the layers: `pipeline_layout`
+
+
+def pipeline_layout(plan: Plan) -> str | None:
+    """The plan's pipeline chunks as Megatron-Core's `--pipeline-model-parallel-layout` ("E" the
+    embedding, "t" a block, "L" the head and loss, "|" between chunks, in model order: chunk c
+    runs on rank c mod pp, as Megatron's interleaving places them), when they are not
+    Megatron's default even split of the blocks (else None: nothing to write)."""
+    last = len(plan.layers) - 1
+    chunks = sorted((c for st in plan.stages for c in st.chunks), key=lambda c: c.chunk)
+    parts = [
+        "".join(
+            "E" if i == 0 else "L" if i == last else "t"
+            for i in range(c.first_layer, c.last_layer + 1)
         )
-    return s, gaps
+        for c in chunks
+    ]
+    counts = {p.count("t") for p in parts}
+    return None if len(counts) == 1 else "|".join(parts)
+
+
+def _layout_chunks(layout: str) -> int:
+    """Chunks of a `--pipeline-model-parallel-layout` string, its repetitions unrolled as
+    megatron-core's `PipelineParallelLayerLayout.parse_str_to_list` does."""
+    text = layout.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
+    return text.count("|") + 1
 
 
 def render(plan: Plan, s: Strategy) -> str:
@@ -159,6 +179,9 @@ def render(plan: Plan, s: Strategy) -> str:
         args.append(("expert-model-parallel-size", s.ep))
     if s.virtual_stages > 1:
         args.append(("num-virtual-stages-per-pipeline-rank", s.virtual_stages))
+    layout = pipeline_layout(plan) if s.pp > 1 else None
+    if layout is not None:
+        args.append(("pipeline-model-parallel-layout", layout))
     if s.sequence_parallel:
         args.append(("sequence-parallel", None))
         if t.runtime.tp_comm_overlap and s.tp > 1:  # priced with it (`--runtime nemo`)
@@ -252,6 +275,8 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
         )
     dp = world_size // (tp * pp * cp)
     vstages = num("num-virtual-stages-per-pipeline-rank", 1)
+    if args.get("pipeline-model-parallel-layout"):  # chunks = pp x virtual stages
+        vstages = max(1, _layout_chunks(str(args["pipeline-model-parallel-layout"])) // pp)
     if "num-layers-per-virtual-pipeline-stage" in args:
         per = num("num-layers-per-virtual-pipeline-stage", 1)
         vstages = num("num-layers", 0) // (pp * per)
