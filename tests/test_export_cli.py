@@ -46,8 +46,6 @@ def test_export_warns_with_the_predicted_cost(
 EXTRA_PLANS = {
     # fp16: torchtitan trains in bf16 or fp32 only
     "fp16": ("8xh100", 32, "fp16", "dp=8,tp=1,pp=1,zero=3,mbs=1,recompute=full,schedule=none"),
-    # 32 blocks over 3 stages: Megatron splits layers evenly (paraplan writes no uneven split)
-    "pp3": ("12xh100", 24, "bf16", "dp=1,tp=4,pp=3,zero=1,mbs=1,schedule=1f1b,recompute=full"),
 }
 """Plans only the refusal tests need: name -> (cluster, global batch, precision, pins)."""
 
@@ -56,7 +54,6 @@ EXTRA_PLANS = {
     ("target", "name", "feature"),
     [
         ("deepspeed", "cp", "context parallelism (cp=2"),
-        ("megatron", "pp3", "32 layers over pp x virtual stages = 3 chunks"),
         ("torchtitan", "fp16", "fp16 mixed precision"),
     ],
 )
@@ -85,6 +82,37 @@ def test_export_refuses_naming_the_feature(
     assert main(["export", path, "--to", target]) == 2
     err = capsys.readouterr().err
     assert feature in err and f"{target} cannot express" in err
+
+
+def test_an_uneven_split_exports_to_megatron_as_its_layout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """32 blocks over 3 stages (Megatron's default splits evenly): written as the plan's
+    chunks in `--pipeline-model-parallel-layout`, not refused."""
+    import paraplan
+
+    plan = paraplan.plan(
+        "llama3-8b",
+        "12xh100",
+        global_batch=24,
+        seq_len=4096,
+        fix="dp=1,tp=4,pp=3,zero=1,mbs=1,schedule=1f1b,recompute=full",
+        model_source="spec",
+        any_engine=True,
+        gpus_per_node=4,
+    ).plan
+    path = tmp_path / "pp3.json"
+    save_plan(plan, path)
+    out = tmp_path / "pp3.args"
+    assert main(["export", str(path), "--to", "megatron", "-o", str(out)]) == 0
+    layout = next(x for x in out.read_text().splitlines() if "pipeline-model-parallel-layout" in x)
+    chunks = layout.split()[1].split("|")
+    assert len(chunks) == 3 and sum(c.count("t") for c in chunks) == 32
+    assert [len(c.strip("EL")) for c in chunks] == [
+        c.last_layer - c.first_layer + 1 - (c.first_layer == 0) - (c.last_layer == 33)
+        for st in plan.stages
+        for c in st.chunks
+    ]
 
 
 @pytest.mark.parametrize(
