@@ -72,8 +72,9 @@ def refuse_precision(cluster: Cluster, precision: Precision, any_engine: bool) -
     gap = None if any_engine else precision_gap(precision)
     if gap is not None:
         raise ValueError(
-            f"{gap}; or plan with --any-engine to price it for another trainer (paraplan export "
-            "writes its torchtitan or Megatron-LM config)"
+            f"{gap}; or plan for the trainer that will run it (--runtime megatron, nemo, "
+            "torchtitan or torchtitan-compile; or --any-engine), and paraplan export writes its "
+            "config"
         )
 
 
