@@ -11,7 +11,7 @@ from .cluster import Cluster
 from .config import Precision, TrainConfig
 from .cost.evaluate import Estimate, Evaluator
 from .cost.float8 import fp8_problem
-from .framework_pins import framework_pins
+from .framework_pins import framework_pins, refuse_framework_cluster
 from .frameworks import is_own, space_of
 from .limits import check_planning
 from .model import ModelProfile
@@ -104,6 +104,7 @@ def make_plan(
     refuse_precision(cluster, train.precision, any_engine or not own)
     asked = pins
     if within_framework:
+        refuse_framework_cluster(cluster, train.runtime)
         pins = framework_pins(pins, train.runtime, consent)
     pins = host_offload_pins(cluster, pins)
     ev = Evaluator(profile, cluster, train)

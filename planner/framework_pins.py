@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .cluster import Cluster
 from .config import Runtime
 from .frameworks import FrameworkSpace, space_of
 from .options import Consent
@@ -13,6 +14,18 @@ from .pins import Pins
 from .strategy import Recompute, Schedule
 
 _DROP = "drop it from --fix, or plan for another --runtime"
+
+
+def refuse_framework_cluster(cluster: Cluster, runtime: Runtime) -> None:
+    """ValueError when a plan for `runtime`'s framework is asked on a cluster it cannot run on:
+    the trainers priced (torchtitan, Megatron-LM, NeMo) train on GPUs, not on the host's CPUs."""
+    space = space_of(runtime)
+    if space is not None and cluster.accelerator.is_host:
+        raise ValueError(
+            f"--runtime {space.name} on cluster {cluster.name!r}: {space.name} trains on GPUs, "
+            "and this cluster's devices are CPUs; plan for a GPU cluster, or leave out --runtime "
+            "(paraplan's executor runs on CPUs)"
+        )
 
 
 def framework_pins(pins: Pins | None, runtime: Runtime, consent: Consent) -> Pins | None:

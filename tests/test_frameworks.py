@@ -253,3 +253,12 @@ def test_an_uneven_pipeline_split_exports_as_megatron_s_layout(tmp_path: Path) -
     (view,) = run_loaders("megatron", [{"path": str(path), "world_size": 16}])
     assert view["vpp"] == 3 and view["pp"] == 2
     assert read(texts[3], world_size=16, source="x").strategy.virtual_stages == 3
+
+
+def test_a_gpu_trainer_is_not_planned_on_cpus(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "--model", MODEL, "--cluster", "2xcpu", "--global-batch", "8"]
+    assert main([*argv, "--runtime", "torchtitan", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--runtime torchtitan" in err and "CPUs" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(ValueError, match="trains on GPUs"):
+        paraplan.plan(MODEL, "2xcpu", global_batch=8, runtime="megatron")

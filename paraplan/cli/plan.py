@@ -107,7 +107,7 @@ def execute(args: argparse.Namespace) -> int:
     from ..planner.config import Precision
     from ..planner.cost.rules import cluster_violation
     from ..planner.explain import format_plan
-    from ..planner.framework_pins import framework_pins
+    from ..planner.framework_pins import framework_pins, refuse_framework_cluster
     from ..planner.frameworks import RUNTIMES
     from ..planner.jsonio import dumps_finite
     from ..planner.options import Consent
@@ -136,6 +136,7 @@ def execute(args: argparse.Namespace) -> int:
     refuse_precision(cluster, Precision(args.precision), args.any_engine or not own)
     fix = Pins.parse(args.fix)  # bad --fix fails before any tracing
     consent = Consent(compression=args.allow_compression, async_pipeline=args.allow_async)
+    refuse_framework_cluster(cluster, RUNTIMES[Framework(args.runtime)])  # GPU trainers on CPUs
     framework_pins(fix, RUNTIMES[Framework(args.runtime)], consent)  # and pins it cannot run
     broken = cluster_violation(cluster.num_gpus, fix)  # and degrees the cluster cannot hold
     if broken is not None:
