@@ -30,6 +30,7 @@ from paraplan.planner.search import Search
 from paraplan.planner.search_brute import brute_force
 from paraplan.planner.strategy import Recompute, Strategy
 from tests.export_cases import run_loaders
+from tests.search_checks import assert_search_is_exact
 
 H100 = get_accelerator("h100")
 
@@ -193,13 +194,7 @@ def test_fp8_search_is_exact_against_brute_force() -> None:
         parse_cluster("8xh100"),
         TrainConfig(global_batch=16, seq_len=2048, precision="fp8"),
     )
-    for fix in ("", "tp=4,sp=true"):
-        pins = Pins.parse(fix)
-        best = Search(ev, pins).run(top_k=3).best
-        everything = brute_force(ev, pins)
-        assert best is not None and everything
-        assert best.strategy == everything[0].strategy
-        assert best.step_time_s == everything[0].step_time_s
+    assert_search_is_exact(ev, ("", "tp=4,sp=true"))
 
 
 def test_fp8_gathers_the_sequence_parallel_inputs_in_one_byte() -> None:

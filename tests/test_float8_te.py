@@ -131,18 +131,10 @@ def test_search_under_transformer_engine_is_exact_against_brute_force() -> None:
     """With Transformer Engine's casts (weights once per step, fp8 inputs kept), the search over
     the whole priced space (per-layer recompute among it, on a GPU tight enough to need it)
     returns brute force's best."""
-    from paraplan.planner.pins import Pins
-    from paraplan.planner.search import Search
-    from paraplan.planner.search_brute import brute_force
+    from tests.search_checks import assert_search_is_exact
 
     profile = parse_model("gpt:layers=8,hidden=4096,heads=32,vocab=32000,seq=8192").to_profile(8192)
     train = dataclasses.replace(_train(TE, batch=16), memory_headroom=0.7)
     ev = Evaluator(profile, parse_cluster("8xh100"), train)
-    for fix in ("", "tp=2,sp=true"):
-        pins = Pins.parse(fix)
-        best = Search(ev, pins).run(top_k=3).best
-        everything = brute_force(ev, pins)
-        assert best is not None and everything
-        assert best.strategy == everything[0].strategy
-        assert best.step_time_s == everything[0].step_time_s
+    everything = assert_search_is_exact(ev, ("", "tp=2,sp=true"))
     assert any(e.strategy.recompute == Recompute.PER_LAYER for e in everything[:20])
