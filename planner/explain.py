@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .config import Precision
 from .explain_options import option_lines, option_rows
-from .frameworks import describe_runtime, is_own
+from .frameworks import runtime_note
 from .model import LayerKind, ModelProfile
 from .plan import Plan, RunnerUp
 from .strategy import Recompute
@@ -51,7 +51,7 @@ def format_plan(plan: Plan) -> str:
         f"paraplan: {m.name} ({count(m.num_params)} params) on {c.name} "
         f"({c.num_nodes} node{'s' if c.num_nodes > 1 else ''} x {c.gpus_per_node} {c.accelerator})",
         f"          global batch {t.global_batch} x {t.seq_len} tokens, {t.precision}, {t.optimizer}"
-        + ("" if is_own(t.runtime) else f", priced for {describe_runtime(t.runtime)}'s runtime"),
+        + runtime_note(t.runtime),
         "",
         "Plan" + ("" if plan.feasible else "  ** DOES NOT FIT: " + plan.infeasible_reason + " **"),
         f"  degrees       dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp} ep={p.ep}",

@@ -90,6 +90,12 @@ def is_own(runtime: Runtime) -> bool:
     return runtime == RUNTIMES[Framework.PARAPLAN]
 
 
+def runtime_note(runtime: Runtime) -> str:
+    """What a table's header adds for a plan priced for another runtime than the executor's
+    (", priced for megatron's runtime"); empty for the executor's."""
+    return "" if is_own(runtime) else f", priced for {describe_runtime(runtime)}'s runtime"
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FrameworkSpace:
     """What a framework can run, to which a search for it is restricted (`Search`'s `space`),

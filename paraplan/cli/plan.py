@@ -108,7 +108,7 @@ def execute(args: argparse.Namespace) -> int:
     from ..planner.cost.rules import cluster_violation
     from ..planner.explain import format_plan
     from ..planner.framework_pins import framework_pins, refuse_framework_cluster
-    from ..planner.frameworks import RUNTIMES
+    from ..planner.frameworks import RUNTIMES, is_own
     from ..planner.jsonio import dumps_finite
     from ..planner.options import Consent
     from ..planner.pins import Pins
@@ -132,12 +132,12 @@ def execute(args: argparse.Namespace) -> int:
         if mismatch:
             print(f"paraplan: warning: {mismatch}", file=sys.stderr)
     # fp8 without fp8 tensor cores, or a precision the executor does not run: before tracing
-    own = args.runtime == Framework.PARAPLAN
-    refuse_precision(cluster, Precision(args.precision), args.any_engine or not own)
+    runtime = RUNTIMES[Framework(args.runtime)]
+    refuse_precision(cluster, Precision(args.precision), args.any_engine or not is_own(runtime))
     fix = Pins.parse(args.fix)  # bad --fix fails before any tracing
     consent = Consent(compression=args.allow_compression, async_pipeline=args.allow_async)
-    refuse_framework_cluster(cluster, RUNTIMES[Framework(args.runtime)])  # GPU trainers on CPUs
-    framework_pins(fix, RUNTIMES[Framework(args.runtime)], consent)  # and pins it cannot run
+    refuse_framework_cluster(cluster, runtime)  # a GPU trainer on CPUs
+    framework_pins(fix, runtime, consent)  # and pins it cannot run
     broken = cluster_violation(cluster.num_gpus, fix)  # and degrees the cluster cannot hold
     if broken is not None:
         named = fix.describe(broken.rule.fields) or fix.describe()

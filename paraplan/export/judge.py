@@ -13,7 +13,7 @@ from ..planner.api import NoFeasiblePlanError, make_plan
 from ..planner.cluster import Cluster
 from ..planner.config import TrainConfig
 from ..planner.explain import explain, tflops_text
-from ..planner.frameworks import RUNTIMES, Framework, describe_runtime, is_own
+from ..planner.frameworks import RUNTIMES, Framework, runtime_note
 from ..planner.model import ModelProfile
 from ..planner.plan import Plan
 from . import deepspeed, megatron, torchtitan
@@ -94,8 +94,7 @@ def format_comparison(c: Comparison) -> str:
         f"paraplan: your {c.setup.target} config ({c.source}) vs the best plan for {y.model.name} "
         f"on {y.cluster.name}",
         f"          global batch {t.global_batch} x {t.seq_len} tokens, {t.precision}, "
-        f"{t.optimizer}"
-        + ("" if is_own(t.runtime) else f", priced for {describe_runtime(t.runtime)}'s runtime"),
+        f"{t.optimizer}" + runtime_note(t.runtime),
         "",
     ]
     w = max(44, len(y.short()) + 2)

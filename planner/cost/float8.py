@@ -46,8 +46,10 @@ from dataclasses import dataclass
 from ..cluster import Cluster
 from ..config import AttentionKernel, Float8Casts, Precision, TrainConfig
 from ..model import LayerCost, LayerKind, ModelProfile
+from ..strategy import Recompute
 from .compute import KERNELS, KernelModel, Kernels, layer_gemms
 from .layout import Stage
+from .memory import layer_act_bytes
 
 CAST_BYTES = 5
 """Bytes per element of one compiled dynamic cast of a bf16 tensor to fp8: the absolute-max
@@ -103,6 +105,28 @@ class Float8Linears:
         return k.elementwise_s(TE_CAST_BYTES * weight_elements)
 
 
+def layer_kept_bytes(
+    f8: Float8Linears | None,
+    profile: ModelProfile,
+    layer: LayerCost,
+    *,
+    tp: int,
+    sp: bool,
+    cp: int,
+    recompute: Recompute,
+    saves_gathered: bool,
+) -> float:
+    """`memory.layer_act_bytes` under the step's fp8 pricing `f8`: less what Transformer Engine
+    keeps in fp8 (`fp8_kept_cut_bytes`) for every policy that keeps the linears' inputs (not
+    full recompute)."""
+    kept = layer_act_bytes(
+        layer, tp=tp, sp=sp, cp=cp, recompute=recompute, saves_gathered=saves_gathered
+    )
+    if recompute == Recompute.FULL:
+        return kept
+    return kept - fp8_kept_cut_bytes(f8, profile, layer, tp, sp, cp)
+
+
 def fp8_kept_cut_bytes(
     f8: Float8Linears | None, profile: ModelProfile, layer: LayerCost, tp: int, sp: bool, cp: int
 ) -> float:
@@ -111,8 +135,8 @@ def fp8_kept_cut_bytes(
     two (`Float8Casts.TRANSFORMER_ENGINE`): the QKV and MLP inputs (sequence shards under
     sequence parallelism, cast before the all-gather), the attention output and the MLP's
     activation output (TP shards; each routed copy for experts). 0 under torchao (it saves
-    bf16), outside fp8 and for layers not of the standard block shape; the caller takes it
-    off every policy that keeps them (not full recompute)."""
+    bf16), outside fp8 and for layers not of the standard block shape (`layer_kept_bytes`
+    takes it off)."""
     if f8 is None or f8.casts != Float8Casts.TRANSFORMER_ENGINE or layer.kind != LayerKind.BLOCK:
         return 0.0
     gemms = layer_gemms(profile, layer, 1)

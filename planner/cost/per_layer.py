@@ -11,10 +11,10 @@ from functools import cache
 
 from ..model import LayerKind
 from ..strategy import DEFAULT_MESH_ORDER, Recompute, Strategy
-from .float8 import fp8_kept_cut_bytes
+from .float8 import layer_kept_bytes
 from .layout import Stage
 from .memo import memo_method
-from .memory import in_flight_microbatches, layer_act_bytes, layer_tmp_bytes, step_tmp_bytes
+from .memory import in_flight_microbatches, layer_tmp_bytes, step_tmp_bytes
 from .mixed_precision import (
     autocast_layer_bytes,
     autocast_memory,
@@ -81,7 +81,9 @@ class PerLayerRecompute:
         times = sm.layer_times(s.tp, s.cp, s.ep, s.micro_batch_size)
         out = []
         for i, (x, policy) in enumerate(zip(sm.profile.layers, self.policies(s), strict=True)):
-            kept = layer_act_bytes(
+            kept = layer_kept_bytes(
+                sm.fp8,
+                sm.profile,
                 x,
                 tp=s.tp,
                 sp=s.sequence_parallel,
@@ -89,8 +91,6 @@ class PerLayerRecompute:
                 recompute=policy,
                 saves_gathered=sm.train.runtime.sp_saves_gathered_input,
             )
-            if policy != Recompute.FULL:  # Transformer Engine keeps the linears' inputs in fp8
-                kept -= fp8_kept_cut_bytes(sm.fp8, sm.profile, x, s.tp, s.sequence_parallel, s.cp)
             out.append(
                 (
                     policy,
@@ -244,11 +244,9 @@ class PerLayerRecompute:
         for j in range(len(p.layers)):
             i = first.setdefault(sm.layer_keys[j], j)
             x = p.layers[i]
-            cut = fp8_kept_cut_bytes(sm.fp8, p, x, tp, sp, cp)  # TE's fp8 inputs (not under full)
             acts = [
-                (
-                    layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=r, saves_gathered=gathered)
-                    - (cut if r != Recompute.FULL else 0.0)
+                layer_kept_bytes(
+                    sm.fp8, p, x, tp=tp, sp=sp, cp=cp, recompute=r, saves_gathered=gathered
                 )
                 * k
                 + (

@@ -26,14 +26,13 @@ from .compute import (
 )
 from .data_parallel import DDP_BUCKET_BYTES
 from .eager import traced_layer_s
-from .float8 import float8_linears, fp8_kept_cut_bytes, kernels_for
+from .float8 import float8_linears, kernels_for, layer_kept_bytes
 from .kernel_cache import gemm_kernel_cache_bytes
 from .layout import Layout, Stage, StageSplit
 from .memo import memo_method, weak_method
 from .memory import (
     BUCKETS_IN_FLIGHT,
     held_zero_stage,
-    layer_act_bytes,
     layer_tmp_bytes,
     model_state_bytes,
     step_tmps,
@@ -449,23 +448,22 @@ class StageModel:
         blocks) and its transient peak (`_act_prefix` sums them for a policy per layer)."""
         kept_of, back, tmp = [], [], []
         k, g = self.act_scale, self.train.runtime.sp_saves_gathered_input
+        kept_bytes = partial(
+            layer_kept_bytes, self.fp8, self.profile, tp=tp, sp=sp, cp=cp, saves_gathered=g
+        )
         loss = self.train.runtime.torch_loss
         op_sac = self.train.runtime.selective == SelectiveRecompute.EVERY_OTHER_MATMUL
         for x in self.profile.layers:
             kept: dict[Recompute, float] = {}
-            cut = fp8_kept_cut_bytes(self.fp8, self.profile, x, tp, sp, cp)  # TE's fp8 inputs
             for policy in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL):
-                one = layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=policy, saves_gathered=g)
+                one = kept_bytes(x, recompute=policy)
                 if policy == Recompute.SELECTIVE and op_sac and x.kind == LayerKind.BLOCK:
                     one = min(one, self._every_other_matmul_kept(x, tp, sp, cp))
-                kept[policy] = (one - (cut if policy != Recompute.FULL else 0.0)) * k
+                kept[policy] = one * k
             kept_of.append(kept)
             if x.kind == LayerKind.BLOCK:
-                none, full = (
-                    layer_act_bytes(x, tp=tp, sp=sp, cp=cp, recompute=r, saves_gathered=g)
-                    for r in (Recompute.NONE, Recompute.FULL)
-                )
-                back.append((none - cut - full) * k)
+                none, full = (kept_bytes(x, recompute=r) for r in (Recompute.NONE, Recompute.FULL))
+                back.append((none - full) * k)
             else:
                 back.append(0.0)
             tmp.append(layer_tmp_bytes(x, self.profile, act_scale=k, tp=tp, cp=cp, torch_loss=loss))
