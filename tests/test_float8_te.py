@@ -15,6 +15,7 @@ from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.cost.float8 import float8_linears
 from paraplan.planner.model_spec import parse_model
 from paraplan.planner.strategy import Recompute, Strategy
+from tests.search_checks import assert_search_is_exact
 
 TE = Runtime(fused_elementwise=True, fp8_casts=Float8Casts.TRANSFORMER_ENGINE)
 TORCHAO = Runtime(fused_elementwise=True)
@@ -131,8 +132,6 @@ def test_search_under_transformer_engine_is_exact_against_brute_force() -> None:
     """With Transformer Engine's casts (weights once per step, fp8 inputs kept), the search over
     the whole priced space (per-layer recompute among it, on a GPU tight enough to need it)
     returns brute force's best."""
-    from tests.search_checks import assert_search_is_exact
-
     profile = parse_model("gpt:layers=8,hidden=4096,heads=32,vocab=32000,seq=8192").to_profile(8192)
     train = dataclasses.replace(_train(TE, batch=16), memory_headroom=0.7)
     ev = Evaluator(profile, parse_cluster("8xh100"), train)

@@ -12,6 +12,7 @@ import pytest
 import paraplan
 from paraplan.cli import main
 from paraplan.export.exporter import Costing, Target, export_plan
+from paraplan.export.megatron import read
 from paraplan.planner.capabilities import plan_gaps
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import Runtime, TrainConfig
@@ -23,6 +24,7 @@ from paraplan.planner.search import Search
 from paraplan.planner.search_blocks import rank_key
 from paraplan.planner.search_brute import brute_force
 from paraplan.planner.strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
+from tests.export_cases import run_loaders
 
 MODEL = "gpt:layers=8,hidden=1024,heads=16,vocab=32000,seq=2048"
 TARGET = {
@@ -179,8 +181,6 @@ def test_a_nemo_plan_exports_the_tp_overlap_it_was_priced_with(tmp_path: Path) -
     (`--tp-comm-overlap`, a megatron-core `ModelParallelConfig` field, with sequence
     parallelism as it requires); megatron-core's own configs accept the file. Planned for
     Megatron's runtime (no overlap), the flag is absent."""
-    from tests.export_cases import run_loaders
-
     profile = parse_model(MODEL).to_profile(2048, act_bytes=2)
     manifest = []
     for framework in (Framework.NEMO, Framework.MEGATRON):
@@ -208,8 +208,6 @@ def test_a_compiled_torchtitan_plan_exports_compile_on(tmp_path: Path) -> None:
     """Priced compiled (`--runtime torchtitan-compile`), the torchtitan export turns
     torch.compile on (`[compile] enable`), which torchtitan's own ConfigManager reads; priced
     eager (`--runtime torchtitan`), it leaves it off."""
-    from tests.export_cases import run_loaders
-
     profile = parse_model(MODEL).to_profile(2048, act_bytes=2)
     manifest = []
     for framework in (Framework.TORCHTITAN_COMPILE, Framework.TORCHTITAN):
@@ -229,9 +227,6 @@ def test_an_uneven_pipeline_split_exports_as_megatron_s_layout(tmp_path: Path) -
     chunks as `--pipeline-model-parallel-layout` (E, t, L per chunk), which megatron-core's own
     config parses into the same 3 virtual stages, and the reader reads back; an even split
     writes none (Megatron's default)."""
-    from paraplan.export.megatron import read
-    from tests.export_cases import run_loaders
-
     profile = parse_model(MODEL).to_profile(2048, act_bytes=2)
     texts = {}
     for vpp in (3, 2):
