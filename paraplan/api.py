@@ -30,7 +30,8 @@ def model_profile(
     `notes`)."""
     from . import profile_cache
     from .planner.hf_presets import is_hf_model
-    from .planner.model_spec import PRESETS, parse_model
+    from .planner.model_parse import parse_model
+    from .planner.model_spec import PRESETS
 
     if source not in ("auto", "spec", "trace"):
         raise ValueError(f"model source {source!r} must be auto, spec or trace")

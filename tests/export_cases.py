@@ -11,7 +11,7 @@ from pathlib import Path
 
 import paraplan
 from paraplan.planner.model import ModelProfile
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.plan import Plan
 
 MODEL = "llama3-8b"

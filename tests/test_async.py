@@ -16,7 +16,7 @@ from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.explain import explain
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.options import Consent, fit_variants
 from paraplan.planner.pins import Pins
 from paraplan.planner.search import Search, rank_key

@@ -92,7 +92,7 @@ AMBIGUOUS = re.compile(r"micro-batch(es)? \{|micro-batch(es)? \d+ x \d+")
 
 def test_micro_batches_are_counted_in_sequences(tmp_path: Path) -> None:
     from paraplan.export.judge import read_config
-    from paraplan.planner.model_spec import parse_model
+    from paraplan.planner.model_parse import parse_model
     from paraplan.planner.solvers import chain_from_profile
 
     profile = parse_model(SPEC).to_profile(128, act_bytes=2)

@@ -24,7 +24,7 @@ from paraplan.planner.cost.comm import Collectives
 from paraplan.planner.cost.compression import MIN_COMPRESSION_RATE, compressed
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.explain import explain
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.strategy import Strategy
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,7 +24,8 @@ from paraplan.planner.cost.comm import (
 )
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.hardware import get_accelerator, with_calibration
-from paraplan.planner.model_spec import PRESETS, parse_model
+from paraplan.planner.model_parse import parse_model
+from paraplan.planner.model_spec import PRESETS
 from paraplan.planner.strategy import MeshAxis, Strategy
 
 # --- collectives (Thakur, Rabenseifner & Gropp 2005) ------------------------------------------

@@ -15,7 +15,7 @@ from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.compute import KERNELS, KernelModel, Tile
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.hardware import get_accelerator
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.pins import Pins
 from paraplan.planner.search import Search
 from paraplan.planner.strategy import DEFAULT_MESH_ORDER, MeshAxis, Recompute, Strategy

@@ -20,7 +20,8 @@ from paraplan.planner.cost.memory import (
 )
 from paraplan.planner.cost.memory_totals import memory_totals
 from paraplan.planner.model import LayerKind
-from paraplan.planner.model_spec import PRESETS, Attention, Norm, TransformerSpec, parse_model
+from paraplan.planner.model_parse import parse_model
+from paraplan.planner.model_spec import PRESETS, Attention, Norm, TransformerSpec
 from paraplan.planner.strategy import Recompute, Schedule, Strategy
 
 # --- activations per layer (Korthikanti et al. 2022, Table 2) -------------------------------

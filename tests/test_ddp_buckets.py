@@ -17,7 +17,7 @@ from paraplan.executor.data_parallel import apply_ddp
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.evaluate import Evaluator
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.strategy import Strategy
 from tests.one_rank import child_main, run_child
 

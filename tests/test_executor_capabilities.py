@@ -15,7 +15,7 @@ from paraplan.planner.capabilities import Job, executor_gaps, plan_gaps
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import Optimizer, Precision, TrainConfig
 from paraplan.planner.cost.evaluate import Evaluator
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.pins import Pins
 from paraplan.planner.plan_io import save_plan
 from paraplan.planner.search import Search

@@ -9,7 +9,7 @@ from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.schedules import PENDING_W_ACT_FACTOR, pending_w_share
 from paraplan.planner.explain import explain, format_plan
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.pins import Pins
 from paraplan.planner.strategy import Schedule
 

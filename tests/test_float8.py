@@ -24,7 +24,7 @@ from paraplan.planner.cost.float8 import float8_linears
 from paraplan.planner.explain import explain
 from paraplan.planner.hardware import get_accelerator
 from paraplan.planner.model import LayerKind
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.pins import Pins
 from paraplan.planner.search import Search
 from paraplan.planner.search_brute import brute_force

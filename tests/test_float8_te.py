@@ -13,7 +13,7 @@ from paraplan.planner.config import Float8Casts, Runtime, TrainConfig
 from paraplan.planner.cost.compute import MEMORY_EFFICIENCY
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.cost.float8 import float8_linears
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.strategy import Recompute, Strategy
 from tests.search_checks import assert_search_is_exact
 

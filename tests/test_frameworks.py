@@ -18,7 +18,7 @@ from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import Runtime, TrainConfig
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.frameworks import RUNTIMES, SPACES, Framework
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.plan_io import load_plan, save_plan
 from paraplan.planner.search import Search
 from paraplan.planner.search_blocks import rank_key

@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 
 import paraplan
 from paraplan.cli import main
-from paraplan.planner.model_spec import PRESETS, parse_model
+from paraplan.planner.model_parse import parse_model
+from paraplan.planner.model_spec import PRESETS
 from paraplan.planner.plan_io import load_plan
 from paraplan.planner.profile_io import profile_to_dict
 from tests.fuzz_inputs import TINY, command_lines, file_texts

@@ -30,7 +30,7 @@ from paraplan.planner.cost.data_parallel import OVERLAP_CONTENTION
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.cost.mixed_precision import autocasts
 from paraplan.planner.model import LayerKind, ModelProfile
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.plan import Predicted
 from paraplan.planner.strategy import Strategy
 from paraplan.profiler.microbench_host import host_adamw_s_per_param

@@ -10,7 +10,7 @@ import paraplan
 from paraplan.export.exporter import Target, export_plan
 from paraplan.planner.cost.compute import layer_gemms
 from paraplan.planner.model import LayerKind
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from tests.export_cases import run_loaders
 
 QWEN3_32B = "llama:layers=64,hidden=5120,heads=64,kv_heads=8,head_dim=128,ffn=25600,vocab=151936"

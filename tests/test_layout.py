@@ -14,7 +14,7 @@ from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.cost.layout import StageSplit, balanced_cuts, block_counts
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.strategy import Recompute, Schedule, Strategy
 
 

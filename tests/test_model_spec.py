@@ -8,14 +8,13 @@ from dataclasses import replace
 import pytest
 
 from paraplan.planner.model import LayerKind
+from paraplan.planner.model_parse import load_spec_file, parse_model
 from paraplan.planner.model_spec import (
     PRESETS,
     Attention,
     FfnKind,
     Norm,
     TransformerSpec,
-    load_spec_file,
-    parse_model,
 )
 
 # Parameter counts from the project's issue (independent of the formulas in model_spec).

@@ -20,7 +20,7 @@ from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.cost.memory import layer_act_bytes
 from paraplan.planner.explain import explain
 from paraplan.planner.model import LayerKind
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.plan_io import load_plan, plan_from_dict, save_plan
 from paraplan.planner.strategy import Recompute, Schedule, Strategy
 

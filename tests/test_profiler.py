@@ -16,7 +16,7 @@ from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.compute import layer_gemms
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.model import LayerKind
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.profile_io import load_profile, save_profile
 from paraplan.planner.strategy import Recompute, Strategy
 from paraplan.profiler import profile

@@ -16,7 +16,7 @@ from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.cost.recompute import LayerChoice, StageProblem, solve_stage
 from paraplan.planner.explain import format_plan
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.pins import Pins
 from paraplan.planner.plan_io import plan_from_dict
 from paraplan.planner.search import Search

@@ -13,7 +13,7 @@ from paraplan.cli import main
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.evaluate import Evaluator
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.replay import replay
 from paraplan.planner.strategy import Recompute, Schedule, Strategy
 

@@ -17,7 +17,7 @@ from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.cost.rules import RULES, ProblemShape, Rule, Violation, violation
 from paraplan.planner.intmath import divisors, prime_factors
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.pins import Pins
 from paraplan.planner.search import Search
 from paraplan.planner.strategy import MeshAxis, Schedule, Strategy

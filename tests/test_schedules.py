@@ -27,7 +27,7 @@ from paraplan.planner.cost.schedules import (
     bubble_s,
     in_flight_microbatches,
 )
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.pins import Pins
 from paraplan.planner.plan_io import check_plan, load_plan, save_plan
 from paraplan.planner.search import Search

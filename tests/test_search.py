@@ -10,7 +10,7 @@ import pytest
 from paraplan.planner.cluster import cluster_from_dict, parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.evaluate import Evaluator
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.options import fits_host
 from paraplan.planner.pins import Pins
 from paraplan.planner.search import Search, rank_key

@@ -15,7 +15,7 @@ from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.comm import AxisLink
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.cost.options import option_problem
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.options import rescues
 from paraplan.planner.pins import Pins
 from paraplan.planner.search import Search

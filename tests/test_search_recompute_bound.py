@@ -19,7 +19,7 @@ from paraplan.planner.cost.recompute import (
     relaxation_fits,
     solve_stage,
 )
-from paraplan.planner.model_spec import parse_model
+from paraplan.planner.model_parse import parse_model
 from paraplan.planner.search import Search
 from paraplan.planner.search_bounds import (
     per_layer_lower_bound_s,
