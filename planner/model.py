@@ -228,3 +228,17 @@ class ModelProfile:
             del fields["head_dim"]
         payload = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def attention_pairs(seq_len: int, window: int = 0) -> int:
+    """(query, key) pairs the attention core's FLOPs count for `seq_len` tokens: every pair,
+    s^2, with no causal discount (Narayanan et al. 2021 Eq. 3, which counts the full score
+    matrix; a causal kernel computes about half: `cost.compute.CAUSAL_FRACTION`). A sliding
+    window of w keys counts its band the same way, mirrored to both sides of the diagonal
+    (|i - j| < w): s(2w - 1) - w(w - 1) pairs, s^2 at w = s; the causal kernel then computes
+    about half of it again, the s w - w(w - 1)/2 pairs the mask keeps. `window` 0 (or >= s):
+    the whole sequence."""
+    s, w = seq_len, window
+    if w <= 0 or w >= s:
+        return s * s
+    return s * (2 * w - 1) - w * (w - 1)

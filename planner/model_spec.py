@@ -14,7 +14,7 @@ from typing import Any
 
 from . import limits
 from .limits import show_number
-from .model import LayerCost, LayerKind, ModelProfile
+from .model import LayerCost, LayerKind, ModelProfile, attention_pairs
 
 MASK_BYTES = 1
 """A dropout mask stores one byte per element (Korthikanti et al. 2022 §4.1)."""
@@ -63,6 +63,8 @@ _BOUNDS = {
     "experts": limits.EXPERTS,
     "expert_ffn": limits.FFN,
     "head_dim": limits.HIDDEN,
+    "sliding_window": limits.SEQ_LEN,
+    "full_attention_every": limits.LAYERS,
 }
 """The bound of each size (0 means "the default" for the optional ones and is not checked)."""
 
@@ -111,6 +113,13 @@ class TransformerSpec:
     """Width of each attention head; 0 means hidden / heads. Qwen3, Gemma and GPT-OSS set it
     apart from the hidden size (Qwen3-32B: 64 heads of 128 over a hidden size of 5120), so the
     query and attention-output projections are hidden x heads*head_dim, not hidden x hidden."""
+    sliding_window: int = 0
+    """Keys each query attends to in the sliding-window blocks: itself and the w - 1 before it,
+    as Hugging Face's `sliding_window` (Mistral, Gemma 2/3, GPT-OSS); 0: every block attends
+    to the whole sequence."""
+    full_attention_every: int = 0
+    """With a sliding window, every n-th block (indices n-1, 2n-1, ...) attends to the whole
+    sequence (GPT-OSS alternates: 2; Gemma 3: 6); 0: every block is windowed (Mistral)."""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "vocab", "seq"):
@@ -119,7 +128,8 @@ class TransformerSpec:
                 raise ValueError(
                     f"model {self.name!r}: {name}={show_number(value)} must be a positive integer"
                 )
-        for name in ("kv_heads", "ffn", "experts", "top_k", "expert_ffn", "head_dim"):
+        optional = ("kv_heads", "ffn", "experts", "top_k", "expert_ffn", "head_dim")
+        for name in (*optional, "sliding_window", "full_attention_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(
@@ -142,6 +152,11 @@ class TransformerSpec:
             raise ValueError(
                 f"model {self.name!r}: heads={self.heads} is not a multiple of kv_heads="
                 f"{self.kv_heads}; GQA needs kv_heads to divide heads"
+            )
+        if self.full_attention_every and not self.sliding_window:
+            raise ValueError(
+                f"model {self.name!r}: full_attention_every={self.full_attention_every} given "
+                "without sliding_window; set sliding_window=W (keys per query) or drop it"
             )
         if self.experts:
             if not 1 <= self.top_k <= self.experts:
@@ -173,6 +188,11 @@ class TransformerSpec:
     def kv_dim(self) -> int:
         """Width of K (and of V): kv_heads * head_dim."""
         return self.kv_heads * self.head_size
+
+    def window_of(self, index: int) -> int:
+        """Keys each query of block `index` attends to (0: the whole sequence)."""
+        every = self.full_attention_every
+        return 0 if every and (index + 1) % every == 0 else self.sliding_window
 
     # ---- parameters ---------------------------------------------------------------------
     def _norm_params(self) -> int:
@@ -216,7 +236,8 @@ class TransformerSpec:
         mask = MASK_BYTES if self.dropout else 0
         # Matmul FLOPs, 2 per multiply-add (Narayanan et al. 2021 §5.1).
         qkv_proj_flops = 2 * s * h * (q + 2 * kv) + 2 * s * q * h
-        attn_core_flops = 2 * 2 * s * s * q  # QK^T and AV over all heads, no causal discount
+        # QK^T and AV over all heads, no causal discount (a window: its band, both sides)
+        attn_core_flops = 2 * 2 * attention_pairs(s, self.window_of(index)) * q
         if self.ffn_kind == FfnKind.SWIGLU:
             mlp_mats, mlp_saved = 3, 4  # gate/up/down; saves gate, up, silu(gate), product
         else:

@@ -21,6 +21,7 @@ from paraplan.planner.model import (
 from .attention import FusedAttention
 from .autocast_trace import autocast_saved_bytes
 from .chain import BlockList, find_blocks, module_digest, same_structure
+from .flops import windowed
 from .moe import balanced_experts
 from .shape import Shape, shape_of
 from .swap import swapped_tensors
@@ -276,7 +277,7 @@ def _layer(
         expert_params=st.expert_params,
         fwd_flops=st.flops[FWD] / b,
         bwd_flops=st.flops[BWD] / b,
-        attn_core_fwd_flops=st.attn_core_flops / b,
+        attn_core_fwd_flops=st.attn_core_flops[FWD] / b,
         act_tp_bytes=st.saved_bytes / b - rep,
         act_replicated_bytes=rep,
         act_attn_core_bytes=st.attn_core_bytes / b,
@@ -339,11 +340,12 @@ def _assemble(
     traced = len(stats) - 2
     layers = [_layer(LayerKind.EMBEDDING, "embedding", stats[0], times, 0, batch, autocast)]
     graphs = [_graph(0, stats[0], batch)]
+    windows = shape.windows if shape else ()
     for i in range(num_blocks):
         seg = min(i, traced - 1) + 1  # blocks past the traced ones repeat the last traced
-        layers.append(
-            _layer(LayerKind.BLOCK, f"block.{i}", stats[seg], times, seg, batch, autocast)
-        )
+        block = _layer(LayerKind.BLOCK, f"block.{i}", stats[seg], times, seg, batch, autocast)
+        window = windows[i] if i < len(windows) else 0
+        layers.append(windowed(block, seq, window, stats[seg].attn_core_flops[BWD] / batch))
         if i < traced:
             graphs.append(_graph(i + 1, stats[seg], batch))
     layers.append(_layer(LayerKind.HEAD, "head", stats[-1], times, traced + 1, batch, autocast))

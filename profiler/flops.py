@@ -11,10 +11,13 @@ docs/cost-model.md, "FLOPs").
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+from paraplan.planner.model import LayerCost, attention_pairs
 
 _aten = torch.ops.aten
 _CPU_SDPA = _aten._scaled_dot_product_flash_attention_for_cpu
@@ -47,4 +50,23 @@ def is_attention_op(func: Any) -> bool:
     """Whether `func` is a fused attention kernel (its FLOPs are the attention core's)."""
     return "scaled_dot_product" in str(func._overloadpacket) or "attention" in str(
         func._overloadpacket
+    )
+
+
+def windowed(layer: LayerCost, seq_len: int, window: int, attn_bwd_flops: float) -> LayerCost:
+    """A traced block whose attention has a sliding window of `window` keys per query. The
+    trace counts the attention core over every (query, key) pair (`attention.FusedAttention`
+    replaces the mask by the causal flag, and no counter reads an explicit mask), so its
+    attention-core FLOPs, forward and `attn_bwd_flops` backward (per sequence, as counted:
+    2.5x the forward for a fused kernel, 2x for eager matmuls), are cut to the window's band
+    (`attention_pairs`)."""
+    dense, pairs = seq_len * seq_len, attention_pairs(seq_len, window)
+    if pairs >= dense or layer.attn_core_fwd_flops <= 0:
+        return layer
+    kept = pairs / dense
+    return replace(
+        layer,
+        attn_core_fwd_flops=layer.attn_core_fwd_flops * kept,
+        fwd_flops=layer.fwd_flops - layer.attn_core_fwd_flops * (1.0 - kept),
+        bwd_flops=max(0.0, layer.bwd_flops - attn_bwd_flops * (1.0 - kept)),
     )

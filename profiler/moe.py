@@ -26,15 +26,39 @@ from torch import nn
 
 
 def is_fused_experts(module: nn.Module) -> bool:
-    """A Hugging Face fused-experts module (3-D `gate_up_proj` and `down_proj`)."""
+    """A Hugging Face fused-experts module (3-D `gate_up_proj` and `down_proj`, and a gate:
+    `act_fn`, or `_apply_gate` as GPT-OSS's clamped, interleaved SwiGLU)."""
     gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
     return (
         isinstance(gate_up, torch.Tensor)
         and isinstance(down, torch.Tensor)
         and gate_up.dim() == 3
         and down.dim() == 3
-        and hasattr(module, "act_fn")
+        and (hasattr(module, "act_fn") or hasattr(module, "_apply_gate"))
     )
+
+
+def _expert_ffn(self: Any, e: int, rows: torch.Tensor) -> torch.Tensor:
+    """Expert `e`'s FFN on `rows` (R, H) in the module's own layout, as transformers'
+    `use_experts_implementation` states it: weights (E, out, in), or (E, in, out) when
+    `is_transposed` (GPT-OSS), with biases when `has_bias`, gated by `_apply_gate` where the
+    class has one (concatenated [gate; up] or GPT-OSS's interleaved pairs)."""
+    transposed = bool(getattr(self, "is_transposed", False))
+    bias = bool(getattr(self, "has_bias", False))
+
+    def project(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x @ weight if transposed else F.linear(x, weight)
+
+    gate_up = project(rows, self.gate_up_proj[e])  # (R, 2F)
+    if bias:
+        gate_up = gate_up + self.gate_up_proj_bias[e]
+    if hasattr(self, "_apply_gate"):
+        act = self._apply_gate(gate_up)
+    else:
+        gate, up = gate_up.chunk(2, dim=-1)  # (R, F) each
+        act = self.act_fn(gate) * up
+    out = project(act, self.down_proj[e])  # (R, H)
+    return out + self.down_proj_bias[e] if bias else out
 
 
 def balanced_experts_forward(
@@ -51,8 +75,7 @@ def balanced_experts_forward(
     for e, part in enumerate(rows.split(sizes)):
         if part.shape[0] == 0:
             continue
-        gate, up = F.linear(part, self.gate_up_proj[e]).chunk(2, dim=-1)  # (rows, F) each
-        outs.append(F.linear(self.act_fn(gate) * up, self.down_proj[e]))  # (rows, H)
+        outs.append(_expert_ffn(self, e, part))  # (rows, H)
     out = torch.cat(outs) * top_k_weights.reshape(n * k, 1).to(hidden.dtype)  # (N*k, H)
     return out.view(n, k, -1).sum(dim=1)  # (N, H)
 

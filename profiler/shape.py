@@ -32,6 +32,9 @@ class Shape:
     head_dim: int = 0
     """Width of each attention head when the config sets it apart from hidden / heads (Qwen3,
     Gemma, GPT-OSS); 0 otherwise (`ModelProfile.head_dim`)."""
+    windows: tuple[int, ...] = ()
+    """Keys each query of block i attends to, one entry per block (0: the whole sequence); ()
+    when no block has a sliding window."""
 
 
 def shape_of(config: Any) -> Shape:
@@ -57,4 +60,23 @@ def shape_of(config: Any) -> Shape:
         top_k=g("num_experts_per_tok", default=0) if g("num_local_experts", default=0) else 0,
         tied=bool(getattr(config, "tie_word_embeddings", False)),
         max_seq=g("max_position_embeddings", "n_positions", default=2048),
+        windows=windows_of(config),
     )
+
+
+def windows_of(config: Any) -> tuple[int, ...]:
+    """Each block's sliding window, as transformers configs state it: `sliding_window` (keys
+    per query) on the blocks whose `layer_types` entry is "sliding_attention" (GPT-OSS, Gemma
+    2/3, Qwen2 with `use_sliding_window`), or on every block where the config has no
+    `layer_types` (Mistral); other attention kinds count as attending the whole sequence."""
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        return ()
+    if getattr(config, "use_sliding_window", True) is False:
+        return ()
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", 0)
+        return (window,) * int(layers or 0)
+    windows = tuple(window if t == "sliding_attention" else 0 for t in types)
+    return windows if any(windows) else ()

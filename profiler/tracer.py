@@ -42,8 +42,9 @@ class SegmentStats:
     residual-path dropout masks, see docs/cost-model.md)."""
     attn_core_bytes: float = 0.0
     """Part of `saved_bytes` in s x s attention scores (selective recompute drops it)."""
-    attn_core_flops: float = 0.0
-    """Forward FLOPs of ops producing s x s scores or consuming them (QK^T, AV)."""
+    attn_core_flops: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    """FLOPs of ops producing s x s scores or consuming them (QK^T, AV; fused attention), per
+    phase (forward, backward)."""
     peak: list[float] = field(default_factory=lambda: [0.0, 0.0])
     """Highest live bytes seen in forward, backward."""
     start: list[float] = field(default_factory=lambda: [-1.0, -1.0])
@@ -396,14 +397,14 @@ class Tracer(TorchDispatchMode):
                     seg.param_tensors += 1
                     seg.param_sizes.append(numel)
                     seg.expert_params += numel if expert else 0
-            if flops and (
-                is_attention_op(func)
-                or any(
-                    t.dim() >= 3 and t.shape[-1] == t.shape[-2] == self.seq_len > 1
-                    for t in _tensors((args, out))
-                )
-            ):
-                seg.attn_core_flops += flops
+        if flops and (
+            is_attention_op(func)
+            or any(
+                t.dim() >= 3 and t.shape[-1] == t.shape[-2] == self.seq_len > 1
+                for t in _tensors((args, out))
+            )
+        ):
+            seg.attn_core_flops[self.phase] += flops
         if _dispatched(func):
             seg.ops[self.phase] += 1
         if not flops and _dispatched(func):
