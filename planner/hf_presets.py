@@ -58,6 +58,10 @@ HF_PRESETS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 32768,
         "tie_word_embeddings": False,
     },
+    # OpenAI 2025, gpt-oss model card, Table 1 (transformers' GptOssConfig defaults are the
+    # 120b's sizes; its `layer_types` alternate sliding and full attention by itself)
+    "gpt-oss-120b": {"model_type": "gpt_oss", "num_hidden_layers": 36, "num_local_experts": 128},
+    "gpt-oss-20b": {"model_type": "gpt_oss", "num_hidden_layers": 24, "num_local_experts": 32},
 }
 
 
@@ -84,12 +88,15 @@ _SIZE_KEYS: dict[str, Bound] = {
     "num_local_experts": _EXPERTS,
     "num_experts": _EXPERTS,
     "num_experts_per_tok": _EXPERTS,
+    "sliding_window": limits.SEQ_LEN,
 }
 """The size fields of Hugging Face configs (GPT-2, Llama, Mixtral, BERT naming) and their
 bounds: each, when present, is a whole number >= 1 within its bound (or null, for `_NULLABLE`)."""
-_NULLABLE = frozenset({"n_inner", "num_key_value_heads", "intermediate_size", "head_dim"})
+_NULLABLE = frozenset(
+    {"n_inner", "num_key_value_heads", "intermediate_size", "head_dim", "sliding_window"}
+)
 """Sizes a config may give as null, meaning the family's default (4 x hidden, heads,
-hidden / heads)."""
+hidden / heads, no sliding window)."""
 
 
 def check_hf_config(data: object, where: str) -> dict[str, Any]:

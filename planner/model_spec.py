@@ -344,6 +344,21 @@ _GPT: dict[str, Any] = {"learned_pos": True, "bias": True, "norm": Norm.LAYERNOR
 GPT_MATH: dict[str, Any] = {**_GPT, "attention": Attention.MATH}
 _LLAMA3: dict[str, Any] = {"ffn_kind": FfnKind.SWIGLU, "vocab": 128256, "seq": 8192, "kv_heads": 8}
 
+_GPT_OSS: dict[str, Any] = {
+    "hidden": 2880,
+    "heads": 64,
+    "kv_heads": 8,
+    "head_dim": 64,
+    "ffn": 2880,
+    "ffn_kind": FfnKind.SWIGLU,
+    "vocab": 201088,
+    "seq": 131072,
+    "top_k": 4,
+    "bias": True,
+    "sliding_window": 128,
+    "full_attention_every": 2,
+}
+
 PRESETS: dict[str, TransformerSpec] = {
     # GPT-2: Radford et al. 2019, Table 2; 124,439,808 params with the 50,257-token vocab.
     "gpt2": TransformerSpec(
@@ -401,4 +416,11 @@ PRESETS: dict[str, TransformerSpec] = {
         experts=8,
         top_k=2,
     ),
+    # gpt-oss: OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card", §2.1 and Table 1 (36 / 24
+    # blocks, 128 / 32 experts of top 4, width 2880, 64 query heads and 8 key/value heads of
+    # 64, biased projections, banded attention of 128 tokens alternating with dense attention,
+    # the 201,088-token o200k_harmony vocabulary; attention sinks, 64 scalars a block, left
+    # out): 116.83B / 20.91B parameters, 5.13B / 3.61B active.
+    "gpt-oss-120b": TransformerSpec(name="gpt-oss-120b", layers=36, experts=128, **_GPT_OSS),
+    "gpt-oss-20b": TransformerSpec(name="gpt-oss-20b", layers=24, experts=32, **_GPT_OSS),
 }
