@@ -257,3 +257,34 @@ def test_a_gpu_trainer_is_not_planned_on_cpus(capsys: pytest.CaptureFixture[str]
     assert "--runtime torchtitan" in err and "CPUs" in err and len(err.strip().splitlines()) == 1
     with pytest.raises(ValueError, match="trains on GPUs"):
         paraplan.plan(MODEL, "2xcpu", global_batch=8, runtime="megatron")
+
+
+def test_compare_prices_every_row_for_the_runtime(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`paraplan compare --runtime megatron`: every compared plan carries megatron's runtime,
+    the plan row is `paraplan plan --runtime megatron`'s own (same strategy, same step time)
+    and within what Megatron runs, the report says so; a GPU trainer on CPUs is refused
+    before any tracing (exit 2, one line)."""
+    base = ["--model", MODEL, "--cluster", "16xh100", "--global-batch", "32", "--no-progress"]
+    out = tmp_path / "report"
+    argv = ["compare", *base, "--runtime", "megatron", "--tradeoff", "none", "-o", str(out)]
+    assert main(argv) == 0
+    assert "priced for megatron's runtime" in capsys.readouterr().out
+    plans = {f.stem: load_plan(f) for f in (out / "plans").glob("*.json")}
+    assert {"plan", "fsdp", "megatron", "dp-recompute"} <= set(plans)
+    assert {p.train.runtime for p in plans.values()} == {RUNTIMES[Framework.MEGATRON]}
+    alone = paraplan.plan(MODEL, "16xh100", global_batch=32, runtime="megatron").plan
+    assert plans["plan"].strategy() == alone.strategy()
+    assert plans["plan"].predicted.step_time_s == alone.predicted.step_time_s
+    runs = SPACES[Framework.MEGATRON]
+    for name in ("plan", *(n for n in plans if n.startswith("runner-up"))):
+        s = plans[name].strategy()
+        assert s.schedule in runs.schedules or s.pp == 1, name
+        assert s.zero_stage in runs.zero_stages and s.recompute != Recompute.PER_LAYER, name
+    assert "priced for megatron's runtime" in (out / "README.md").read_text()
+    cpu = ["compare", "--model", MODEL, "--cluster", "2xcpu", "--global-batch", "8"]
+    assert main([*cpu, "--runtime", "torchtitan", "-o", str(tmp_path / "cpu")]) == 2
+    err = capsys.readouterr().err
+    assert "--runtime torchtitan" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "cpu").exists()

@@ -191,6 +191,20 @@ def format_bytes(size_bytes: float, *, round_up: bool = False) -> str:
 
 
 # ---- the model / cluster / training-config inputs of plan and compare ------------------------
+def add_runtime_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--runtime`: the framework whose runtime prices `what` (`planner.frameworks`)."""
+    from ..planner.frameworks import Framework
+
+    parser.add_argument(
+        "--runtime",
+        default="paraplan",
+        choices=[f.value for f in Framework],
+        help="price for this framework's runtime (default paraplan, the executor's): "
+        "torchtitan (eager), torchtitan-compile, megatron (Megatron-Core with Transformer "
+        f"Engine), nemo (megatron with TP communication overlap): {what}",
+    )
+
+
 def add_input_args(
     parser: argparse.ArgumentParser, verb: str, *, batch_required: bool = True
 ) -> None:

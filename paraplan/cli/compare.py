@@ -19,6 +19,7 @@ from .common import (
     EXIT_OK,
     add_input_args,
     add_no_progress_arg,
+    add_runtime_arg,
     count_arg,
     format_bytes,
     parse_non_negative_int,
@@ -98,6 +99,11 @@ def add_parser(subparsers: Any) -> None:
         metavar="DIR",
         help="report folder (created; an earlier report there is replaced)",
     )
+    add_runtime_arg(
+        p,
+        "every compared strategy; another than paraplan plans them as that framework runs "
+        "them (the plan and its runners-up within what it runs, the baselines as named)",
+    )
     add_no_progress_arg(p)
     p.set_defaults(handler=execute)
 
@@ -105,6 +111,8 @@ def add_parser(subparsers: Any) -> None:
 def execute(args: argparse.Namespace) -> int:
     """Run `paraplan compare` on parsed arguments; prints, returns the exit status."""
     from ..planner.config import TrainConfig
+    from ..planner.framework_pins import refuse_framework_cluster
+    from ..planner.frameworks import RUNTIMES, Framework, describe_runtime, is_own
 
     # The report package pulls in the whole cost model and search (~0.2 s): only `compare`
     # pays for it, not every paraplan command's start-up.
@@ -130,7 +138,15 @@ def execute(args: argparse.Namespace) -> int:
     if not options.ilp_time_limit_s > 0:
         raise ValueError(f"--ilp-time-limit {options.ilp_time_limit_s}: give seconds > 0")
     cluster = read_cluster(args)
+    runtime = RUNTIMES[Framework(args.runtime)]
+    refuse_framework_cluster(cluster, runtime)  # a GPU trainer on CPUs: before any tracing
     notes: list[str] = []
+    if not is_own(runtime):
+        notes.append(
+            f"Every strategy is priced for {describe_runtime(runtime)}'s runtime (--runtime "
+            f"{args.runtime}), not for paraplan's executor: `paraplan export` writes them for "
+            "that framework; `paraplan run` refuses them."
+        )
     profile, batch = read_model(args, notes)
     train = TrainConfig(
         global_batch=batch,
@@ -138,6 +154,7 @@ def execute(args: argparse.Namespace) -> int:
         precision=args.precision,
         optimizer=args.optimizer,
         memory_headroom=args.memory_headroom,
+        runtime=runtime,
     )
     with progress_bar(args, desc="compare", total=report_step_count(options), unit="step") as bar:
 
@@ -154,6 +171,8 @@ def execute(args: argparse.Namespace) -> int:
             notes=notes,
             on_step=on_step,
         )
+    if not is_own(runtime):
+        print(f"priced for {describe_runtime(runtime)}'s runtime (--runtime {args.runtime})")
     print(summary(result))
     if not any(e.fits for e in result.entries):
         print("paraplan: no compared strategy fits; the report says why", file=sys.stderr)

@@ -18,6 +18,7 @@ from .common import (
     EXIT_OK,
     add_input_args,
     add_no_progress_arg,
+    add_runtime_arg,
     check_output,
     closing_callback,
     count_arg,
@@ -87,14 +88,10 @@ def add_parser(subparsers: Any) -> None:
         help="also search the asynchronous PipeDream-2BW pipeline (no flush): it changes the "
         "training semantics (weight staleness 1); paraplan's executor does not run it",
     )
-    p.add_argument(
-        "--runtime",
-        default="paraplan",
-        choices=[f.value for f in Framework],
-        help="price the plan for this framework's runtime (default paraplan, the executor's): "
-        "torchtitan (eager), torchtitan-compile, megatron (Megatron-Core with Transformer "
-        "Engine), nemo (megatron with TP communication overlap); another than paraplan searches "
-        "every strategy, as --any-engine, and the plan is for `paraplan export`",
+    add_runtime_arg(
+        p,
+        "the plan; another than paraplan searches every strategy that framework runs, as "
+        "--any-engine, and the plan is for `paraplan export`",
     )
     add_no_progress_arg(p)
     p.set_defaults(handler=execute)
