@@ -131,7 +131,11 @@ def test_from_config_judges_against_the_best(
     capsys.readouterr()
     cluster = CASES[name][0]
     extra = ["--seq-len", "4096"] if target == "deepspeed" else []
-    code = main(["plan", "--from-config", str(config), *SPEC, "--cluster", cluster, *extra])
+    # the executor's runtime, as the plan was priced (no --runtime: the trainer's own)
+    runtime = ["--runtime", "paraplan"]
+    code = main(
+        ["plan", "--from-config", str(config), *SPEC, "--cluster", cluster, *extra, *runtime]
+    )
     out = capsys.readouterr().out
     assert code == 0
     assert f"your {target} config" in out and "vs the best plan" in out

@@ -172,8 +172,46 @@ def test_a_megatron_config_is_judged_as_megatron_runs_it(
     best = next(line for line in out.splitlines() if line.strip().startswith("strategy"))
     assert not any(name in best for name in ("zbv", "dualpipev", "interleaved_zb", "gpipe"))
     assert "dp_shard" not in out  # no HSDP on either side: the shard group is just dp
-    assert main([*base, "--no-progress"]) == 0  # the executor's pricing: another figure
+    assert main([*base, "--runtime", "paraplan", "--no-progress"]) == 0  # the executor's
     assert "priced for" not in capsys.readouterr().out
+    assert main([*base, "--no-progress"]) == 0  # no --runtime: the trainer's own, Megatron's
+    assert "priced for megatron's runtime" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("framework", "fix"),
+    [
+        (Framework.NEMO, "tp=2,pp=2,sp=true,mbs=1"),
+        (Framework.MEGATRON, "tp=2,pp=2,sp=true,mbs=1"),
+        (Framework.TORCHTITAN_COMPILE, "tp=2,zero=3,mbs=2"),
+        (Framework.TORCHTITAN, "tp=2,zero=3,mbs=2"),
+    ],
+)
+def test_a_trainer_config_is_judged_on_the_runtime_it_states(
+    framework: Framework, fix: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A plan priced for a trainer's runtime, exported, and judged with no --runtime: the judge
+    reads the runtime off the configuration (Megatron-LM's `--tp-comm-overlap`: NeMo's;
+    torchtitan's `[compile] enable`: compiled) and prices your configuration at the plan's own
+    step time; on a CPU cluster, where the trainers do not run, it is the executor's."""
+    plan = paraplan.plan(
+        MODEL, "16xh100", global_batch=32, seq_len=2048, runtime=framework.value, fix=fix
+    ).plan
+    target = Target.TORCHTITAN if "torchtitan" in framework.value else Target.MEGATRON
+    profile = parse_model(MODEL).to_profile(2048, act_bytes=2)
+    text = export_plan(plan, target, Costing(profile, parse_cluster("16xh100"), plan)).text
+    config = tmp_path / ("mine.toml" if target == Target.TORCHTITAN else "mine.args")
+    config.write_text(text)
+    argv = ["plan", "--from-config", str(config), "--model", MODEL, "--no-progress"]
+    assert main([*argv, "--cluster", "16xh100"]) == 0
+    out = capsys.readouterr().out
+    assert f"priced for {framework.value}'s runtime" in out
+    assert f"{plan.predicted.step_time_s:.3f} s" in out
+    from paraplan.export.judge import judged_runtime, read_config
+
+    setup = read_config(str(config), world_size=16)
+    assert judged_runtime(None, setup, parse_cluster("16xcpu")) == Framework.PARAPLAN
+    assert judged_runtime("paraplan", setup, parse_cluster("16xh100")) == Framework.PARAPLAN
 
 
 def test_a_nemo_plan_exports_the_tp_overlap_it_was_priced_with(tmp_path: Path) -> None:

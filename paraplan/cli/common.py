@@ -197,12 +197,17 @@ def add_runtime_arg(parser: argparse.ArgumentParser, what: str) -> None:
 
     parser.add_argument(
         "--runtime",
-        default="paraplan",
+        default=None,  # paraplan's, or with --from-config the trainer's (`runtime_name`)
         choices=[f.value for f in Framework],
         help="price for this framework's runtime (default paraplan, the executor's): "
         "torchtitan (eager), torchtitan-compile, megatron (Megatron-Core with Transformer "
         f"Engine), nemo (megatron with TP communication overlap): {what}",
     )
+
+
+def runtime_name(args: argparse.Namespace) -> str:
+    """`--runtime`, or "paraplan" (the executor's) when not given."""
+    return str(getattr(args, "runtime", None) or "paraplan")
 
 
 def add_input_args(

@@ -29,6 +29,7 @@ from .common import (
     progress_bar,
     read_cluster,
     read_model,
+    runtime_name,
 )
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ def execute(args: argparse.Namespace) -> int:
     if not options.ilp_time_limit_s > 0:
         raise ValueError(f"--ilp-time-limit {options.ilp_time_limit_s}: give seconds > 0")
     cluster = read_cluster(args)
-    runtime = RUNTIMES[Framework(args.runtime)]
+    runtime = RUNTIMES[Framework(runtime_name(args))]
     refuse_framework_cluster(cluster, runtime)  # a GPU trainer on CPUs: before any tracing
     notes: list[str] = []
     if not is_own(runtime):

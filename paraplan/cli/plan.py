@@ -28,6 +28,7 @@ from .common import (
     progress_bar,
     read_cluster,
     read_model,
+    runtime_name,
 )
 
 FIX_HELP = (
@@ -129,7 +130,7 @@ def execute(args: argparse.Namespace) -> int:
         if mismatch:
             print(f"paraplan: warning: {mismatch}", file=sys.stderr)
     # fp8 without fp8 tensor cores, or a precision the executor does not run: before tracing
-    runtime = RUNTIMES[Framework(args.runtime)]
+    runtime = RUNTIMES[Framework(runtime_name(args))]
     refuse_precision(cluster, Precision(args.precision), args.any_engine or not is_own(runtime))
     fix = Pins.parse(args.fix)  # bad --fix fails before any tracing
     consent = Consent(compression=args.allow_compression, async_pipeline=args.allow_async)
@@ -158,7 +159,7 @@ def execute(args: argparse.Namespace) -> int:
                 any_engine=args.any_engine,
                 allow_compression=args.allow_compression,
                 allow_async=args.allow_async,
-                runtime=args.runtime,
+                runtime=runtime_name(args),
             )
     except NoFeasiblePlanError as exc:
         print(f"paraplan: no plan fits: {exc}", file=sys.stderr)

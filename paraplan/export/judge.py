@@ -13,6 +13,7 @@ from ..planner.api import NoFeasiblePlanError, make_plan
 from ..planner.cluster import Cluster
 from ..planner.config import TrainConfig
 from ..planner.explain import explain, tflops_text
+from ..planner.framework_pins import refuse_framework_cluster
 from ..planner.frameworks import RUNTIMES, Framework, runtime_note
 from ..planner.model import ModelProfile
 from ..planner.plan import Plan
@@ -66,17 +67,24 @@ def compare(
 ) -> Comparison:
     """Evaluate `setup` pinned and search the best plan for the same job; `progress(fraction)`
     follows the search (the pinned evaluation is quick)."""
-    # any engine: the configuration runs on its own trainer, not on paraplan's executor (and
-    # as it is: a framework's search space is for the best plan)
-    yours = make_plan(
-        profile,
-        cluster,
-        train,
-        pins=setup.pins(),
-        top_k=0,
-        any_engine=True,
-        within_framework=False,
-    ).plan
+    # any engine: the configuration runs on its own trainer, not on paraplan's executor;
+    # within the framework's space where it lies there (a trainer with a fixed mesh order,
+    # Megatron-LM's, runs yours in that order), else as it is (a recompute mix the space
+    # leaves out: its mesh order is then the fastest)
+    try:
+        yours = make_plan(profile, cluster, train, pins=setup.pins(), top_k=0, any_engine=True).plan
+    except NoFeasiblePlanError:
+        raise
+    except ValueError:  # outside the framework's space
+        yours = make_plan(
+            profile,
+            cluster,
+            train,
+            pins=setup.pins(),
+            top_k=0,
+            any_engine=True,
+            within_framework=False,
+        ).plan
     try:
         best: Plan | None = make_plan(
             profile, cluster, train, top_k=top_k, any_engine=True, progress=progress
@@ -172,6 +180,19 @@ def _difference(y: Plan, b: Plan | None) -> list[str]:
     return lines
 
 
+def judged_runtime(asked: str | None, setup: TrainerSetup, cluster: Cluster) -> Framework:
+    """The runtime a configuration is judged on: `--runtime` where given; else the trainer's
+    own as its configuration states it (`TrainerSetup.runtime`: Megatron-LM's, NeMo's with
+    `--tp-comm-overlap`, torchtitan's eager or compiled), so that your configuration and the
+    best plan are priced as that trainer runs them; paraplan's executor's for a trainer
+    without a preset (DeepSpeed) and on a CPU cluster (the trainers train on GPUs)."""
+    if asked is not None:
+        return Framework(asked)
+    if setup.runtime is None or cluster.accelerator.is_host:
+        return Framework.PARAPLAN
+    return setup.runtime
+
+
 def run_from_config(
     args: argparse.Namespace,
     read_cluster: Callable[[argparse.Namespace], Cluster],
@@ -195,6 +216,8 @@ def run_from_config(
             )
         args.seq_len = setup.seq_len
     args.global_batch, args.precision = setup.global_batch, str(setup.precision)
+    runtime = RUNTIMES[judged_runtime(getattr(args, "runtime", None), setup, cluster)]
+    refuse_framework_cluster(cluster, runtime)  # an explicit GPU trainer's --runtime on CPUs
     profile, batch = read_model(args, [])
     train = TrainConfig(
         global_batch=batch,
@@ -202,7 +225,7 @@ def run_from_config(
         precision=setup.precision,
         optimizer=args.optimizer,
         memory_headroom=args.memory_headroom,
-        runtime=RUNTIMES[Framework(getattr(args, "runtime", Framework.PARAPLAN))],  # --runtime
+        runtime=runtime,
     )
     comparison = compare(
         args.from_config, setup, profile, cluster, train, top_k=args.top, progress=progress

@@ -13,6 +13,7 @@ import shlex
 from dataclasses import replace
 
 from ..planner.config import Precision
+from ..planner.frameworks import Framework
 from ..planner.plan import Plan
 from ..planner.strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
 from .setup import Gap, Target, TrainerSetup, check_batch, option_gaps, uniform_recompute
@@ -49,8 +50,8 @@ _SWITCHES = (
     "optimizer-cpu-offload",
     "tp-comm-overlap",
 )
-"""Flags without a value that `read` interprets (`--tp-comm-overlap` as what the plan was priced
-with: `read` gives a strategy, the runtime is `--runtime`'s)."""
+"""Flags without a value that `read` interprets (`--tp-comm-overlap`: the runtime, NeMo's preset
+where it is on, Megatron-LM's where not)."""
 
 
 def block_pattern(plan: Plan) -> int | None:
@@ -345,5 +346,6 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
         seq_len=num("seq-length", 0),
         precision=precision,
         notes=tuple(notes),
+        runtime=Framework.NEMO if "tp-comm-overlap" in args else Framework.MEGATRON,
     )
     return check_batch(setup)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from ..planner.config import Precision
+from ..planner.frameworks import Framework
 from ..planner.pins import Pins
 from ..planner.plan import Plan
 from ..planner.strategy import Recompute, Schedule, Strategy
@@ -51,6 +52,10 @@ class TrainerSetup:
     """Training precision (bf16/fp16 are mixed precision with fp32 master weights)."""
     notes: tuple[str, ...] = ()
     """What was read approximately or left out, in words (printed beside the comparison)."""
+    runtime: Framework | None = None
+    """The trainer's runtime as the configuration states it (`paraplan plan --runtime`'s
+    preset: Megatron-LM's, NeMo's with `--tp-comm-overlap`, torchtitan's eager or compiled);
+    None where paraplan has no preset for the trainer (DeepSpeed)."""
 
     @property
     def num_microbatches(self) -> int:

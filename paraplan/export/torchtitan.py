@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..planner.config import Precision
+from ..planner.frameworks import Framework
 from ..planner.plan import Plan
 from ..planner.strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
 from .setup import Gap, Target, TrainerSetup, check_batch, option_gaps, uniform_recompute
@@ -262,7 +263,11 @@ def read_toml(text: str, *, world_size: int, source: str) -> TrainerSetup:
     ac = doc.get("activation_checkpoint", {})
     mode = ac.get("mode", "selective")  # torchtitan's default policy
     fp8 = "float8" in doc.get("model", {}).get("converters", [])
-    return from_values(par, tr, mode, world_size=world_size, source=source, fp8=fp8)
+    # torch.compile: `[compile] enable` (torchtitan >= 0.2), `[training] compile` before
+    compiled = bool(doc.get("compile", {}).get("enable", tr.get("compile", False)))
+    return from_values(
+        par, tr, mode, world_size=world_size, source=source, fp8=fp8, compiled=compiled
+    )
 
 
 def read_registry(name: str, *, world_size: int) -> TrainerSetup:
@@ -298,7 +303,16 @@ def read_registry(name: str, *, world_size: int) -> TrainerSetup:
     # a Float8 converter replaces the blocks' Linear configs in the model tree (torchao's
     # Float8Linear); torchao absent, building such a config fails above instead
     fp8 = "Float8" in repr(getattr(getattr(config, "model_spec", None), "model", None))
-    return from_values(par, tr, mode, world_size=world_size, source=f"torchtitan:{name}", fp8=fp8)
+    compiled = bool(getattr(getattr(config, "compile", None), "enable", False))
+    return from_values(
+        par,
+        tr,
+        mode,
+        world_size=world_size,
+        source=f"torchtitan:{name}",
+        fp8=fp8,
+        compiled=compiled,
+    )
 
 
 def _fields(obj: Any) -> dict[str, Any]:
@@ -314,9 +328,11 @@ def from_values(
     world_size: int,
     source: str,
     fp8: bool = False,
+    compiled: bool = False,
 ) -> TrainerSetup:
     """torchtitan's parallelism/training/activation-checkpoint values (its defaults where a
-    key is absent) in the planner's terms; `fp8`: Float8 linear layers are on."""
+    key is absent) in the planner's terms; `fp8`: Float8 linear layers are on; `compiled`:
+    torch.compile is (the runtime: torchtitan-compile's preset, else torchtitan's)."""
     notes: list[str] = []
     tp = int(par.get("tensor_parallel_degree", 1))
     pp = int(par.get("pipeline_parallel_degree", 1))
@@ -333,6 +349,11 @@ def from_values(
             f"is {world_size} (or give the matching --cluster)"
         )
     dp = replicate * shard
+    if par.get("enable_async_tensor_parallel") and tp > 1:
+        notes.append(
+            "enable_async_tensor_parallel priced without TP overlap (no --runtime preset has "
+            "torchtitan's async TP)"
+        )
     reshard = par.get("fsdp_reshard_after_forward", "default")
     # torchtitan's "default" reshards after forward except under a pipeline (never there)
     if shard == 1:
@@ -406,5 +427,6 @@ def from_values(
         seq_len=int(tr.get("seq_len", 2048)),
         precision=precision,
         notes=tuple(notes),
+        runtime=Framework.TORCHTITAN_COMPILE if compiled else Framework.TORCHTITAN,
     )
     return check_batch(setup)
