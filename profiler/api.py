@@ -155,7 +155,7 @@ def profile(
         _faked(model, example_inputs) if mode == "meta" else contextlib.nullcontext(example_inputs)
     )
     fused = (
-        FusedAttention(causal="CausalLM" in type(model).__name__)
+        FusedAttention(causal="CausalLM" in type(model).__name__, model=model)
         if mode == "meta"
         else (contextlib.nullcontext())
     )

@@ -25,19 +25,54 @@ _FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 _FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 
 
-class FusedAttention(TorchFunctionMode):
-    """Redirects SDPA to the fused flash op, causal for decoders."""
+_EAGER_AS_FUSED = "paraplan_fused"
+"""The Hugging Face attention implementation `FusedAttention` registers for models whose
+attention transformers runs only eagerly (`_supports_sdpa` False: gpt-oss, whose sinks SDPA
+cannot take)."""
 
-    def __init__(self, causal: bool) -> None:
+
+class FusedAttention(TorchFunctionMode):
+    """Redirects SDPA to the fused flash op, causal for decoders; with `model`, a Hugging Face
+    model whose attention is eager (matmuls keeping the s x s probabilities) runs the same
+    fused op through transformers' attention interface for as long as the mode is on. The
+    fused kernels real runs use take what eager adds (gpt-oss's sinks: one logit a head, in
+    FlashAttention-3 and Transformer Engine's `softmax_type`); the trace leaves it out."""
+
+    def __init__(self, causal: bool, model: Any = None) -> None:
         super().__init__()
         self.causal = causal
+        self.model = model
         self._env = contextlib.ExitStack()
 
     def __enter__(self) -> FusedAttention:
         # With a mask present, Hugging Face repeats K/V heads for GQA instead of letting the
         # kernel share them; the real (mask-free) run shares them, so force the same here.
         self._env.enter_context(scoped_env(_FORCE_GQA, "1"))
+        self._env.enter_context(self._eager_as_fused())
         return super().__enter__()  # type: ignore[return-value]
+
+    @contextlib.contextmanager
+    def _eager_as_fused(self) -> Any:
+        config: Any = getattr(self.model, "config", None)
+        if getattr(config, "_attn_implementation", None) != "eager":
+            yield
+            return
+        from transformers import AttentionInterface
+
+        causal = self.causal
+
+        def fused(module: Any, query: Any, key: Any, value: Any, mask: Any, **kw: Any) -> Any:
+            # transformers' interface: (B, H, S, D) in, (B, S, H, D) and no weights out
+            dropout = float(kw.get("dropout") or 0.0)
+            out, _lse = _FLASH(query, key, value, dropout, causal, scale=kw.get("scaling"))
+            return out.transpose(1, 2).contiguous(), None
+
+        AttentionInterface.register(_EAGER_AS_FUSED, fused)
+        config._attn_implementation = _EAGER_AS_FUSED
+        try:
+            yield
+        finally:
+            config._attn_implementation = "eager"
 
     def __exit__(self, *exc: Any) -> None:
         self._env.close()
