@@ -209,10 +209,15 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
         async_tp = "asynctp" in str(row.get("quote", "")).lower().replace(" ", "")
         compiled = "--training.compile" in text or async_tp
         eager = not compiled and ("no torch.compile" in text or "torch.compile" not in text)
-        return dataclasses.replace(  # --runtime torchtitan(-compile), and the row's flags
-            RUNTIMES[Framework.TORCHTITAN if eager else Framework.TORCHTITAN_COMPILE],
-            tp_comm_overlap=async_tp,
-            fp8_all_gather="fsdp float8 all-gather" in text.lower(),
+        framework = (  # --runtime torchtitan(-compile, -async-tp), and the row's fp8 gathers
+            Framework.TORCHTITAN_ASYNC_TP
+            if async_tp
+            else Framework.TORCHTITAN
+            if eager
+            else Framework.TORCHTITAN_COMPILE
+        )
+        return dataclasses.replace(
+            RUNTIMES[framework], fp8_all_gather="fsdp float8 all-gather" in text.lower()
         )
     return Runtime(fused_elementwise=True, sp_saves_gathered_input=False, torch_loss=False)
 

@@ -99,7 +99,8 @@ def plan(
     `cluster` (e.g. ``"8xh100"`` or a `Cluster`), with `fix` pins (`--fix` text or `Pins`).
     Only plans the executor runs are returned unless `any_engine` (planner/capabilities.py)
     or `runtime` names another framework than "paraplan" (torchtitan, torchtitan-compile,
-    megatron, nemo: planner/frameworks.py), whose runtime the plan is then priced for.
+    torchtitan-async-tp, megatron, nemo: planner/frameworks.py), whose runtime the plan is
+    then priced for.
     PowerSGD (`allow_compression`) and the asynchronous PipeDream-2BW pipeline
     (`allow_async`) change the training math and are searched only when allowed.
     A model string is read as the CLI reads `--model`: `model_source` "auto" (the default of

@@ -73,8 +73,8 @@ def refuse_precision(cluster: Cluster, precision: Precision, any_engine: bool) -
     if gap is not None:
         raise ValueError(
             f"{gap}; or plan for the trainer that will run it (--runtime megatron, nemo, "
-            "torchtitan or torchtitan-compile; or --any-engine), and paraplan export writes its "
-            "config"
+            "torchtitan, torchtitan-compile or torchtitan-async-tp; or --any-engine), and "
+            "paraplan export writes its config"
         )
 
 

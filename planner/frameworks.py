@@ -30,6 +30,11 @@ class Framework(StrEnum):
     """torchtitan with `compile.enable` (`--training.compile` in its early releases): the
     elementwise operators fused by torch.compile (and torchao's fp8 casts with them);
     otherwise as `TORCHTITAN`."""
+    TORCHTITAN_ASYNC_TP = "torchtitan-async-tp"
+    """torchtitan compiled with Async TP (`compile.enable_async_tensor_parallel`;
+    `parallelism.enable_async_tensor_parallel` before 0.3): torch.compile's micro-pipelining
+    of the TP collectives with the GEMMs they feed, over symmetric memory within a node;
+    otherwise as `TORCHTITAN_COMPILE`."""
     MEGATRON = "megatron"
     """Megatron-LM (Megatron-Core with Transformer Engine): fused elementwise kernels and
     attention, the sequence shards kept for backward and gathered again, its fused
@@ -53,6 +58,9 @@ RUNTIMES: dict[Framework, Runtime] = {
     Framework.PARAPLAN: Runtime(),
     Framework.TORCHTITAN: _TORCHTITAN,
     Framework.TORCHTITAN_COMPILE: replace(_TORCHTITAN, fused_elementwise=True),
+    Framework.TORCHTITAN_ASYNC_TP: replace(
+        _TORCHTITAN, fused_elementwise=True, tp_comm_overlap=True
+    ),
     Framework.MEGATRON: _MEGATRON,
     Framework.NEMO: replace(_MEGATRON, tp_comm_overlap=True),
 }
@@ -150,6 +158,7 @@ _MEGATRON_SPACE = FrameworkSpace(
 SPACES: dict[Framework, FrameworkSpace] = {
     Framework.TORCHTITAN: _TORCHTITAN_SPACE,
     Framework.TORCHTITAN_COMPILE: _TORCHTITAN_SPACE,
+    Framework.TORCHTITAN_ASYNC_TP: _TORCHTITAN_SPACE,
     Framework.MEGATRON: _MEGATRON_SPACE,
     Framework.NEMO: replace(_MEGATRON_SPACE, name="nemo"),
 }

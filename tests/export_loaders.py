@@ -44,6 +44,7 @@ def torchtitan_view(item: dict[str, Any]) -> dict[str, Any]:
         "ac": "none" if ac is None else type(ac).__qualname__.split(".")[0],
         "cpu_offload": tr.enable_cpu_offload,
         "compile": config.compile.enable,
+        "async_tp": config.compile.enable_async_tensor_parallel,
     }
 
 

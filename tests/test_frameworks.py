@@ -184,6 +184,7 @@ def test_a_megatron_config_is_judged_as_megatron_runs_it(
         (Framework.NEMO, "tp=2,pp=2,sp=true,mbs=1"),
         (Framework.MEGATRON, "tp=2,pp=2,sp=true,mbs=1"),
         (Framework.TORCHTITAN_COMPILE, "tp=2,zero=3,mbs=2"),
+        (Framework.TORCHTITAN_ASYNC_TP, "tp=2,zero=3,mbs=2"),
         (Framework.TORCHTITAN, "tp=2,zero=3,mbs=2"),
     ],
 )
@@ -245,19 +246,41 @@ def test_a_nemo_plan_exports_the_tp_overlap_it_was_priced_with(tmp_path: Path) -
 def test_a_compiled_torchtitan_plan_exports_compile_on(tmp_path: Path) -> None:
     """Priced compiled (`--runtime torchtitan-compile`), the torchtitan export turns
     torch.compile on (`[compile] enable`), which torchtitan's own ConfigManager reads; priced
-    eager (`--runtime torchtitan`), it leaves it off."""
+    with Async TP (`--runtime torchtitan-async-tp`, tp 2) it turns that on as well (torchtitan
+    0.3 refuses Async TP without compile: its ConfigManager accepts the file); priced eager
+    (`--runtime torchtitan`), it leaves both off."""
     profile = parse_model(MODEL).to_profile(2048, act_bytes=2)
     manifest = []
-    for framework in (Framework.TORCHTITAN_COMPILE, Framework.TORCHTITAN):
+    frameworks = (Framework.TORCHTITAN_COMPILE, Framework.TORCHTITAN_ASYNC_TP, Framework.TORCHTITAN)
+    for framework in frameworks:
         plan = paraplan.plan(
-            MODEL, "8xh100", global_batch=16, seq_len=2048, runtime=framework.value
+            MODEL, "8xh100", global_batch=16, seq_len=2048, runtime=framework.value, fix="tp=2"
         ).plan
         costing = Costing(profile, parse_cluster("8xh100"), plan)
         text = export_plan(plan, Target.TORCHTITAN, costing).text
         path = tmp_path / f"{framework}.toml"
         path.write_text(text)
         manifest.append({"path": str(path), "world_size": 8, "dp": plan.parallelism.dp})
-    assert [v["compile"] for v in run_loaders("torchtitan", manifest)] == [True, False]
+    views = run_loaders("torchtitan", manifest)
+    assert [(v["compile"], v["async_tp"]) for v in views] == [
+        (True, False),
+        (True, True),
+        (False, False),
+    ]
+
+
+def test_async_tp_hides_the_tp_collectives_compile_alone_does_not() -> None:
+    """torchtitan's Async TP prices a TP plan's collectives hidden (within a node), so it is
+    faster than compiled torchtitan, and equal to it without TP."""
+    for fix, faster in (("tp=2,sp=true,mbs=1", True), ("tp=1,mbs=1", False)):
+        step = {
+            f: paraplan.plan(
+                MODEL, "8xh100", global_batch=16, runtime=f.value, fix=fix
+            ).plan.predicted.step_time_s
+            for f in (Framework.TORCHTITAN_COMPILE, Framework.TORCHTITAN_ASYNC_TP)
+        }
+        gain = step[Framework.TORCHTITAN_COMPILE] - step[Framework.TORCHTITAN_ASYNC_TP]
+        assert (gain > 0) == faster and gain >= 0
 
 
 def test_an_uneven_pipeline_split_exports_as_megatron_s_layout(tmp_path: Path) -> None:

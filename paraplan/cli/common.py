@@ -200,8 +200,9 @@ def add_runtime_arg(parser: argparse.ArgumentParser, what: str) -> None:
         default=None,  # paraplan's, or with --from-config the trainer's (`runtime_name`)
         choices=[f.value for f in Framework],
         help="price for this framework's runtime (default paraplan, the executor's): "
-        "torchtitan (eager), torchtitan-compile, megatron (Megatron-Core with Transformer "
-        f"Engine), nemo (megatron with TP communication overlap): {what}",
+        "torchtitan (eager), torchtitan-compile, torchtitan-async-tp (compiled, Async TP), "
+        "megatron (Megatron-Core with Transformer Engine), nemo (megatron with TP "
+        f"communication overlap): {what}",
     )
 
 

@@ -143,8 +143,11 @@ def render(plan: Plan, s: Strategy) -> str:
     if pipelined:
         training["disable_cuda_graphs"] = True  # torchtitan refuses CUDA graphs with PP
     sections = {"parallelism": parallelism, "training": training}
-    if plan.train.runtime.fused_elementwise:  # priced compiled (`--runtime torchtitan-compile`)
+    runtime = plan.train.runtime
+    if runtime.fused_elementwise:  # priced compiled (`--runtime torchtitan-compile`)
         sections["compile"] = {"enable": True}
+        if runtime.tp_comm_overlap and s.tp > 1:  # and Async TP (`torchtitan-async-tp`)
+            sections["compile"]["enable_async_tensor_parallel"] = True
     args = " ".join(cli_args_of(sections, s))
     base = REGISTRY_CONFIGS.get(plan.model.name)
     module = f"--module llama3 --config {base}" if base else "--module <model> --config <config>"
@@ -173,7 +176,11 @@ def render(plan: Plan, s: Strategy) -> str:
         "[activation_checkpoint]",
         f'mode = "{RECOMPUTE_MODES[s.recompute]}"',
         "",
-        *(["[compile]", "enable = true", ""] if "compile" in sections else []),
+        *(
+            ["[compile]", *(f"{k} = {_toml(v)}" for k, v in sections["compile"].items()), ""]
+            if "compile" in sections
+            else []
+        ),
     ]
     for section, values in FLOAT8_SECTIONS.items() if fp8 else ():
         lines += [f"[{section}]", *(f"{k} = {_list(v)}" for k, v in values.items()), ""]
@@ -263,10 +270,21 @@ def read_toml(text: str, *, world_size: int, source: str) -> TrainerSetup:
     ac = doc.get("activation_checkpoint", {})
     mode = ac.get("mode", "selective")  # torchtitan's default policy
     fp8 = "float8" in doc.get("model", {}).get("converters", [])
-    # torch.compile: `[compile] enable` (torchtitan >= 0.2), `[training] compile` before
-    compiled = bool(doc.get("compile", {}).get("enable", tr.get("compile", False)))
+    # torch.compile: `[compile] enable` (torchtitan >= 0.2), `[training] compile` before;
+    # Async TP: `[compile]` (>= 0.3) or `[parallelism] enable_async_tensor_parallel`
+    comp = doc.get("compile", {})
+    compiled = bool(comp.get("enable", tr.get("compile", False)))
+    key = "enable_async_tensor_parallel"
+    async_tp = compiled and bool(comp.get(key, par.get(key, False)))
     return from_values(
-        par, tr, mode, world_size=world_size, source=source, fp8=fp8, compiled=compiled
+        par,
+        tr,
+        mode,
+        world_size=world_size,
+        source=source,
+        fp8=fp8,
+        compiled=compiled,
+        async_tp=async_tp,
     )
 
 
@@ -304,6 +322,7 @@ def read_registry(name: str, *, world_size: int) -> TrainerSetup:
     # Float8Linear); torchao absent, building such a config fails above instead
     fp8 = "Float8" in repr(getattr(getattr(config, "model_spec", None), "model", None))
     compiled = bool(getattr(getattr(config, "compile", None), "enable", False))
+    async_tp = compiled and bool(getattr(config.compile, "enable_async_tensor_parallel", False))
     return from_values(
         par,
         tr,
@@ -312,6 +331,7 @@ def read_registry(name: str, *, world_size: int) -> TrainerSetup:
         source=f"torchtitan:{name}",
         fp8=fp8,
         compiled=compiled,
+        async_tp=async_tp,
     )
 
 
@@ -329,10 +349,12 @@ def from_values(
     source: str,
     fp8: bool = False,
     compiled: bool = False,
+    async_tp: bool = False,
 ) -> TrainerSetup:
     """torchtitan's parallelism/training/activation-checkpoint values (its defaults where a
     key is absent) in the planner's terms; `fp8`: Float8 linear layers are on; `compiled`:
-    torch.compile is (the runtime: torchtitan-compile's preset, else torchtitan's)."""
+    torch.compile is, `async_tp`: with Async TP (the runtime: torchtitan-compile's or
+    torchtitan-async-tp's preset, else torchtitan's)."""
     notes: list[str] = []
     tp = int(par.get("tensor_parallel_degree", 1))
     pp = int(par.get("pipeline_parallel_degree", 1))
@@ -349,11 +371,6 @@ def from_values(
             f"is {world_size} (or give the matching --cluster)"
         )
     dp = replicate * shard
-    if par.get("enable_async_tensor_parallel") and tp > 1:
-        notes.append(
-            "enable_async_tensor_parallel priced without TP overlap (no --runtime preset has "
-            "torchtitan's async TP)"
-        )
     reshard = par.get("fsdp_reshard_after_forward", "default")
     # torchtitan's "default" reshards after forward except under a pipeline (never there)
     if shard == 1:
@@ -427,6 +444,12 @@ def from_values(
         seq_len=int(tr.get("seq_len", 2048)),
         precision=precision,
         notes=tuple(notes),
-        runtime=Framework.TORCHTITAN_COMPILE if compiled else Framework.TORCHTITAN,
+        runtime=(
+            Framework.TORCHTITAN_ASYNC_TP
+            if async_tp
+            else Framework.TORCHTITAN_COMPILE
+            if compiled
+            else Framework.TORCHTITAN
+        ),
     )
     return check_batch(setup)
