@@ -238,7 +238,9 @@ def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
             why = f"accelerator {gpu}"
         elif row["id"].startswith(tuple(_OTHER_SYSTEMS)):
             why = _OTHER_SYSTEMS[row["id"].split("_")[0] + "_" + row["id"].split("_")[1]]
-        elif (row["model"].get("seq_len") or 0) > 65536:
+        elif (row["model"].get("seq_len") or 0) > LONG_CONTEXT and not (
+            row["measured"].get("step_time_s") or row["measured"].get("tokens_per_s_per_gpu")
+        ):  # a throughput in FLOP/s at long context needs the source's attention convention
             why = "sequence over 64K: the source's attention FLOP convention is not stated"
         step = None if spec is None else _published_step_s(row, spec)
         if not why and step is None:
@@ -362,9 +364,18 @@ def pair_orders(results: Iterable[Result]) -> list[tuple[str, str, bool]]:
     return out
 
 
+LONG_CONTEXT = 65536
+"""Tokens above which a row is a long-context row: priced since 2026-11-27 (they were left out
+with the throughputs in FLOP/s that need the source's attention convention), a regime no
+constant was fitted on."""
+
+
 def after_fit(case: Case) -> str:
-    """ "fp8" or "window" for a row priced by a mechanism added after the constants were fitted
-    (fp8 training; banded attention), so fitted on nothing and held out whole; "" otherwise."""
+    """The group of a row priced where the constants were not fitted, held out whole: "long"
+    (over 64K tokens), "fp8" (fp8 training) or "window" (banded attention), the mechanisms or
+    regimes priced after the fit; "" otherwise."""
+    if case.train.seq_len > LONG_CONTEXT:
+        return "long"
     if case.train.precision == Precision.FP8:
         return "fp8"
     return "window" if case.spec.sliding_window else ""
@@ -403,18 +414,24 @@ def summarize(results: list[Result]) -> Summary:
     )
 
 
-def groups(results: list[Result]) -> tuple[Summary, Summary, Summary, Summary]:
-    """(fitted, held-out, fp8, banded-attention) summaries. fp8 rows and rows with a sliding
-    window are groups of their own: their mechanisms (planner/cost/float8.py;
-    `model.attention_pairs`) were added after the constants were fitted and nothing was fitted
-    on them, so they are all held out from it; the fitted and held-out groups are the other
-    rows, as the constants were fitted."""
+_LATER = ("fp8", "window", "long")
+"""The groups priced after the fit (`after_fit`), in the order `groups` returns them."""
+
+
+def groups(results: list[Result]) -> tuple[Summary, Summary, Summary, Summary, Summary]:
+    """(fitted, held-out, fp8, banded-attention, long-context) summaries. fp8 rows, rows with
+    a sliding window and rows over 64K tokens are groups of their own (`after_fit`): their
+    mechanisms (planner/cost/float8.py; `model.attention_pairs`) or regime came after the
+    constants were fitted and nothing was fitted on them, so they are all held out from it;
+    the fitted and held-out groups are the other rows, as the constants were fitted."""
     wide = [r for r in results if not after_fit(r.case)]
+    fp8, window, long = (summarize([r for r in results if after_fit(r.case) == g]) for g in _LATER)
     return (
         summarize([r for r in wide if not r.case.held_out]),
         summarize([r for r in wide if r.case.held_out]),
-        summarize([r for r in results if after_fit(r.case) == "fp8"]),
-        summarize([r for r in results if after_fit(r.case) == "window"]),
+        fp8,
+        window,
+        long,
     )
 
 
@@ -446,10 +463,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{r.case.published_step_s:11.3f} {r.predicted_step_s:11.3f} {r.error:+7.1%}  "
             f"{r.strategy}"
         )
-    fit, held, fp8, window = groups(results)
+    fit, held, fp8, window, long = groups(results)
     pairs = pair_orders(results)
     named = (("fitted rows", fit), ("held-out rows", held), ("fp8 rows", fp8))
-    for name, s in (*named, ("banded-attention rows", window)):
+    for name, s in (*named, ("banded-attention rows", window), ("long-context rows", long)):
         print(
             f"{name}: {s.rows} rows, mean |error| {s.mean_abs_error:.1%}, "
             f"max |error| {s.max_abs_error:.1%}, mean error {s.mean_error:+.1%}"
@@ -482,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
                     "held_out": dataclasses.asdict(held),
                     "fp8": dataclasses.asdict(fp8),
                     "banded_attention": dataclasses.asdict(window),
+                    "long_context": dataclasses.asdict(long),
                     "pairs": [{"faster": f, "slower": s, "ordered": ok} for f, s, ok in pairs],
                     "skipped": [{"id": i, "why": w} for i, w in skipped],
                 },
