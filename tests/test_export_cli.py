@@ -153,6 +153,20 @@ def test_from_config_rejects_a_batch_that_does_not_split(tmp_path: Path) -> None
         read_config(str(config), world_size=8)
 
 
+@pytest.mark.parametrize("text", ["compile = true\n", "parallelism = 3\n", "model = []\n"])
+def test_from_config_names_a_key_that_is_not_a_table(
+    text: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A torchtitan TOML whose section is a value: exit 2 naming it (was a traceback)."""
+    config = tmp_path / "mine.toml"
+    config.write_text(text)
+    argv = ["plan", "--from-config", str(config), *SPEC, "--cluster", "8xh100", "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    name = text.split(" ")[0]
+    assert f"{name} = " in err and "is not a table" in err and len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("torchtitan") is None,
     reason="torchtitan not installed (pip install 'paraplan[export]' and the Makefile's line)",

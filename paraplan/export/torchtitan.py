@@ -265,14 +265,14 @@ def read_toml(text: str, *, world_size: int, source: str) -> TrainerSetup:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{source}: not a TOML file: {exc}") from None
-    par = doc.get("parallelism", {})
-    tr = doc.get("training", {})
-    ac = doc.get("activation_checkpoint", {})
+    par, tr, ac, model, comp = (
+        _section(doc, name, source)
+        for name in ("parallelism", "training", "activation_checkpoint", "model", "compile")
+    )
     mode = ac.get("mode", "selective")  # torchtitan's default policy
-    fp8 = "float8" in doc.get("model", {}).get("converters", [])
+    fp8 = "float8" in model.get("converters", [])
     # torch.compile: `[compile] enable` (torchtitan >= 0.2), `[training] compile` before;
     # Async TP: `[compile]` (>= 0.3) or `[parallelism] enable_async_tensor_parallel`
-    comp = doc.get("compile", {})
     compiled = bool(comp.get("enable", tr.get("compile", False)))
     key = "enable_async_tensor_parallel"
     async_tp = compiled and bool(comp.get(key, par.get(key, False)))
@@ -286,6 +286,17 @@ def read_toml(text: str, *, world_size: int, source: str) -> TrainerSetup:
         compiled=compiled,
         async_tp=async_tp,
     )
+
+
+def _section(doc: dict[str, Any], name: str, source: str) -> dict[str, Any]:
+    """The TOML table `name` of `doc` ({} when absent); ValueError when it is not a table."""
+    table = doc.get(name, {})
+    if not isinstance(table, dict):
+        raise ValueError(
+            f"{source}: {name} = {table!r} is not a table; write it as a [{name}] section of "
+            "keys (torchtitan's job-config layout)"
+        )
+    return table
 
 
 def read_registry(name: str, *, world_size: int) -> TrainerSetup:
