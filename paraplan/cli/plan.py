@@ -92,7 +92,8 @@ def add_parser(subparsers: Any) -> None:
     add_runtime_arg(
         p,
         "the plan; another than paraplan searches every strategy that framework runs, as "
-        "--any-engine, and the plan is for `paraplan export`",
+        "--any-engine, and the plan is for `paraplan export`; with --from-config the default "
+        "is the trainer's own runtime as its configuration states it",
     )
     add_no_progress_arg(p)
     p.set_defaults(handler=execute)
