@@ -26,9 +26,9 @@ _FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 
 
 _EAGER_AS_FUSED = "paraplan_fused"
-"""The Hugging Face attention implementation `FusedAttention` registers for models whose
-attention transformers runs only eagerly (`_supports_sdpa` False: gpt-oss, whose sinks SDPA
-cannot take)."""
+"""The Hugging Face attention implementation `FusedAttention` registers for a model whose
+attention is eager: transformers runs some models only eagerly (`_supports_sdpa` False:
+gpt-oss, whose sinks SDPA cannot take), and a config may ask for it."""
 
 
 class FusedAttention(TorchFunctionMode):
@@ -63,6 +63,7 @@ class FusedAttention(TorchFunctionMode):
 
         def fused(module: Any, query: Any, key: Any, value: Any, mask: Any, **kw: Any) -> Any:
             # transformers' interface: (B, H, S, D) in, (B, S, H, D) and no weights out
+            query, key, value = _autocast(query, key, value)
             dropout = float(kw.get("dropout") or 0.0)
             out, _lse = _FLASH(query, key, value, dropout, causal, scale=kw.get("scaling"))
             return out.transpose(1, 2).contiguous(), None
@@ -84,11 +85,7 @@ class FusedAttention(TorchFunctionMode):
             return func(*args, **kwargs)
         names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
         bound = dict(zip(names, args, strict=False)) | kwargs
-        q, k, v = bound["query"], bound["key"], bound["value"]
-        device = q.device.type
-        if device != "meta" and torch.is_autocast_enabled(device):  # as autocast casts SDPA's
-            dtype = torch.get_autocast_dtype(device)  # inputs (`autocast_trace.py`)
-            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        q, k, v = _autocast(bound["query"], bound["key"], bound["value"])
         causal = bool(bound.get("is_causal")) or (
             self.causal and bound.get("attn_mask") is not None
         )
@@ -97,3 +94,12 @@ class FusedAttention(TorchFunctionMode):
         )
         # (enable_gqa is implied: the kernel shares K/V heads across query-head groups)
         return out
+
+
+def _autocast(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:
+    """q, k and v as autocast casts SDPA's inputs where it is on (`autocast_trace.py`)."""
+    device = q.device.type
+    if device != "meta" and torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        return q.to(dtype), k.to(dtype), v.to(dtype)
+    return q, k, v
