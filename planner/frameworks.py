@@ -67,6 +67,14 @@ RUNTIMES: dict[Framework, Runtime] = {
 """Each framework's runtime."""
 
 
+def torchtitan_framework(*, compiled: bool, async_tp: bool) -> Framework:
+    """torchtitan's preset: eager, compiled, or compiled with Async TP (a torch.compile pass:
+    torchtitan refuses it without compile, so it counts only where compiled)."""
+    if not compiled:
+        return Framework.TORCHTITAN
+    return Framework.TORCHTITAN_ASYNC_TP if async_tp else Framework.TORCHTITAN_COMPILE
+
+
 def parse_framework(name: str) -> Framework:
     """The framework called `name` (ValueError naming the choices)."""
     try:

@@ -12,6 +12,7 @@ import pytest
 import paraplan
 from paraplan.cli import main
 from paraplan.export.exporter import Costing, Target, export_plan
+from paraplan.export.judge import judged_runtime, read_config
 from paraplan.export.megatron import read
 from paraplan.planner.capabilities import plan_gaps
 from paraplan.planner.cluster import parse_cluster
@@ -208,8 +209,6 @@ def test_a_trainer_config_is_judged_on_the_runtime_it_states(
     out = capsys.readouterr().out
     assert f"priced for {framework.value}'s runtime" in out
     assert f"{plan.predicted.step_time_s:.3f} s" in out
-    from paraplan.export.judge import judged_runtime, read_config
-
     setup = read_config(str(config), world_size=16)
     assert judged_runtime(None, setup, parse_cluster("16xcpu")) == Framework.PARAPLAN
     assert judged_runtime("paraplan", setup, parse_cluster("16xh100")) == Framework.PARAPLAN

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from ..api import model_profile
 from ..planner import limits
+from ..planner.frameworks import Framework
 from ..planner.limits import MAX_SECONDS, Bound
 
 if TYPE_CHECKING:
@@ -193,8 +194,6 @@ def format_bytes(size_bytes: float, *, round_up: bool = False) -> str:
 # ---- the model / cluster / training-config inputs of plan and compare ------------------------
 def add_runtime_arg(parser: argparse.ArgumentParser, what: str) -> None:
     """`--runtime`: the framework whose runtime prices `what` (`planner.frameworks`)."""
-    from ..planner.frameworks import Framework
-
     parser.add_argument(
         "--runtime",
         default=None,  # paraplan's, or with --from-config the trainer's (`runtime_name`)

@@ -14,6 +14,8 @@ import textwrap
 from typing import TYPE_CHECKING, Any
 
 from ..planner import limits
+from ..planner.framework_pins import refuse_framework_cluster
+from ..planner.frameworks import RUNTIMES, Framework, describe_runtime, is_own
 from .common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
@@ -112,8 +114,6 @@ def add_parser(subparsers: Any) -> None:
 def execute(args: argparse.Namespace) -> int:
     """Run `paraplan compare` on parsed arguments; prints, returns the exit status."""
     from ..planner.config import TrainConfig
-    from ..planner.framework_pins import refuse_framework_cluster
-    from ..planner.frameworks import RUNTIMES, Framework, describe_runtime, is_own
 
     # The report package pulls in the whole cost model and search (~0.2 s): only `compare`
     # pays for it, not every paraplan command's start-up.

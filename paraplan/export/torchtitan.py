@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..planner.config import Precision
-from ..planner.frameworks import Framework
+from ..planner.frameworks import torchtitan_framework
 from ..planner.plan import Plan
 from ..planner.strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
 from .setup import Gap, Target, TrainerSetup, check_batch, option_gaps, uniform_recompute
@@ -275,7 +275,7 @@ def read_toml(text: str, *, world_size: int, source: str) -> TrainerSetup:
     # Async TP: `[compile]` (>= 0.3) or `[parallelism] enable_async_tensor_parallel`
     compiled = bool(comp.get("enable", tr.get("compile", False)))
     key = "enable_async_tensor_parallel"
-    async_tp = compiled and bool(comp.get(key, par.get(key, False)))
+    async_tp = bool(comp.get(key, par.get(key, False)))
     return from_values(
         par,
         tr,
@@ -333,7 +333,7 @@ def read_registry(name: str, *, world_size: int) -> TrainerSetup:
     # Float8Linear); torchao absent, building such a config fails above instead
     fp8 = "Float8" in repr(getattr(getattr(config, "model_spec", None), "model", None))
     compiled = bool(getattr(getattr(config, "compile", None), "enable", False))
-    async_tp = compiled and bool(getattr(config.compile, "enable_async_tensor_parallel", False))
+    async_tp = bool(getattr(config.compile, "enable_async_tensor_parallel", False))
     return from_values(
         par,
         tr,
@@ -455,12 +455,6 @@ def from_values(
         seq_len=int(tr.get("seq_len", 2048)),
         precision=precision,
         notes=tuple(notes),
-        runtime=(
-            Framework.TORCHTITAN_ASYNC_TP
-            if async_tp
-            else Framework.TORCHTITAN_COMPILE
-            if compiled
-            else Framework.TORCHTITAN
-        ),
+        runtime=torchtitan_framework(compiled=compiled, async_tp=async_tp),
     )
     return check_batch(setup)
