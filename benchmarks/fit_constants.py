@@ -1,6 +1,6 @@
 """Fit the cost model's handful of global constants on the training rows of the published runs.
 
-The held-out third (`validate_published.held_out`, fixed by the row names) is never looked at
+The held-out third (`published_rows.held_out`, fixed by the row names) is never looked at
 while fitting; the script reports it after. Coordinate descent over a small grid per constant,
 minimizing the mean |error| of the training rows (pinned rows only).
 
