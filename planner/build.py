@@ -46,6 +46,7 @@ def parallelism_of(s: Strategy) -> Parallelism:
         pp=s.pp,
         cp=s.cp,
         ep=s.ep,
+        expert_tp=1 if s.folded_experts else s.tp,
         zero_stage=s.zero_stage,
         dp_shard=s.shard_dp,
         sequence_parallel=s.sequence_parallel,

@@ -133,6 +133,9 @@ class FrameworkSpace:
     CPUOffloadPolicy: ZeRO-3 with parameters, gradients and optimizer on the host)."""
     offload_params: bool = False
     """Whether it offloads parameter shards (`offload_params`)."""
+    fold_experts: bool = False
+    """Whether it runs experts whole beside TP, their group folded over the TP ranks
+    (`Strategy.expert_tp` 1)."""
 
 
 _ALL_PIPELINES = frozenset(
@@ -153,6 +156,9 @@ _TORCHTITAN_SPACE = FrameworkSpace(
     zero_stages=frozenset({0, 2, 3}),
     hsdp=True,
     offload_params=True,
+    # `parallelism.expert_tensor_parallel_degree` 1 or tp: with 1, EP borrows from the
+    # dp_shard, cp and tp dimensions (`ParallelDims`)
+    fold_experts=True,
 )
 _MEGATRON_SPACE = FrameworkSpace(
     # Megatron-Core's pipeline: 1F1B and interleaved 1F1B (uneven stages through
@@ -162,6 +168,7 @@ _MEGATRON_SPACE = FrameworkSpace(
     schedules=frozenset({Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B}),
     zero_stages=frozenset({0, 1, 2, 3}),
     offload_optimizer_alone=True,
+    fold_experts=True,  # `--expert-tensor-parallel-size 1` (MoE parallel folding)
 )
 SPACES: dict[Framework, FrameworkSpace] = {
     Framework.TORCHTITAN: _TORCHTITAN_SPACE,

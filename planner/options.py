@@ -142,7 +142,7 @@ def rescuable(ev: Evaluator, s: Strategy, pins: Pins) -> bool:
     statics = ev.static_totals(
         sm.stages(sm.layout_of(s)),
         s.tp,
-        s.ep,
+        s.ep_dp,
         dpcp,
         s.zero_stage,
         s.offload_optimizer,
@@ -175,7 +175,7 @@ def hidden_costs(ev: Evaluator, s: Strategy) -> HiddenCosts:
     sm = ev.stage_model
     lay = sm.layout_of(s)
     stages = sm.stages(lay)
-    compute = sm.stage_compute(lay, s.tp, s.cp, s.ep, s.micro_batch_size)
+    compute = sm.stage_compute(lay, s.tp, s.cp, s.ep_dp, s.micro_batch_size)
     m = ev.num_microbatches(s)
     mem = ev.memory(s)[0]
     uncompressed = compute_s = 0.0

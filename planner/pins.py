@@ -13,6 +13,7 @@ FIX_KEYS = (
     "pp",
     "cp",
     "ep",
+    "expert_tp",
     "zero_stage",
     "dp_shard",
     "sequence_parallel",
@@ -28,6 +29,7 @@ FIX_KEYS = (
 )
 """The pinnable dimensions, by their plan-JSON names, in the order `describe` writes them."""
 FIX_ALIASES = {
+    "etp": "expert_tp",
     "zero": "zero_stage",
     "sp": "sequence_parallel",
     "vpp": "virtual_stages",
@@ -48,6 +50,7 @@ _INT_KEYS = (
     "pp",
     "cp",
     "ep",
+    "expert_tp",
     "zero_stage",
     "dp_shard",
     "virtual_stages",
@@ -101,6 +104,9 @@ class Pins:
     """Context-parallel degree."""
     ep: int | None = None
     """Expert-parallel degree (MoE only)."""
+    expert_tp: int | None = None
+    """Tensor-parallel degree of the experts: tp (split as the dense layers) or 1 (whole, the
+    expert-parallel group folded over the TP ranks)."""
     zero_stage: int | None = None
     """ZeRO stage, 0 to 3."""
     dp_shard: int | None = None
@@ -181,6 +187,7 @@ class Pins:
             pp=s.pp,
             cp=s.cp,
             ep=s.ep,
+            expert_tp=1 if s.folded_experts else s.tp,
             zero_stage=s.zero_stage,
             dp_shard=s.shard_dp,
             sequence_parallel=s.sequence_parallel,
@@ -194,6 +201,14 @@ class Pins:
             offload_activations=s.offload_activations,
             async_pipeline=s.async_pipeline,
         )
+
+    @property
+    def folded_experts(self) -> bool | None:
+        """Whether the pins fold the experts over TP (`Strategy.folded_experts`; None: the
+        search may or may not)."""
+        if self.expert_tp is None or (self.expert_tp == 1 and self.tp is None):
+            return None
+        return self.expert_tp == 1 and self.tp is not None and self.tp > 1
 
     @property
     def mesh_order(self) -> None:

@@ -17,7 +17,7 @@ from .cost.memory import MemoryBreakdown
 from .jsonio import to_json
 from .strategy import MeshAxis, Recompute, Schedule, Strategy
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """Bumped on any incompatible change of the plan JSON (7: `ModelInfo.head_dim` and
 `TrainInfo.runtime`; 6: `Predicted.model_flops_per_s_per_gpu`; 5: PowerSGD, offload and
 asynchronous pipeline options)."""
@@ -106,7 +106,16 @@ class Parallelism:
     tp: int = _pos("Tensor-parallel degree.")
     pp: int = _pos("Pipeline stages.")
     cp: int = _pos("Context-parallel degree.")
-    ep: int = _pos("Expert-parallel degree (inside dp).")
+    ep: int = _pos(
+        "Expert-parallel degree: inside dp, or with expert_tp 1 and tp > 1 over the TP ranks "
+        "and ep / tp of the dp ranks."
+    )
+    expert_tp: int = _pos(
+        "Tensor-parallel degree of the experts: tp (split as the dense layers), or 1 (each "
+        "expert whole on one rank, the expert-parallel group folded over the TP ranks: "
+        "Megatron-Core's expert_tensor_parallel_size, torchtitan's "
+        "expert_tensor_parallel_degree)."
+    )
     zero_stage: int = field(metadata={"minimum": 0, "maximum": 3, "doc": "ZeRO stage 0-3."})
     dp_shard: int = _pos(
         "Data-parallel ranks of one ZeRO-3 shard group: dp for plain FSDP, DDP and ZeRO-1/2; "
@@ -330,6 +339,7 @@ def _strategy(
         pp=p.pp,
         cp=p.cp,
         ep=p.ep,
+        expert_tp=1 if p.expert_tp == 1 and p.tp > 1 else None,
         zero_stage=p.zero_stage,
         dp_shard=None if p.dp_shard == p.dp else p.dp_shard,
         offload_optimizer=p.offload_optimizer,

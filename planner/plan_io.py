@@ -60,9 +60,30 @@ _V6_RUNTIME = to_json(Runtime())
 
 
 def upgrade(data: typing.Any) -> typing.Any:
-    """A version-4, -5 or -6 plan document as the current version (`upgrade_v4`, `upgrade_v5`,
-    `upgrade_v6`); anything else unchanged (the schema then says what is wrong)."""
-    return upgrade_v6(upgrade_v5(upgrade_v4(data)))
+    """A version-4 to -7 plan document as the current version (`upgrade_v4` to `upgrade_v7`);
+    anything else unchanged (the schema then says what is wrong)."""
+    return upgrade_v7(upgrade_v6(upgrade_v5(upgrade_v4(data))))
+
+
+def upgrade_v7(data: typing.Any) -> typing.Any:
+    """A version-7 plan document as version 8: its experts split over TP as the dense layers
+    (`parallelism.expert_tp` = tp, in the plan and its runners-up); anything else unchanged."""
+    if not isinstance(data, dict) or data.get("schema_version") != 7:
+        return data
+
+    def with_etp(par: typing.Any) -> typing.Any:
+        if isinstance(par, dict) and "expert_tp" not in par:
+            return {**par, "expert_tp": par.get("tp")}
+        return par
+
+    out = dict(data, schema_version=8)
+    out["parallelism"] = with_etp(out.get("parallelism"))
+    if isinstance(out.get("runners_up"), list):
+        out["runners_up"] = [
+            {**r, "parallelism": with_etp(r.get("parallelism"))} if isinstance(r, dict) else r
+            for r in out["runners_up"]
+        ]
+    return out
 
 
 def upgrade_v6(data: typing.Any) -> typing.Any:
@@ -116,7 +137,7 @@ def upgrade_v4(data: typing.Any) -> typing.Any:
 
 def plan_from_dict(data: typing.Any) -> Plan:
     """Validate a parsed plan document and build the `Plan` (ValueError on any problem);
-    version-4 to -6 documents are read as the current version (`upgrade`)."""
+    version-4 to -7 documents are read as the current version (`upgrade`)."""
     data = upgrade(data)
     if isinstance(data, dict) and data.get("schema_version") not in (None, SCHEMA_VERSION):
         raise ValueError(
@@ -202,7 +223,16 @@ def _check_cluster(plan: Plan) -> None:
             f"dp x tp x pp x cp = {p.dp} x {p.tp} x {p.pp} x {p.cp} = {world} is not the "
             f"cluster's {c.num_gpus} GPUs (cluster.num_gpus); the degrees must use every GPU",
         )
-    if p.dp % p.ep:
+    if p.expert_tp not in (1, p.tp):
+        _fail("parallelism.expert_tp", f"expert_tp={p.expert_tp} is neither 1 nor tp={p.tp}")
+    folded = p.expert_tp == 1 and p.tp > 1 and p.ep > 1
+    if folded and (p.ep % p.tp or p.dp % (p.ep // p.tp)):
+        _fail(
+            "parallelism.ep",
+            f"ep={p.ep} with expert_tp=1 (experts folded over TP) is not a multiple of tp="
+            f"{p.tp} whose quotient divides dp={p.dp}",
+        )
+    if not folded and p.dp % p.ep:
         _fail("parallelism.ep", f"ep={p.ep} does not divide dp={p.dp} (experts live inside dp)")
     if p.dp % p.dp_shard or (p.dp_shard != p.dp and (p.zero_stage != 3 or p.dp_shard < 2)):
         _fail(

@@ -208,11 +208,11 @@ def least_memory(ev: Evaluator, blocks: list[Block], found: Estimate | None) -> 
     smallest: dict[tuple, int] = {}
     for block in blocks:
         b = block.base
-        key = (b.tp, b.cp, b.pp, b.ep, b.dp)
+        key = (b.tp, b.cp, b.pp, b.ep, b.folded_experts, b.dp)
         smallest[key] = min(smallest.get(key, b.micro_batch_size), b.micro_batch_size)
     for block in blocks:
         b = block.base
-        if b.micro_batch_size != smallest[(b.tp, b.cp, b.pp, b.ep, b.dp)]:
+        if b.micro_batch_size != smallest[(b.tp, b.cp, b.pp, b.ep, b.folded_experts, b.dp)]:
             continue
         for s in block.strategies():
             if s.recompute == Recompute.PER_LAYER or ev.violation(s) is not None:
@@ -236,7 +236,7 @@ def states_overflow(ev: Evaluator, s: Strategy) -> bool:
     stages = sm.stages(sm.layout_of(s))
     static = max(
         ev.static_totals(
-            stages, s.tp, s.ep, s.dp * s.cp, s.zero_stage, s.offload_optimizer, s.dp_replicate
+            stages, s.tp, s.ep_dp, s.dp * s.cp, s.zero_stage, s.offload_optimizer, s.dp_replicate
         )
     )
     return static + ev.pipeline_buffer_bytes(s) > ev.capacity_bytes

@@ -82,7 +82,7 @@ def _slot_lower_bound_s(ev: Evaluator, s: Strategy) -> float:
     latency: `lower_bound_coll`), unless they hide under compute (`Runtime.tp_comm_overlap`:
     then only their contention shows, which this bound leaves out)."""
     sm = ev.stage_model
-    total = sm.total_compute_s(s.tp, s.cp, s.ep, s.micro_batch_size)
+    total = sm.total_compute_s(s.tp, s.cp, s.ep_dp, s.micro_batch_size)
     if s.tp > 1 and not ev.train.runtime.tp_comm_overlap:
         act = s.micro_batch_size * sm.block_output_seq_bytes / s.cp
         ideal = Links.ideal_of(s.tp)
@@ -91,7 +91,8 @@ def _slot_lower_bound_s(ev: Evaluator, s: Strategy) -> float:
         # cost; under fp8 a forward pair's all-gather carries one byte an element
         gather = coll.all_gather(act / ev.train.act_bytes if fp8(ev) else act, ideal)
         unit = min(coll.all_reduce(act, ideal), gather + coll.all_gather(act, ideal))
-        total += (4 * ev.num_blocks + 2) * unit
+        folded = 2 * ev.num_moe_blocks if s.folded_experts else 0  # `stage_core`'s units
+        total += (4 * ev.num_blocks + 2 - folded) * unit
     return total / s.pp
 
 
@@ -151,6 +152,7 @@ def _shape_of(base: Strategy, sp: bool, sched: Schedule, v: int, rc: Recompute) 
         base.pp,
         base.cp,
         base.ep,
+        base.folded_experts,
         sp,
         sched,
         v,
@@ -162,7 +164,7 @@ def _shape_of(base: Strategy, sp: bool, sched: Schedule, v: int, rc: Recompute) 
 
 def placement_bound(ev: Evaluator, s: Strategy) -> PlacementBound:
     """`PlacementBound` over the links of every mesh order of `s`'s degrees and HSDP shard."""
-    key = (s.pp, s.dp, s.cp, s.tp, s.ep, s.dp_shard)
+    key = (s.pp, s.dp, s.cp, s.tp, s.ep, s.folded_experts, s.dp_shard)
     links = [ev.links_in_order(s, order) for order in mesh_orders(s)]
     return PlacementBound(ev.acc, ev.coll, ev.lower_bound_coll, links, ("placement", *key))
 
@@ -215,10 +217,11 @@ def family_floor_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float:
     communication left out), times m micro-batches plus the fill and drain slots of a
     schedule without split backward (a split backward's bubble left out)."""
     sm = ev.stage_model
-    t = sm.layer_times(s.tp, s.cp, s.ep, s.micro_batch_size)
-    blocks = 4 * ev.num_blocks
+    t = sm.layer_times(s.tp, s.cp, s.ep_dp, s.micro_batch_size)
+    blocks = 4 * ev.num_blocks - (2 * ev.num_moe_blocks if s.folded_experts else 0)
     if s.recompute == Recompute.FULL:
-        recompute_s, blocks = t.full_recompute_s[-1], blocks + 2 * ev.num_blocks
+        again = 2 * ev.num_blocks - (ev.num_moe_blocks if s.folded_experts else 0)
+        recompute_s, blocks = t.full_recompute_s[-1], blocks + again
     elif s.recompute == Recompute.SELECTIVE:
         recompute_s = t.selective_recompute_s[-1]
     else:
@@ -230,9 +233,10 @@ def family_floor_s(ev: Evaluator, s: Strategy, coll: Collectives) -> float:
             pair = coll.all_gather(act, link) + coll.reduce_scatter(act, link)
             tp_s = blocks * pair
             if fp8(ev):  # the forward pairs' all-gathers in fp8 (`stage_core`)
-                fwd = blocks - 2 * ev.num_blocks
+                bwd = 2 * ev.num_blocks - (ev.num_moe_blocks if s.folded_experts else 0)
+                fwd = blocks - bwd
                 small = coll.all_gather(act / ev.train.act_bytes, link)
-                tp_s = fwd * (small + coll.reduce_scatter(act, link)) + 2 * ev.num_blocks * pair
+                tp_s = fwd * (small + coll.reduce_scatter(act, link)) + bwd * pair
         else:
             tp_s = blocks * coll.all_reduce(act, link)
     slot = (t.fwd_s[-1] + t.bwd_s[-1] + recompute_s + tp_s) / s.pp
@@ -367,7 +371,7 @@ class FamilyBounds:
 
     def coll(self, s: Strategy) -> PlacementBound:
         """`placement_bound` of `s` (memoized by degrees and HSDP shard)."""
-        key = (s.pp, s.dp, s.cp, s.tp, s.ep, s.dp_shard)
+        key = (s.pp, s.dp, s.cp, s.tp, s.ep, s.folded_experts, s.dp_shard)
         found = self._placement.get(key)
         if found is None:
             found = self._placement[key] = placement_bound(self.ev, s)

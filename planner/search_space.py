@@ -146,21 +146,38 @@ def space_blocks(
         shards = _dp_shards(ev, pins, dp, tp, cp)
         if space is not None and not space.hsdp:
             shards = [x for x in shards if x is None]
-        for mbs in mbss:
-            for shard in shards:
-                base = Strategy(
-                    dp=dp,
-                    tp=tp,
-                    pp=pp,
-                    cp=cp,
-                    ep=ep,
-                    micro_batch_size=mbs,
-                    dp_shard=shard,
-                    **options.pinned_options(f),
-                )
-                sub = rest if shard is None else [r for r in rest if r[1] == 3]
-                if sub and scheds:
-                    yield Block(base, tuple(scheds), tuple(sub), params_follow)
+        for mbs, shard, etp in itertools.product(mbss, shards, _expert_tps(ev, f, space, tp)):
+            base = Strategy(
+                dp=dp,
+                tp=tp,
+                pp=pp,
+                cp=cp,
+                ep=ep,
+                expert_tp=etp,
+                micro_batch_size=mbs,
+                dp_shard=shard,
+                **options.pinned_options(f),
+            )
+            sub = rest if shard is None else [r for r in rest if r[1] == 3]
+            if etp is not None:  # folded experts run under sequence parallelism
+                sub = [r for r in sub if r[0]]
+            if sub and scheds:
+                yield Block(base, tuple(scheds), tuple(sub), params_follow)
+
+
+def _expert_tps(
+    ev: Evaluator, pins: Pins, space: FrameworkSpace | None, tp: int
+) -> list[int | None]:
+    """The experts' TP degrees searched beside `tp`: None (split over TP as the dense layers)
+    and, for a MoE model with tp > 1, 1 (whole experts, their group folded over the TP ranks)
+    where the framework runs it (`space`; None: the executor, whose capabilities refuse MoE
+    with TP); a pin picks one."""
+    if not ev.profile.is_moe or tp == 1:
+        return [None]
+    found: list[int | None] = [None] if pins.expert_tp in (None, tp) else []
+    if pins.expert_tp in (None, 1) and (space is None or space.fold_experts):
+        found.append(1)
+    return found
 
 
 def _runs(space: FrameworkSpace | None, pp: int, sched: tuple[Schedule, int]) -> bool:

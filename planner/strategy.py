@@ -76,7 +76,13 @@ class Strategy:
     cp: int = 1
     """Context-parallel degree (sequence split across ranks in attention)."""
     ep: int = 1
-    """Expert-parallel degree (a divisor of dp; MoE only)."""
+    """Expert-parallel degree (MoE only): a divisor of dp, or with `expert_tp` 1 a multiple of
+    tp whose quotient divides dp (the experts' group then spans the TP ranks)."""
+    expert_tp: int | None = None
+    """Tensor-parallel degree of the experts (Megatron-Core's `expert_tensor_parallel_size`,
+    torchtitan's `expert_tensor_parallel_degree`). None: tp, the experts split as the dense
+    layers are. 1 (with tp > 1): each expert whole on one rank and the expert-parallel group
+    folded over the TP ranks (MoE parallel folding, Liu et al. 2025, arXiv 2504.14960)."""
     zero_stage: int = 0
     """ZeRO stage 0-3 over the data-parallel (x context-parallel) group."""
     dp_shard: int | None = None
@@ -134,6 +140,18 @@ class Strategy:
         return self.tp > 1 or self.fsdp_wrapped or (self.dp * self.cp > 1 and self.pp > 1)
 
     @property
+    def folded_experts(self) -> bool:
+        """Whether the expert-parallel group spans the TP ranks (`expert_tp` 1 beside tp > 1)."""
+        return self.expert_tp == 1 and self.tp > 1
+
+    @property
+    def ep_dp(self) -> int:
+        """Ranks of the data-parallel group the experts split over: ep, or ep // tp where the
+        expert-parallel group is folded over the TP ranks. Each rank holds 1 / (tp * ep_dp) of
+        the experts either way, and their gradients reduce over dp * cp / ep_dp ranks."""
+        return max(1, self.ep // self.tp) if self.folded_experts else self.ep
+
+    @property
     def world_size(self) -> int:
         """GPUs the strategy uses."""
         return self.dp * self.tp * self.pp * self.cp
@@ -150,6 +168,7 @@ class Strategy:
             self.pp,
             self.cp,
             self.ep,
+            self.folded_experts,
             self.dp,
             self.zero_stage,
             self.dp_replicate,
@@ -179,6 +198,8 @@ class Strategy:
             parts.append(f"cp={self.cp}")
         if self.ep > 1:
             parts.append(f"ep={self.ep}")
+        if self.folded_experts:
+            parts.append("etp=1")
         parts.append(f"zero={self.zero_stage}")
         if self.dp_replicate > 1:
             parts.append(f"hsdp={self.dp_replicate}x{self.shard_dp}")

@@ -184,6 +184,7 @@ def make_plan(
             pp=pp,
             cp=cp,
             ep=ep,
+            expert_tp=tp,
             zero_stage=zero,
             dp_shard=dp if dp_shard is None else dp_shard,
             sequence_parallel=sp,

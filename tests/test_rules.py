@@ -45,6 +45,7 @@ BREAKS: dict[Rule, tuple[ProblemShape, Strategy]] = {
     Rule.CP_SPLITS_SEQUENCE: (SHAPE, Strategy(dp=4, tp=1, pp=1, cp=4)),  # 100 % 8
     Rule.EP_NEEDS_MOE: (DENSE, Strategy(dp=16, tp=1, pp=1, ep=2)),
     Rule.EP_DIVIDES: (SHAPE, Strategy(dp=4, tp=4, pp=1, ep=8)),
+    Rule.EXPERT_TP: (SHAPE, Strategy(dp=4, tp=4, pp=1, ep=4, expert_tp=1)),  # no SP
     Rule.ZERO_STAGE: (SHAPE, Strategy(dp=16, tp=1, pp=1, zero_stage=4)),
     Rule.HSDP_SHARDS_DP: (SHAPE, Strategy(dp=16, tp=1, pp=1, zero_stage=2, dp_shard=8)),
     Rule.OFFLOAD_NEEDS_ZERO: (SHAPE, Strategy(dp=16, tp=1, pp=1, offload_optimizer=True)),
@@ -95,6 +96,8 @@ def test_valid_strategies_break_nothing():
         Strategy(
             dp=4, tp=4, pp=1, ep=4, sequence_parallel=True, zero_stage=3, offload_optimizer=True
         ),
+        # ep=8 > dp=4: valid only with the experts folded over TP (ep / tp = 2 divides dp)
+        Strategy(dp=4, tp=4, pp=1, ep=8, expert_tp=1, sequence_parallel=True),
         Strategy(dp=2, tp=2, pp=2, cp=2, micro_batch_size=2, schedule=Schedule.ONE_F_ONE_B),
         Strategy(dp=2, tp=1, pp=8, schedule=Schedule.GPIPE, micro_batch_size=2),
         Strategy(dp=4, tp=2, pp=2, schedule=Schedule.INTERLEAVED_1F1B, virtual_stages=3),
@@ -121,6 +124,7 @@ PIN_BREAKS: dict[Rule, tuple[ProblemShape, Pins]] = {
     Rule.CP_SPLITS_SEQUENCE: (SHAPE, Pins(cp=16)),
     Rule.EP_NEEDS_MOE: (DENSE, Pins(ep=2)),
     Rule.EP_DIVIDES: (SHAPE, Pins(ep=16)),
+    Rule.EXPERT_TP: (SHAPE, Pins(tp=4, expert_tp=2)),
     Rule.HSDP_SHARDS_DP: (SHAPE, Pins(dp=16, dp_shard=3)),
     Rule.OFFLOAD_NEEDS_ZERO: (SHAPE, Pins(offload_optimizer=True, zero_stage=0)),
     Rule.BATCH_DIVIDES: (SHAPE, Pins(micro_batch_size=3)),
@@ -148,6 +152,8 @@ def test_pins_that_a_completion_can_satisfy_pass():
         Pins(tp=2, pp=2),  # dp*cp = 4 remains
         Pins(schedule=Schedule.INTERLEAVED_1F1B),
         Pins(ep=4),  # dp can be a multiple of 4
+        Pins(dp=2, ep=8),  # ep / tp can divide dp, the experts folded over tp = 4 or 8
+        Pins(expert_tp=1),  # tp = 1, or folded experts
         Pins(offload_optimizer=True),
         Pins(dp=4, micro_batch_size=8),
     ):
@@ -165,8 +171,9 @@ def test_a_complete_pin_is_judged_as_its_strategy():
 def _grid() -> list[Strategy]:
     out = []
     for dp, tp, pp, cp in itertools.product((1, 2, 3, 4, 8), repeat=4):
-        for ep, zero, sp, off, mbs, (sched, v) in itertools.product(
+        for ep, etp, zero, sp, off, mbs, (sched, v) in itertools.product(
             (1, 2, 16),
+            (None, 1),
             (0, 1),
             (False, True),
             (False, True),
@@ -185,6 +192,7 @@ def _grid() -> list[Strategy]:
                     pp=pp,
                     cp=cp,
                     ep=ep,
+                    expert_tp=etp,
                     zero_stage=zero,
                     sequence_parallel=sp,
                     offload_optimizer=off,

@@ -298,7 +298,8 @@ def test_of_pins_every_dimension_of_a_strategy():
         recompute=Recompute.SELECTIVE,
     )
     pins = Pins.of(s)
-    assert len(pins.pinned()) == 16  # powersgd_rank None stays unpinned
+    assert len(pins.pinned()) == 17  # powersgd_rank None stays unpinned
+    assert pins.expert_tp == 2  # the experts split as the dense layers (tp)
     assert (pins.dp, pins.pp, pins.cp, pins.micro_batch_size) == (2, 2, 1, 4)
     assert pins.schedule is Schedule.ONE_F_ONE_B and pins.recompute is Recompute.SELECTIVE
 

@@ -105,7 +105,8 @@ class Links:
     tp: AxisLink
     """Tensor-parallel group."""
     ep: AxisLink
-    """Expert-parallel group (the innermost part of dp)."""
+    """Expert-parallel group (the innermost part of dp; with the experts folded over TP, that
+    part's TP groups too)."""
     dpcp: AxisLink
     """Gradient group of the dense parameters: dp x cp."""
     edp: AxisLink
@@ -138,13 +139,19 @@ def links_for(
     ep: int,
     gpus_per_node: int,
     dp_shard: int | None = None,
+    *,
+    folded_experts: bool = False,
 ) -> Links:
     """The links of a strategy's groups under its mesh order (`dp_shard`: the HSDP shard
-    group over dp, None for the whole of dp)."""
+    group over dp, None for the whole of dp). `ep` counts the data-parallel ranks the experts
+    split over (`Strategy.ep_dp`); with `folded_experts` the expert-parallel group is those
+    ranks' TP groups together (MoE parallel folding: Megatron-Core orders the expert grid
+    tp-ep-dp, the folded group spanning the TP ranks and the innermost dp ranks)."""
     placed = place_axes(sizes, order, gpus_per_node)
     per_axis = {a: link_of(n, stride, gpus_per_node) for a, (n, stride) in placed.items()}
     dp_n, dp_stride = placed[MeshAxis.DP]
     expert_dp = link_of(dp_n // ep, dp_stride * ep, gpus_per_node)
+    ep_in_dp = link_of(ep, dp_stride, gpus_per_node)  # experts split the innermost part of dp
     shard_n = dp_n if dp_shard is None else dp_shard
     shard = merge_links(link_of(shard_n, dp_stride, gpus_per_node), per_axis[MeshAxis.CP])
     replicate = link_of(dp_n // shard_n, dp_stride * shard_n, gpus_per_node)
@@ -153,7 +160,7 @@ def links_for(
         dp=per_axis[MeshAxis.DP],
         cp=per_axis[MeshAxis.CP],
         tp=per_axis[MeshAxis.TP],
-        ep=link_of(ep, dp_stride, gpus_per_node),  # experts split the innermost part of dp
+        ep=merge_links(per_axis[MeshAxis.TP], ep_in_dp) if folded_experts else ep_in_dp,
         dpcp=merge_links(per_axis[MeshAxis.DP], per_axis[MeshAxis.CP]),
         edp=merge_links(expert_dp, per_axis[MeshAxis.CP]),
         shard=shard,

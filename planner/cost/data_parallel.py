@@ -203,7 +203,7 @@ def dp_comm(
     dense_link = links.shard if s.zero_stage == 3 else links.dpcp
     groups = (
         (stage.dense_params / s.tp, dense_link),
-        (stage.expert_params / (s.tp * s.ep), links.edp),
+        (stage.expert_params / (s.tp * s.ep_dp), links.edp),
     )
     units = fsdp_units(stage, t)
     if fsdp is not None and fsdp.tensor_s and s.zero_stage == 3 and s.fsdp_wrapped:  # per tensor
@@ -262,9 +262,9 @@ def dp_comm(
 def optimizer_shard_params(s: Strategy, stage: Stage) -> float:
     """Parameters whose optimizer states one rank of `stage` updates."""
     dpcp = s.dp * s.cp if s.zero_stage >= 1 else 1
-    edp = dpcp // s.ep if s.zero_stage >= 1 else 1  # experts shard over dp*cp/ep
+    edp = dpcp // s.ep_dp if s.zero_stage >= 1 else 1  # experts shard over dp*cp/ep
     dense_ranks = dpcp // s.dp_replicate  # HSDP: the shard group's ranks
-    return stage.dense_params / s.tp / dense_ranks + stage.expert_params / (s.tp * s.ep) / edp
+    return stage.dense_params / s.tp / dense_ranks + stage.expert_params / (s.tp * s.ep_dp) / edp
 
 
 def optimizer_s(

@@ -9,7 +9,7 @@ from functools import partial
 
 from ..cluster import Cluster
 from ..config import FP32_BYTES, Float8Casts, Optimizer, TrainConfig
-from ..model import ModelProfile
+from ..model import LayerKind, ModelProfile
 from ..strategy import MeshAxis, Recompute, Schedule, Strategy
 from . import schedules as split_schedules
 from .calibrated import CalibratedKernels
@@ -68,6 +68,10 @@ class Evaluator:
         """Collectives on the fastest link with no latency: bounds for the search."""
         self.model_flops_per_seq = sum(x.fwd_flops + x.bwd_flops for x in profile.layers)
         self.num_blocks = profile.num_blocks
+        self.num_moe_blocks = sum(
+            1 for x in profile.layers if x.kind == LayerKind.BLOCK and x.expert_params
+        )
+        """Blocks with experts (their MLP has no TP collectives when the experts fold over TP)."""
         self.shape = ProblemShape.of(profile, cluster, train)
         """What the structural rules read (see `violation`)."""
         self.per_layer = PerLayerRecompute(self.stage_model)
@@ -153,7 +157,8 @@ class Evaluator:
         p, t, mbs = self.profile, self.train, s.micro_batch_size
         policy = self.policy(s)
         dpcp = s.dp * s.cp if s.zero_stage >= 2 else 1
-        dense, expert = s.tp * max(1, dpcp // s.dp_replicate), s.tp * s.ep * max(1, dpcp // s.ep)
+        dense = s.tp * max(1, dpcp // s.dp_replicate)
+        expert = s.tp * s.ep_dp * max(1, dpcp // s.ep_dp)
         key = (s.tp, s.sequence_parallel, s.cp, policy, mbs, dense, expert)
         found = self._timelines.get(key)  # ZeRO and offload variants share it
         if found is None:
@@ -172,7 +177,7 @@ class Evaluator:
     def static_memory(self, s: Strategy, stage: Stage) -> StaticMemory:
         """What `stage` holds under `s` whatever the micro-batch."""
         return self.stage_model.static_memory(
-            stage, s.tp, s.ep, s.dp * s.cp, s.zero_stage, s.offload_optimizer, s.dp_replicate
+            stage, s.tp, s.ep_dp, s.dp * s.cp, s.zero_stage, s.offload_optimizer, s.dp_replicate
         )
 
     def pipeline_buffer_bytes(self, s: Strategy, sp: bool | None = None) -> float:
@@ -239,11 +244,13 @@ class Evaluator:
     # ---- time -----------------------------------------------------------------------------
     def links(self, s: Strategy) -> Links:
         """The link each communication group uses under the strategy's mesh order."""
-        return self._links(s.pp, s.dp, s.cp, s.tp, s.ep, s.mesh_order, s.dp_shard)
+        return self._links(
+            s.pp, s.dp, s.cp, s.tp, s.ep_dp, s.mesh_order, s.dp_shard, s.folded_experts
+        )
 
     def links_in_order(self, s: Strategy, order: tuple[MeshAxis, ...]) -> Links:
         """`links` of `s` in another mesh order."""
-        return self._links(s.pp, s.dp, s.cp, s.tp, s.ep, order, s.dp_shard)
+        return self._links(s.pp, s.dp, s.cp, s.tp, s.ep_dp, order, s.dp_shard, s.folded_experts)
 
     def ideal_links(self, s: Strategy) -> Links:
         """`links(s).ideal()`: every group inside one node (memoized; for bounds)."""
@@ -262,9 +269,11 @@ class Evaluator:
         ep: int,
         order: tuple[MeshAxis, ...],
         dp_shard: int | None,
+        folded_experts: bool = False,
     ) -> Links:
         sizes = {MeshAxis.PP: pp, MeshAxis.DP: dp, MeshAxis.CP: cp, MeshAxis.TP: tp}
-        return links_for(sizes, order, ep, self.cluster.gpus_per_node, dp_shard)
+        gpn = self.cluster.gpus_per_node
+        return links_for(sizes, order, ep, gpn, dp_shard, folded_experts=folded_experts)
 
     def stage_times(
         self,
@@ -314,7 +323,7 @@ class Evaluator:
         f8, k = sm.fp8, sm.kernels
         if f8 is None or k is None or f8.casts != Float8Casts.TRANSFORMER_ENGINE:
             return 0.0
-        return f8.weight_cast_s(k, block_weight_elements(self.profile, stage, s.tp, s.ep))
+        return f8.weight_cast_s(k, block_weight_elements(self.profile, stage, s.tp, s.ep_dp))
 
     def _optimizer_s(self, s: Strategy, stage: Stage) -> float:
         """`data_parallel.optimizer_s`; on a calibrated device with a traced model, torch's

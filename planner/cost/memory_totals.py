@@ -84,13 +84,13 @@ def memory_totals(
         if ev.single_pass(s, zero):
             total = ev.memory(variant(sp, zero, off, rc))[0].total_bytes
         else:
-            static = ev.static_totals(stages, s.tp, s.ep, dpcp, zero, off, replicate)
+            static = ev.static_totals(stages, s.tp, s.ep_dp, dpcp, zero, off, replicate)
             if follows(zero, off) and s.pp == 1:
                 # parameter offload moves the shards, their gradients and optimizer states
                 # off the GPU without a pipeline (`offload.OffloadModel.memory`; beside one
                 # they stay): what stays is the stage's other bytes
                 static = tuple(
-                    sm.static_memory(st, s.tp, s.ep, dpcp, zero, off, replicate).other_bytes
+                    sm.static_memory(st, s.tp, s.ep_dp, dpcp, zero, off, replicate).other_bytes
                     for st in stages
                 )
             held = acts.get((sp, rc))

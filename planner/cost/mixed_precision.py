@@ -60,7 +60,7 @@ def autocast_s(s: Strategy, stage: Stage, sm: StageModel) -> tuple[float, float]
     k = sm.op_by_op_kernels(first)
     if k is None or sm.train.precision == Precision.FP32 or not autocasts(s):
         return 0.0, 0.0
-    params = stage.dense_params / s.tp + stage.expert_params / (s.tp * s.ep)
+    params = stage.dense_params / s.tp + stage.expert_params / (s.tp * s.ep_dp)
     tensors = stage.param_tensors
     t = k.stream_s(params * AUTOCAST_BYTES_PER_PARAM, params * FP32_BYTES / max(1, tensors))
     per_step = sm.num_microbatches(s) if weights_cached(s) else 1  # weight casts per context
@@ -126,7 +126,7 @@ def cached_weight_bytes(
     for i in layers:
         x = p.layers[i]
         if x.kind == LayerKind.BLOCK:
-            total += (x.params / s.tp + x.expert_params / (s.tp * s.ep)) * compute_bytes
+            total += (x.params / s.tp + x.expert_params / (s.tp * s.ep_dp)) * compute_bytes
         elif x.kind == LayerKind.HEAD:
             total += p.vocab * p.hidden / s.tp * compute_bytes
     return total
@@ -149,7 +149,7 @@ def autocast_extra_bytes(
             tp=s.tp,
             sp=s.sequence_parallel,
             cp=s.cp,
-            ep=s.ep,
+            ep=s.ep_dp,
             mbs=mbs,
             cached=weights_cached(s),
         )

@@ -119,7 +119,7 @@ class OffloadModel:
         fwd_param = bwd_param = fwd_act = bwd_act = 0.0  # bytes per unit, per pass
         param_bytes = act_bytes = 0.0
         ranks = max(1, s.dp * s.cp // s.dp_replicate)
-        shard = (stage.dense_params / s.tp + stage.expert_params / (s.tp * s.ep)) / ranks
+        shard = (stage.dense_params / s.tp + stage.expert_params / (s.tp * s.ep_dp)) / ranks
         if s.offload_params:
             param_bytes = shard * (2 * t.param_bytes + t.grad_bytes)
             fwd_param = shard * t.param_bytes / units

@@ -78,7 +78,7 @@ class PerLayerRecompute:
         """Per chain layer: (policy, activation bytes kept per micro-batch on one rank,
         recompute seconds per micro-batch)."""
         sm = self.sm
-        times = sm.layer_times(s.tp, s.cp, s.ep, s.micro_batch_size)
+        times = sm.layer_times(s.tp, s.cp, s.ep_dp, s.micro_batch_size)
         out = []
         for i, (x, policy) in enumerate(zip(sm.profile.layers, self.policies(s), strict=True)):
             kept = layer_kept_bytes(
@@ -131,7 +131,7 @@ class PerLayerRecompute:
     def _problems_uncached(self, s: Strategy) -> tuple[StageProblem, ...]:
         sm = self.sm
         mbs, v = s.micro_batch_size, s.virtual_stages
-        tp, ep, dpcp, replicate = s.tp, s.ep, s.dp * s.cp, s.dp_replicate
+        tp, ep, dpcp, replicate = s.tp, s.ep_dp, s.dp * s.cp, s.dp_replicate
         zero, off = s.zero_stage, s.offload_optimizer
         boundary = 2 * v * sm.boundary_bytes(s) if s.pp > 1 else 0.0
         m = sm.num_microbatches(s)
@@ -296,7 +296,7 @@ class PerLayerRecompute:
         sm = self.sm
         s = key
         policies = self.policies(s)
-        times = sm.layer_times(s.tp, s.cp, s.ep, s.micro_batch_size)
+        times = sm.layer_times(s.tp, s.cp, s.ep_dp, s.micro_batch_size)
         seconds, n_full, n_full_moe = 0.0, 0, 0
         full_s, selective_s = times.full_recompute_s, times.selective_recompute_s
         for i in stage.layers:

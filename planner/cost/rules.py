@@ -40,7 +40,11 @@ class Rule(StrEnum):
     EP_NEEDS_MOE = "ep_needs_moe"
     """Expert parallelism needs a mixture-of-experts model."""
     EP_DIVIDES = "ep_divides"
-    """EP divides the experts and the data-parallel degree (EP lives inside the dp axis)."""
+    """EP divides the experts and the data-parallel degree (EP lives inside the dp axis), or
+    with the experts folded over TP (`expert_tp` 1) ep // tp does."""
+    EXPERT_TP = "expert_tp"
+    """The experts' TP degree is tp or 1; 1 (folded) with tp > 1 needs a MoE model, sequence
+    parallelism, no context parallelism and an ep that is a multiple of tp."""
     ZERO_STAGE = "zero_stage"
     """ZeRO stage is 0, 1, 2 or 3."""
     HSDP_SHARDS_DP = "hsdp_shards_dp"
@@ -153,6 +157,10 @@ class Assignment(Protocol):
     @property
     def ep(self) -> int | None: ...
     @property
+    def expert_tp(self) -> int | None: ...
+    @property
+    def folded_experts(self) -> bool | None: ...
+    @property
     def zero_stage(self) -> int | None: ...
     @property
     def dp_shard(self) -> int | None: ...
@@ -249,13 +257,43 @@ def _ep_needs_moe(sh: ProblemShape, a: Assignment) -> str | None:
 
 
 def _ep_divides(sh: ProblemShape, a: Assignment) -> str | None:
-    ep, dp = a.ep, a.dp
+    ep, dp, tp = a.ep, a.dp, a.tp
     if ep is None or ep <= 1 or not sh.is_moe:
         return None
-    if sh.experts % ep == 0 and (dp is None or dp % ep == 0):
+    folded = a.folded_experts
+    if folded and tp is not None:
+        if sh.experts % ep == 0 and ep % tp == 0 and (dp is None or dp % (ep // tp) == 0):
+            return None
+        with_dp = "" if dp is None else f" and ep/tp={ep}/{tp} must divide dp={dp}"
+        return (
+            f"ep={ep} with expert_tp=1 (experts folded over TP) must divide experts="
+            f"{sh.experts}, be a multiple of tp={tp}{with_dp}"
+        )
+    if sh.experts % ep == 0 and (dp is None or dp % ep == 0 or folded is None):
         return None
     with_dp = "" if dp is None else f" and dp={dp}"
-    return f"ep={ep} must divide experts={sh.experts}{with_dp}"
+    fold = " (or fold the experts over TP: expert_tp=1)" if with_dp else ""
+    return f"ep={ep} must divide experts={sh.experts}{with_dp}{fold}"
+
+
+def _expert_tp(sh: ProblemShape, a: Assignment) -> str | None:
+    etp, tp = a.expert_tp, a.tp
+    if etp is None:
+        return None
+    if etp != 1 and tp is not None and etp != tp:
+        return f"expert_tp={etp} must be 1 (experts whole, folded over TP) or tp={tp}"
+    if not a.folded_experts:
+        return None
+    if not sh.is_moe:
+        return f"expert_tp=1 with tp={tp} folds experts over TP: this model has none; drop it"
+    if a.sequence_parallel is False:
+        return (
+            "expert_tp=1 (experts folded over TP) needs sequence parallelism (each TP rank "
+            "dispatches its own tokens, as Megatron-Core requires): use sp=true"
+        )
+    if a.cp is not None and a.cp > 1:
+        return f"expert_tp=1 (experts folded over TP) is priced with cp=1 only; cp={a.cp}"
+    return None
 
 
 def _zero_stage(sh: ProblemShape, a: Assignment) -> str | None:
@@ -374,6 +412,7 @@ RULES: tuple[tuple[Rule, Callable[[ProblemShape, Assignment], str | None]], ...]
     (Rule.CP_SPLITS_SEQUENCE, _cp_splits_sequence),
     (Rule.EP_NEEDS_MOE, _ep_needs_moe),
     (Rule.EP_DIVIDES, _ep_divides),
+    (Rule.EXPERT_TP, _expert_tp),
     (Rule.ZERO_STAGE, _zero_stage),
     (Rule.HSDP_SHARDS_DP, _hsdp_shards_dp),
     (Rule.OFFLOAD_NEEDS_ZERO, _offload_needs_zero),

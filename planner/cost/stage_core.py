@@ -56,7 +56,7 @@ def stage_core(
     p = sm.profile
     mbs = s.micro_batch_size
     lay = sm.layout_of(s) if lay is None else lay  # another: the bounds' merged stages
-    compute = sm.stage_compute(lay, s.tp, s.cp, s.ep, mbs)
+    compute = sm.stage_compute(lay, s.tp, s.cp, s.ep_dp, mbs)
     tokens = mbs * p.seq_len / s.cp
     act = mbs * sm.block_output_seq_bytes / s.cp  # one micro-batch's (b, s/cp, h) tensor
     if s.sequence_parallel:
@@ -86,6 +86,12 @@ def stage_core(
         # Korthikanti §4.2.2 with SP: all-gather + reduce-scatter), redone when recomputed.
         fwd_units = stage.n_blocks * 2 + n_full * 2  # forward, and forward again
         units = stage.n_blocks * 2 + int(stage.has_embedding) + int(stage.has_head)
+        if s.folded_experts:
+            # Experts folded over TP (Megatron-Core's expert_tensor_parallel_size 1 under SP):
+            # each TP rank dispatches its own sequence shard to the experts, so a MoE block's
+            # MLP has no TP all-gather and reduce-scatter, only its attention's.
+            fwd_units -= stage.n_moe_blocks + n_full_moe
+            units -= stage.n_moe_blocks
         comm = fwd_units * fwd_unit + units * tp_unit if s.tp > 1 else 0.0
         if train.runtime.tp_comm_overlap and links.tp.nodes == 1:
             # Megatron's --tp-comm-overlap (Transformer Engine userbuffers; Wang et al. 2023
@@ -154,6 +160,7 @@ class StageCores:
             s.pp,
             s.cp,
             s.ep,
+            s.folded_experts,
             s.sequence_parallel,
             s.virtual_stages,
             s.micro_batch_size,
