@@ -150,6 +150,8 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
     - Megatron-LM's README runs (Megatron-Core r0.8 on H100) state fine-grained TP
       communication overlap (--tp-comm-overlap) and run Transformer Engine's fused attention;
       so do NeMo's Megatron-Bridge performance recipes (Megatron-Core with Transformer Engine;
+      where the notes quote a recipe with `tp_comm_overlap=False`, without TP overlap, and with
+      `overlap_moe_expert_parallel_comm=True`, the experts' all-to-alls overlapped;
       NeMo 2.0's Llama 3 70B recipe adds `MegatronCommOverlapCallback(tp_comm_overlap=True)`
       with the userbuffers of h8192, tp4, mbs1, seq 8192, the row's own shape); under fp8
       they run Transformer Engine's Linear (`Float8Casts.TRANSFORMER_ENGINE`: fp8 weights cast
@@ -168,7 +170,12 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
     text = f"{row.get('notes', '')} {row.get('quote', '')}"
     rid = row["id"]
     if rid.startswith(("megatron_readme", "nemo")):
-        return RUNTIMES[Framework.NEMO]  # `paraplan plan --runtime nemo`
+        # `paraplan plan --runtime nemo`, unless the recipe quoted in the notes turns TP
+        # overlap off (then `megatron`'s) or overlaps the experts' all-to-alls
+        tp_off = "tp_comm_overlap=False" in text
+        runtime = RUNTIMES[Framework.MEGATRON if tp_off else Framework.NEMO]
+        ep_overlap = "overlap_moe_expert_parallel_comm=True" in text
+        return dataclasses.replace(runtime, ep_comm_overlap=ep_overlap)
     if rid.startswith("torchtitan"):
         # torchtitan's "selective" is per-operator SAC (`selective_ac_option = "op"`, its
         # default and what every torchtitan row here states or implies). Async TP is a

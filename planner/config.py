@@ -91,6 +91,13 @@ class Runtime:
     tp_comm_overlap: bool = False
     """TP collectives overlap the GEMMs they feed (Megatron's --tp-comm-overlap with Transformer
     Engine userbuffers, or torch's async TP); False: they sit on the critical path."""
+    ep_comm_overlap: bool = False
+    """The experts' all-to-alls overlap another micro-batch's compute: Megatron-Core's
+    `--overlap-moe-expert-parallel-comm` (with `--delay-wgrad-compute`; Megatron-Bridge's
+    `overlap_moe_expert_parallel_comm`) runs one micro-batch's forward merged with another's
+    backward, each one's dispatch and combine on a communication stream under the other's
+    compute (the computation-communication overlap of DeepSeek-V3, arXiv 2412.19437 §3.2.1,
+    across micro-batches). Needs two micro-batches or more; False: on the critical path."""
     attention: AttentionKernel = AttentionKernel.SDPA
     """Fused attention kernel."""
     selective: SelectiveRecompute = SelectiveRecompute.ATTENTION_CORE

@@ -136,6 +136,8 @@ class FrameworkSpace:
     fold_experts: bool = False
     """Whether it runs experts whole beside TP, their group folded over the TP ranks
     (`Strategy.expert_tp` 1)."""
+    split_experts: bool = True
+    """Whether it splits experts over TP as the dense layers (`Strategy.expert_tp` None)."""
 
 
 _ALL_PIPELINES = frozenset(
@@ -156,9 +158,10 @@ _TORCHTITAN_SPACE = FrameworkSpace(
     zero_stages=frozenset({0, 2, 3}),
     hsdp=True,
     offload_params=True,
-    # `parallelism.expert_tensor_parallel_degree` 1 or tp: with 1, EP borrows from the
-    # dp_shard, cp and tp dimensions (`ParallelDims`)
+    # torchtitan 0.3's EP borrows the dp_shard, cp and tp ranks (`ParallelDims`: efsdp =
+    # dp_shard * cp * tp / ep): experts whole beside TP, never split over it
     fold_experts=True,
+    split_experts=False,
 )
 _MEGATRON_SPACE = FrameworkSpace(
     # Megatron-Core's pipeline: 1F1B and interleaved 1F1B (uneven stages through

@@ -154,6 +154,7 @@ def space_blocks(
                 cp=cp,
                 ep=ep,
                 expert_tp=etp,
+                sequence_parallel=etp is not None,  # the probe's: folded runs only under SP
                 micro_batch_size=mbs,
                 dp_shard=shard,
                 **options.pinned_options(f),
@@ -170,11 +171,12 @@ def _expert_tps(
 ) -> list[int | None]:
     """The experts' TP degrees searched beside `tp`: None (split over TP as the dense layers)
     and, for a MoE model with tp > 1, 1 (whole experts, their group folded over the TP ranks)
-    where the framework runs it (`space`; None: the executor, whose capabilities refuse MoE
+    where the framework runs each (`space`; None: the executor, whose capabilities refuse MoE
     with TP); a pin picks one."""
     if not ev.profile.is_moe or tp == 1:
         return [None]
-    found: list[int | None] = [None] if pins.expert_tp in (None, tp) else []
+    split = space is None or space.split_experts
+    found: list[int | None] = [None] if pins.expert_tp in (None, tp) and split else []
     if pins.expert_tp in (None, 1) and (space is None or space.fold_experts):
         found.append(1)
     return found

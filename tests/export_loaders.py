@@ -48,8 +48,9 @@ def torchtitan_view(item: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-_MEGATRON_DEST = {"fp8-format": "fp8"}
-"""Megatron-LM flags whose argparse `dest` is not the flag's name (arguments.py)."""
+_MEGATRON_DEST = {"fp8-format": "fp8", "num-experts": "num_moe_experts"}
+"""Megatron-LM flags whose TransformerConfig field is not the flag's name (arguments.py's
+`dest`, or `core_transformer_config_from_args`: `num_experts` -> `num_moe_experts`)."""
 _MEGATRON_TRAINING = {
     "seq-length",
     "max-position-embeddings",
@@ -139,6 +140,8 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
         "vpp": config.virtual_pipeline_model_parallel_size,
         "sp": config.sequence_parallel,
         "tp_comm_overlap": config.tp_comm_overlap,
+        "ep": config.expert_model_parallel_size,
+        "etp": config.expert_tensor_parallel_size,
         "recompute": [config.recompute_granularity, config.recompute_method],
         "bf16": config.bf16,
         "distributed_optimizer": ddp.use_distributed_optimizer,

@@ -27,6 +27,7 @@ _VALUE_FLAGS = (
     "num-layers-per-virtual-pipeline-stage",
     "context-parallel-size",
     "expert-model-parallel-size",
+    "expert-tensor-parallel-size",
     "micro-batch-size",
     "global-batch-size",
     "seq-length",
@@ -178,6 +179,8 @@ def render(plan: Plan, s: Strategy) -> str:
     ]
     if s.ep > 1:
         args.append(("expert-model-parallel-size", s.ep))
+    if s.folded_experts:  # Megatron's default is tp: experts split as the dense layers
+        args.append(("expert-tensor-parallel-size", 1))
     if s.virtual_stages > 1:
         args.append(("num-virtual-stages-per-pipeline-rank", s.virtual_stages))
     layout = pipeline_layout(plan) if s.pp > 1 else None
@@ -317,12 +320,19 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
     if args.get("fp8-format") and precision == Precision.BF16:
         precision = Precision.FP8
     mbs = num("micro-batch-size", 1)
+    etp = num("expert-tensor-parallel-size", tp)  # Megatron's default: tp
+    if etp not in (1, tp):
+        raise ValueError(
+            f"{source}: --expert-tensor-parallel-size {etp} has no paraplan model: use 1 "
+            f"(experts whole, folded over TP) or the TP size {tp}"
+        )
     strategy = Strategy(
         dp=dp,
         tp=tp,
         pp=pp,
         cp=cp,
         ep=ep,
+        expert_tp=1 if etp == 1 and tp > 1 else None,
         zero_stage=zero,
         offload_optimizer="optimizer-cpu-offload" in args and zero > 0,
         sequence_parallel="sequence-parallel" in args and tp > 1,

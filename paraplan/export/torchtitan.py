@@ -98,6 +98,23 @@ def nearest(plan: Plan, s: Strategy) -> tuple[Strategy, list[Gap]]:
             )
         )
         s = replace(s, recompute=policy)
+    if plan.model.experts and s.tp > 1 and not s.folded_experts:
+        # torchtitan (0.3) never splits experts over TP: its EP borrows the dp_shard, cp and
+        # tp ranks (efsdp = dp_shard * cp * tp / ep), each expert whole on one rank. ep * tp
+        # folded keeps each rank's expert share and the experts' gradient group.
+        ep = s.ep * s.tp
+        fits = plan.model.experts % ep == 0
+        gaps.append(
+            Gap(
+                feature=f"experts split over TP (expert_tp={s.tp})",
+                nearest=f"ep={ep} folded over TP (experts whole; torchtitan's EP borrows the TP "
+                "ranks)"
+                if fits
+                else "",
+            )
+        )
+        if fits:
+            s = replace(s, ep=ep, expert_tp=1)
     if s.mesh_order != DEFAULT_MESH_ORDER:
         gaps.append(
             Gap(
@@ -432,12 +449,19 @@ def from_values(
     offload = bool(tr.get("enable_cpu_offload", False)) and zero > 0
     if offload and zero < 3:  # FSDP2 keeps unsharded parameters on the GPU
         notes.append("training.enable_cpu_offload evaluated as optimizer offload only")
+    folded = ep > 1 and tp > 1  # torchtitan's EP borrows the TP ranks: experts whole
+    if folded and ep % tp:
+        notes.append(
+            f"expert_parallel_degree {ep} folded over tensor_parallel_degree {tp} is priced as "
+            "experts split over TP (paraplan folds an ep that is a multiple of tp)"
+        )
     strategy = Strategy(
         dp=dp,
         tp=tp,
         pp=pp,
         cp=cp,
         ep=ep,
+        expert_tp=1 if folded and ep % tp == 0 else None,
         zero_stage=zero,
         dp_shard=shard if zero == 3 and replicate > 1 else None,
         offload_optimizer=offload,

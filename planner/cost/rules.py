@@ -293,6 +293,11 @@ def _expert_tp(sh: ProblemShape, a: Assignment) -> str | None:
         )
     if a.cp is not None and a.cp > 1:
         return f"expert_tp=1 (experts folded over TP) is priced with cp=1 only; cp={a.cp}"
+    if a.ep is not None and tp is not None and a.ep % tp:
+        return (
+            f"expert_tp=1 with tp={tp} folds the experts' group over the TP ranks: ep={a.ep} "
+            "must be a multiple of tp"
+        )
     return None
 
 

@@ -79,6 +79,7 @@ def stage_core(
     a2a_bytes = act * p.top_k / (s.tp if s.sequence_parallel else 1)
     a2a = coll.all_to_all(a2a_bytes, links.ep) if s.ep > 1 else 0.0
     p2p = coll.p2p(sm.boundary_bytes(s), links.pp.nodes > 1) if s.pp > 1 else 0.0
+    pairs = sm.num_microbatches(s) >= 2  # a forward and a backward to merge (EP overlap)
     out = []
     for c, stage in zip(compute, sm.stages(lay), strict=True):
         rc, n_full, n_full_moe = per_layer.stage_recompute(s, stage, c)
@@ -93,12 +94,14 @@ def stage_core(
             fwd_units -= stage.n_moe_blocks + n_full_moe
             units -= stage.n_moe_blocks
         comm = fwd_units * fwd_unit + units * tp_unit if s.tp > 1 else 0.0
+        budget = c.fwd_s + c.bwd_s  # compute left to hide communication under
         if train.runtime.tp_comm_overlap and links.tp.nodes == 1:
             # Megatron's --tp-comm-overlap (Transformer Engine userbuffers; Wang et al. 2023
             # decomposition): each collective is split and pipelined with the GEMM it feeds,
             # so it hides under the stage's compute, which it slows (contention). Userbuffers
             # exchange over NVLink (CUDA IPC within the node): a TP group spanning nodes
             # runs its collectives on the critical path.
+            budget -= min(comm, budget)
             comm = hidden_behind(comm, c.fwd_s + c.bwd_s, contention)
         if s.cp > 1 and stage.n_blocks:
             # Each of the cp ring steps computes one (s/cp)^2 block of attention, balanced
@@ -111,7 +114,13 @@ def stage_core(
             per_block += (s.cp - 1) * hidden_behind(2 * hop_s, step_b, contention)
             comm += stage.n_blocks * per_block
         # EP: dispatch and combine all-to-all, forward and backward (Lepikhin et al. 2020)
-        comm += (stage.n_moe_blocks * 4 + n_full_moe * 2) * a2a
+        a2a_s = (stage.n_moe_blocks * 4 + n_full_moe * 2) * a2a
+        if train.runtime.ep_comm_overlap and pairs:
+            # Megatron-Core's --overlap-moe-expert-parallel-comm: one micro-batch's forward
+            # and another's backward run merged, each one's all-to-alls on their own stream
+            # under the other's compute (what TP overlap left of it), slowing it (contention)
+            a2a_s = hidden_behind(a2a_s, budget, contention)
+        comm += a2a_s
         if s.pp > 1:  # activations forward and gradients backward, per chunk
             comm += p2p_sends(stage, s.pp * s.virtual_stages) * p2p
         out.append(StageCore(stage=stage, compute=c, recompute_s=rc, comm_s=comm))
