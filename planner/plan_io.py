@@ -67,7 +67,8 @@ def upgrade(data: typing.Any) -> typing.Any:
 
 def upgrade_v7(data: typing.Any) -> typing.Any:
     """A version-7 plan document as version 8: its experts split over TP as the dense layers
-    (`parallelism.expert_tp` = tp, in the plan and its runners-up); anything else unchanged."""
+    (`parallelism.expert_tp` = tp, in the plan and its runners-up) and their all-to-alls not
+    overlapped (`train.runtime.ep_comm_overlap`); anything else unchanged."""
     if not isinstance(data, dict) or data.get("schema_version") != 7:
         return data
 
@@ -78,6 +79,9 @@ def upgrade_v7(data: typing.Any) -> typing.Any:
 
     out = dict(data, schema_version=8)
     out["parallelism"] = with_etp(out.get("parallelism"))
+    train = out.get("train")
+    if isinstance(train, dict) and isinstance(train.get("runtime"), dict):
+        out["train"] = {**train, "runtime": {"ep_comm_overlap": False, **train["runtime"]}}
     if isinstance(out.get("runners_up"), list):
         out["runners_up"] = [
             {**r, "parallelism": with_etp(r.get("parallelism"))} if isinstance(r, dict) else r

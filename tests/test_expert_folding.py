@@ -7,6 +7,7 @@ own loaders, and the experts' all-to-all overlap hides what it can."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -178,3 +179,19 @@ def test_torchtitan_folds_experts_split_over_tp() -> None:
     near, gaps = torchtitan_nearest(plan, s)
     assert (near.ep, near.expert_tp) == (4, 1)
     assert any("experts split over TP" in g.feature for g in gaps)
+
+
+def test_a_version_7_plan_reads_with_its_experts_split_over_tp(tmp_path: Path) -> None:
+    """Plans written before schema 8 recorded neither the experts' TP degree nor the
+    all-to-all overlap: they load as experts split over TP (expert_tp = tp, in the runners-up
+    too) and no overlap, equal to the plan they were."""
+    plan = paraplan.plan(MOE, "16xh100", global_batch=32, seq_len=2048, fix="tp=1").plan
+    path = tmp_path / "p.json"
+    save_plan(plan, path)
+    doc = json.loads(path.read_text())
+    doc["schema_version"] = 7
+    for par in [doc["parallelism"], *(r["parallelism"] for r in doc["runners_up"])]:
+        del par["expert_tp"]
+    del doc["train"]["runtime"]["ep_comm_overlap"]
+    path.write_text(json.dumps(doc))
+    assert load_plan(path) == plan
