@@ -54,7 +54,8 @@ def format_plan(plan: Plan) -> str:
         + runtime_note(t.runtime),
         "",
         "Plan" + ("" if plan.feasible else "  ** DOES NOT FIT: " + plan.infeasible_reason + " **"),
-        f"  degrees       dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp} ep={p.ep}",
+        f"  degrees       dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp} ep={p.ep}"
+        + (" (experts whole, ep folded over tp: expert_tp=1)" if p.expert_tp < p.tp else ""),
         f"  sharding      ZeRO-{p.zero_stage}, sequence parallel {'on' if p.sequence_parallel else 'off'}"
         f", optimizer offload {'on' if p.offload_optimizer else 'off'}",
         f"  mesh          {mesh}  (outermost -> innermost)",
