@@ -65,7 +65,7 @@ class FusedAttention(TorchFunctionMode):
             # transformers' interface: (B, H, S, D) in, (B, S, H, D) and no weights out
             query, key, value = _autocast(query, key, value)
             dropout = float(kw.get("dropout") or 0.0)
-            out, _lse = _FLASH(query, key, value, dropout, causal, scale=kw.get("scaling"))
+            out = _flash(query, key, value, dropout, causal, kw.get("scaling"))
             return out.transpose(1, 2).contiguous(), None
 
         AttentionInterface.register(_EAGER_AS_FUSED, fused)
@@ -89,11 +89,21 @@ class FusedAttention(TorchFunctionMode):
         causal = bool(bound.get("is_causal")) or (
             self.causal and bound.get("attn_mask") is not None
         )
-        out, _lse = _FLASH(
-            q, k, v, float(bound.get("dropout_p") or 0.0), causal, scale=bound.get("scale")
-        )
         # (enable_gqa is implied: the kernel shares K/V heads across query-head groups)
-        return out
+        return _flash(q, k, v, float(bound.get("dropout_p") or 0.0), causal, bound.get("scale"))
+
+
+def _flash(q: Any, k: Any, v: Any, dropout: float, causal: bool, scale: Any) -> Any:
+    """The fused flash op's output. Values narrower than queries and keys (DeepSeek's MLA:
+    qk 192, v 128 per head) are zero-padded to their width and the output cut back, as
+    Hugging Face runs such models under FlashAttention-2 (whose kernels take one head width):
+    the op's meta kernel shapes its output as the queries."""
+    width = v.shape[-1]
+    narrow = width < q.shape[-1]
+    if narrow:
+        v = F.pad(v, (0, q.shape[-1] - width))
+    out, _lse = _FLASH(q, k, v, dropout, causal, scale=scale)
+    return out[..., :width] if narrow else out
 
 
 def _autocast(q: Any, k: Any, v: Any) -> tuple[Any, Any, Any]:

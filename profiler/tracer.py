@@ -198,8 +198,9 @@ class Tracer(TorchDispatchMode):
         self._replicated_ids: set[int] = set()
         self._in_norm = 0  # depth inside normalization modules (what they save is replicated)
         self._params: dict[int, tuple[int, bool]] = {}  # storage id -> (numel, is_expert)
-        for name, p in model.named_parameters():
-            self._params[id(p.untyped_storage())] = (p.numel(), "expert" in name)
+        for name, p in model.named_parameters():  # a shared expert sees every token: dense
+            routed = "expert" in name and "shared_expert" not in name
+            self._params[id(p.untyped_storage())] = (p.numel(), routed)
         self._param_seen: set[int] = set()
         self._handles: list[Any] = []
         self._blocks = blocks
