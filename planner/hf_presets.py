@@ -62,6 +62,12 @@ HF_PRESETS: dict[str, dict[str, Any]] = {
     # 120b's sizes; its `layer_types` alternate sliding and full attention by itself)
     "gpt-oss-120b": {"model_type": "gpt_oss", "num_hidden_layers": 36, "num_local_experts": 128},
     "gpt-oss-20b": {"model_type": "gpt_oss", "num_hidden_layers": 24, "num_local_experts": 32},
+    # DeepSeek-AI 2024, DeepSeek-V3 technical report (arXiv 2412.19437) §2.1, §4.2: 61 blocks of
+    # hidden 7168, the first 3 dense, multi-head latent attention (128 heads, KV rank 512, query
+    # rank 1536, per head 128 + 64 rotary for q and k, 128 for v), 256 routed experts of 2048
+    # (8 per token) and 1 shared; transformers' DeepseekV3Config defaults are these sizes. The
+    # multi-token-prediction module is not in transformers' model (not traced).
+    "deepseek-v3": {"model_type": "deepseek_v3", "vocab_size": 129280},
 }
 
 

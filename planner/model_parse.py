@@ -8,6 +8,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
+from .hf_presets import HF_PRESETS
 from .inputs import is_regular_file, read_json
 from .model_spec import GPT_MATH, PRESETS, Attention, FfnKind, Norm, TransformerSpec
 
@@ -102,6 +103,12 @@ def parse_model(text: str) -> TransformerSpec:
                 )
             values[key.strip().lower()] = value.strip()
         return spec_from_mapping(values, source=f"--model {text!r}", base=_FAMILIES[family])
+    if text.lower() in HF_PRESETS:
+        raise ValueError(
+            f"--model {text!r} is a Hugging Face preset with no analytic spec (its attention "
+            "or experts have no sizes-only form here): trace it with --model-source auto or "
+            "trace"
+        )
     close = difflib.get_close_matches(text.lower(), list(PRESETS), n=3)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     raise ValueError(f"--model {text!r}: not a known model; {hint}expected {MODEL_FORMS}")

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from paraplan.api import model_profile
+from paraplan.cli import main
 
 pytest.importorskip("transformers")
 
@@ -72,3 +73,13 @@ def test_shared_experts_are_dense_and_routed_experts_are_not(profile) -> None:
     assert moe_block.fwd_flops - moe_block.attn_core_fwd_flops == pytest.approx(
         per_token * SEQ, rel=1e-3
     )
+
+
+def test_deepseek_v3_has_no_analytic_spec(capsys: pytest.CaptureFixture[str]) -> None:
+    """The `deepseek-v3` preset is traced from its Hugging Face config; asked for the analytic
+    spec, the planner says so in one line, exit status 2, before any tracing."""
+    argv = ["plan", "--model", "deepseek-v3", "--model-source", "spec", "--cluster", "8xh100"]
+    code = main([*argv, "--global-batch", "8"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--model-source auto or trace" in err
+    assert len(err.strip().splitlines()) == 1
