@@ -138,6 +138,10 @@ class FrameworkSpace:
     (`Strategy.expert_tp` 1)."""
     split_experts: bool = True
     """Whether it splits experts over TP as the dense layers (`Strategy.expert_tp` None)."""
+    ep_in_shard: bool = False
+    """Whether expert parallelism must lie within the FSDP shard group (ZeRO 2 or 3, and
+    `Strategy.ep_dp` dividing the shard group x cp): torchtitan's EP borrows the dp_shard, cp
+    and tp ranks, never the replicated ones."""
 
 
 _ALL_PIPELINES = frozenset(
@@ -162,6 +166,7 @@ _TORCHTITAN_SPACE = FrameworkSpace(
     # dp_shard * cp * tp / ep): experts whole beside TP, never split over it
     fold_experts=True,
     split_experts=False,
+    ep_in_shard=True,
 )
 _MEGATRON_SPACE = FrameworkSpace(
     # Megatron-Core's pipeline: 1F1B and interleaved 1F1B (uneven stages through

@@ -162,6 +162,11 @@ def space_blocks(
             sub = rest if shard is None else [r for r in rest if r[1] == 3]
             if etp is not None:  # folded experts run under sequence parallelism
                 sub = [r for r in sub if r[0]]
+            if space is not None and space.ep_in_shard and base.ep_dp > 1:
+                # EP within the FSDP shard group: not beside DDP or ZeRO-1, nor over HSDP's
+                # replicas (torchtitan's EP borrows only dp_shard, cp and tp)
+                within = (base.shard_dp * cp) % base.ep_dp == 0
+                sub = [r for r in sub if r[1] >= 2 and within]
             if sub and scheds:
                 yield Block(base, tuple(scheds), tuple(sub), params_follow)
 

@@ -61,6 +61,8 @@ def test_search_with_folded_experts_equals_brute_force(framework: Framework) -> 
             s = e.strategy
             if s.folded_experts:
                 assert s.sequence_parallel and s.ep % s.tp == 0 and s.dp % (s.ep // s.tp) == 0
+            if framework == Framework.TORCHTITAN and s.ep_dp > 1:  # EP within dp_shard x cp
+                assert s.zero_stage >= 2 and (s.shard_dp * s.cp) % s.ep_dp == 0
 
 
 def _moe_sums(ev: Evaluator) -> tuple[float, float, int]:
@@ -168,17 +170,24 @@ def test_a_folded_plan_round_trips_through_json_and_the_trainers(tmp_path: Path)
     assert (back.ep, back.expert_tp, back.tp) == (8, 1, 4)
 
 
-def test_torchtitan_folds_experts_split_over_tp() -> None:
-    """torchtitan never splits experts over TP: the nearest it runs folds ep x tp, which
-    keeps each rank's share of the experts."""
+def test_torchtitan_folds_experts_split_over_tp_and_shards_them() -> None:
+    """torchtitan never splits experts over TP, and its EP borrows FSDP's dp_shard ranks: the
+    nearest it runs to experts split over TP beside DDP folds ep x tp (each rank's share of
+    the experts kept) under ZeRO-2."""
     plan = paraplan.plan(
-        MOE, "16xh100", global_batch=32, seq_len=2048, runtime="megatron", fix="tp=2,ep=2,etp=2"
+        MOE,
+        "16xh100",
+        global_batch=32,
+        seq_len=2048,
+        runtime="megatron",
+        fix="tp=2,ep=2,etp=2,zero=0",
     ).plan
     s = plan.strategy()
-    assert s.ep == 2 and not s.folded_experts
+    assert s.ep == 2 and not s.folded_experts and s.zero_stage == 0
     near, gaps = torchtitan_nearest(plan, s)
-    assert (near.ep, near.expert_tp) == (4, 1)
+    assert (near.ep, near.expert_tp, near.zero_stage) == (4, 1, 2)
     assert any("experts split over TP" in g.feature for g in gaps)
+    assert any("replicated data parallelism" in g.feature for g in gaps)
 
 
 def test_a_version_7_plan_reads_with_its_experts_split_over_tp(tmp_path: Path) -> None:

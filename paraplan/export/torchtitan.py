@@ -98,6 +98,16 @@ def nearest(plan: Plan, s: Strategy) -> tuple[Strategy, list[Gap]]:
             )
         )
         s = replace(s, recompute=policy)
+    if s.ep_dp > 1 and s.zero_stage < 2:
+        gaps.append(
+            Gap(
+                feature=f"expert parallelism beside replicated data parallelism (zero_stage="
+                f"{s.zero_stage})",
+                nearest="FSDP without resharding after forward (ZeRO-2): torchtitan's EP "
+                "borrows the dp_shard ranks",
+            )
+        )
+        s = replace(s, zero_stage=2)
     if plan.model.experts and s.tp > 1 and not s.folded_experts:
         # torchtitan (0.3) never splits experts over TP: its EP borrows the dp_shard, cp and
         # tp ranks (efsdp = dp_shard * cp * tp / ep), each expert whole on one rank. ep * tp
