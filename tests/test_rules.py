@@ -79,6 +79,8 @@ BREAKS: dict[Rule, tuple[ProblemShape, Strategy]] = {
 
 def test_every_rule_has_a_check():
     assert [rule for rule, _ in RULES] == list(Rule)
+    for rule in Rule:  # the pins a refusal names (`Search` reads them)
+        assert rule.fields and set(rule.fields) <= {f.name for f in fields(Pins)} | {"mesh_order"}
 
 
 @pytest.mark.parametrize("rule", list(Rule), ids=[r.value for r in Rule])
@@ -244,6 +246,7 @@ def gpt2_ev() -> Evaluator:
         ("tp=8", Rule.TP_DIVIDES_MODEL),
         ("sp=true,tp=1", Rule.SP_NEEDS_TP),
         ("ep=2", Rule.EP_NEEDS_MOE),
+        ("etp=3,tp=2", Rule.EXPERT_TP),
         ("offload=true,zero=0", Rule.OFFLOAD_NEEDS_ZERO),
         ("mbs=3", Rule.BATCH_DIVIDES),
         ("pp=1,schedule=gpipe", Rule.SCHEDULE_MATCHES_PP),
