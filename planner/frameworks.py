@@ -42,7 +42,9 @@ class Framework(StrEnum):
     critical path (`--tp-comm-overlap` is off by default)."""
     NEMO = "nemo"
     """NeMo's Megatron-Bridge performance recipes: `MEGATRON` with TP communication overlapped
-    with the GEMMs (userbuffers, `tp_comm_overlap`)."""
+    with the GEMMs (userbuffers, `tp_comm_overlap`) and, for MoE models, the experts'
+    all-to-alls overlapped with another micro-batch's compute (`ep_comm_overlap`: the
+    recipes' `overlap_moe_expert_parallel_comm`, on for Qwen3 and DeepSeek-V3)."""
 
 
 _MEGATRON = Runtime(
@@ -62,7 +64,7 @@ RUNTIMES: dict[Framework, Runtime] = {
         _TORCHTITAN, fused_elementwise=True, tp_comm_overlap=True
     ),
     Framework.MEGATRON: _MEGATRON,
-    Framework.NEMO: replace(_MEGATRON, tp_comm_overlap=True),
+    Framework.NEMO: replace(_MEGATRON, tp_comm_overlap=True, ep_comm_overlap=True),
 }
 """Each framework's runtime."""
 

@@ -16,6 +16,7 @@ from .config import Runtime
 from .cost.hidden import HiddenCosts
 from .cost.layout import chunk_stage
 from .documents import Document, wrong_kind
+from .frameworks import RUNTIMES, Framework
 from .jsonio import dumps_finite, from_json, read_json, to_json, validate, write_atomic
 from .plan import SCHEMA_VERSION, ChunkRange, Plan
 from .schema import plan_schema
@@ -57,6 +58,8 @@ _V4_HIDDEN_COSTS = to_json(HiddenCosts())
 
 _V6_RUNTIME = to_json(Runtime())
 """`train.runtime` of a version-6 plan: every plan was priced for paraplan's executor."""
+_NEMO_RUNTIME = to_json(RUNTIMES[Framework.NEMO])
+"""NeMo's runtime, which a version-7 plan recorded without `ep_comm_overlap`."""
 
 
 def upgrade(data: typing.Any) -> typing.Any:
@@ -81,7 +84,11 @@ def upgrade_v7(data: typing.Any) -> typing.Any:
     out["parallelism"] = with_etp(out.get("parallelism"))
     train = out.get("train")
     if isinstance(train, dict) and isinstance(train.get("runtime"), dict):
-        out["train"] = {**train, "runtime": {"ep_comm_overlap": False, **train["runtime"]}}
+        runtime = train["runtime"]
+        # NeMo's preset gained the all-to-all overlap with schema 8: a plan priced for it
+        # stays NeMo's (its dense blocks price the same; a MoE plan's all-to-alls now hide)
+        nemo = runtime == {k: v for k, v in _NEMO_RUNTIME.items() if k != "ep_comm_overlap"}
+        out["train"] = {**train, "runtime": {"ep_comm_overlap": nemo, **runtime}}
     if isinstance(out.get("runners_up"), list):
         out["runners_up"] = [
             {**r, "parallelism": with_etp(r.get("parallelism"))} if isinstance(r, dict) else r

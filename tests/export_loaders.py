@@ -142,6 +142,8 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
         "tp_comm_overlap": config.tp_comm_overlap,
         "ep": config.expert_model_parallel_size,
         "etp": config.expert_tensor_parallel_size,
+        "dispatcher": config.moe_token_dispatcher_type,
+        "ep_overlap": [config.overlap_moe_expert_parallel_comm, config.delay_wgrad_compute],
         "recompute": [config.recompute_granularity, config.recompute_method],
         "bf16": config.bf16,
         "distributed_optimizer": ddp.use_distributed_optimizer,

@@ -25,7 +25,7 @@ from paraplan.planner.frameworks import RUNTIMES, SPACES, Framework
 from paraplan.planner.model import LayerKind
 from paraplan.planner.model_parse import parse_model
 from paraplan.planner.pins import Pins
-from paraplan.planner.plan_io import load_plan, save_plan
+from paraplan.planner.plan_io import load_plan, plan_from_dict, save_plan
 from paraplan.planner.search import Search
 from paraplan.planner.search_brute import brute_force
 from paraplan.planner.strategy import DEFAULT_MESH_ORDER, MeshAxis, Strategy
@@ -159,6 +159,8 @@ def test_a_folded_plan_round_trips_through_json_and_the_trainers(tmp_path: Path)
     args.write_text(text)
     (view,) = run_loaders("megatron", [{"path": str(args), "world_size": 16}])
     assert (view["tp"], view["ep"], view["etp"]) == (4, 8, 1)
+    assert view["dispatcher"] == "alltoall"  # what is priced (Megatron-LM's default: allgather)
+    assert view["ep_overlap"] == [False, False]  # Megatron's runtime does not overlap them
     back = read_megatron(text, world_size=16, source="m.args").strategy
     assert (back.ep, back.expert_tp, back.tp) == (8, 1, 4)
     titan = export_plan(plan, Target.TORCHTITAN, costing)
@@ -204,3 +206,48 @@ def test_a_version_7_plan_reads_with_its_experts_split_over_tp(tmp_path: Path) -
     del doc["train"]["runtime"]["ep_comm_overlap"]
     path.write_text(json.dumps(doc))
     assert load_plan(path) == plan
+
+
+def test_a_nemo_moe_plan_exports_the_all_to_all_overlap_it_was_priced_with(
+    tmp_path: Path,
+) -> None:
+    """NeMo's runtime overlaps the experts' all-to-alls where Megatron-Core can (expert
+    parallelism, two micro-batches or more, no pipeline or an interleaved one, no full
+    recompute, bf16): such a plan asks for --overlap-moe-expert-parallel-comm and
+    --delay-wgrad-compute, which megatron-core's TransformerConfig accepts (its checks run),
+    and reads back as NeMo's; one micro-batch per step has nothing to pair, so no flags, and
+    the step is priced as Megatron's."""
+    profile = parse_model(MOE).to_profile(2048, act_bytes=2)
+    manifest, plans = [], []
+    for batch in (64, 32):  # 2 and 1 micro-batches of 2 per replica (dp 16)
+        fix = "tp=1,pp=1,ep=8,mbs=2,zero=2,recompute=none"
+        plan = paraplan.plan(
+            MOE, "16xh100", global_batch=batch, seq_len=2048, runtime="nemo", fix=fix
+        ).plan
+        megatron = paraplan.plan(
+            MOE, "16xh100", global_batch=batch, seq_len=2048, runtime="megatron", fix=fix
+        ).plan
+        plans.append((plan, megatron))
+        text = export_plan(plan, Target.MEGATRON, Costing(profile, parse_cluster("16xh100"), plan))
+        path = tmp_path / f"b{batch}.args"
+        path.write_text(text.text)
+        manifest.append({"path": str(path), "world_size": 16})
+        back = read_megatron(text.text, world_size=16, source=path.name)
+        assert back.runtime == (Framework.NEMO if batch == 64 else Framework.MEGATRON)
+    views = run_loaders("megatron", manifest)
+    assert [v["ep_overlap"] for v in views] == [[True, True], [False, False]]
+    (overlapped, plain), (single, single_plain) = plans
+    assert overlapped.predicted.step_time_s < plain.predicted.step_time_s
+    assert single.predicted.step_time_s == single_plain.predicted.step_time_s
+
+
+def test_a_version_7_nemo_plan_stays_nemo_s() -> None:
+    """A version-7 plan priced for NeMo recorded its runtime without the all-to-all overlap,
+    which NeMo's preset gained with schema 8: it reads back as NeMo's."""
+    plan = paraplan.plan(MOE, "16xh100", global_batch=32, seq_len=2048, runtime="nemo").plan
+    doc = json.loads(json.dumps(plan.to_dict()))
+    doc["schema_version"] = 7
+    for par in [doc["parallelism"], *(r["parallelism"] for r in doc["runners_up"])]:
+        del par["expert_tp"]
+    del doc["train"]["runtime"]["ep_comm_overlap"]
+    assert plan_from_dict(doc).train.runtime == RUNTIMES[Framework.NEMO]

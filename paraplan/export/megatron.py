@@ -13,6 +13,7 @@ import shlex
 from dataclasses import replace
 
 from ..planner.config import Precision
+from ..planner.cost.stage_core import ep_overlap_applies
 from ..planner.frameworks import Framework
 from ..planner.plan import Plan
 from ..planner.strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
@@ -28,6 +29,7 @@ _VALUE_FLAGS = (
     "context-parallel-size",
     "expert-model-parallel-size",
     "expert-tensor-parallel-size",
+    "moe-token-dispatcher-type",
     "micro-batch-size",
     "global-batch-size",
     "seq-length",
@@ -50,9 +52,12 @@ _SWITCHES = (
     "use-megatron-fsdp",
     "optimizer-cpu-offload",
     "tp-comm-overlap",
+    "overlap-moe-expert-parallel-comm",
+    "delay-wgrad-compute",
 )
-"""Flags without a value that `read` interprets (`--tp-comm-overlap`: the runtime, NeMo's preset
-where it is on, Megatron-LM's where not)."""
+"""Flags without a value that `read` interprets (`--tp-comm-overlap` and
+`--overlap-moe-expert-parallel-comm`: the runtime, NeMo's preset where either is on,
+Megatron-LM's where neither is)."""
 
 
 def block_pattern(plan: Plan) -> int | None:
@@ -178,7 +183,9 @@ def render(plan: Plan, s: Strategy) -> str:
         ("context-parallel-size", s.cp),
     ]
     if s.ep > 1:
+        # the token dispatch priced: all-to-all (Megatron-LM's default is "allgather")
         args.append(("expert-model-parallel-size", s.ep))
+        args.append(("moe-token-dispatcher-type", "alltoall"))
     if s.folded_experts:  # Megatron's default is tp: experts split as the dense layers
         args.append(("expert-tensor-parallel-size", 1))
     if s.virtual_stages > 1:
@@ -190,6 +197,10 @@ def render(plan: Plan, s: Strategy) -> str:
         args.append(("sequence-parallel", None))
         if t.runtime.tp_comm_overlap and s.tp > 1:  # priced with it (`--runtime nemo`)
             args.append(("tp-comm-overlap", None))
+    nmb = t.global_batch // (s.dp * s.micro_batch_size)
+    if t.runtime.ep_comm_overlap and ep_overlap_applies(s, nmb, t.precision):
+        # priced with the experts' all-to-alls under another micro-batch (`--runtime nemo`)
+        args += [("overlap-moe-expert-parallel-comm", None), ("delay-wgrad-compute", None)]
     args += [("micro-batch-size", s.micro_batch_size), ("global-batch-size", t.global_batch)]
     if t.precision == Precision.FP8:  # bf16, the blocks' linear layers in Transformer
         # Engine's fp8 with tensorwise current scaling (paraplan's fp8: cost/float8.py)
@@ -349,6 +360,13 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
     )
     if "seq-length" not in args:
         raise ValueError(f"{source}: --seq-length is missing; Megatron needs it")
+    ep_overlap = "overlap-moe-expert-parallel-comm" in args
+    overlaps = "tp-comm-overlap" in args or ep_overlap
+    if ep > 1 and overlaps and ("tp-comm-overlap" in args) != ep_overlap and tp > 1:
+        notes.append(
+            "one of --tp-comm-overlap and --overlap-moe-expert-parallel-comm is priced as "
+            "NeMo's runtime, which overlaps both"
+        )
     setup = TrainerSetup(
         target=Target.MEGATRON,
         strategy=strategy,
@@ -356,6 +374,6 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
         seq_len=num("seq-length", 0),
         precision=precision,
         notes=tuple(notes),
-        runtime=Framework.NEMO if "tp-comm-overlap" in args else Framework.MEGATRON,
+        runtime=Framework.NEMO if overlaps else Framework.MEGATRON,
     )
     return check_batch(setup)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import Precision, TrainConfig
-from ..strategy import Recompute, Strategy
+from ..strategy import Recompute, Schedule, Strategy
 from .comm import Collectives, Links
 from .compute import ATTENTION_BACKWARD_FACTOR
 from .data_parallel import hidden_behind
@@ -79,7 +79,9 @@ def stage_core(
     a2a_bytes = act * p.top_k / (s.tp if s.sequence_parallel else 1)
     a2a = coll.all_to_all(a2a_bytes, links.ep) if s.ep > 1 else 0.0
     p2p = coll.p2p(sm.boundary_bytes(s), links.pp.nodes > 1) if s.pp > 1 else 0.0
-    pairs = sm.num_microbatches(s) >= 2  # a forward and a backward to merge (EP overlap)
+    ep_overlap = train.runtime.ep_comm_overlap and ep_overlap_applies(
+        s, sm.num_microbatches(s), train.precision
+    )
     out = []
     for c, stage in zip(compute, sm.stages(lay), strict=True):
         rc, n_full, n_full_moe = per_layer.stage_recompute(s, stage, c)
@@ -115,7 +117,7 @@ def stage_core(
             comm += stage.n_blocks * per_block
         # EP: dispatch and combine all-to-all, forward and backward (Lepikhin et al. 2020)
         a2a_s = (stage.n_moe_blocks * 4 + n_full_moe * 2) * a2a
-        if train.runtime.ep_comm_overlap and pairs:
+        if ep_overlap:
             # Megatron-Core's --overlap-moe-expert-parallel-comm: one micro-batch's forward
             # and another's backward run merged, each one's all-to-alls on their own stream
             # under the other's compute (what TP overlap left of it), slowing it (contention)
@@ -125,6 +127,22 @@ def stage_core(
             comm += p2p_sends(stage, s.pp * s.virtual_stages) * p2p
         out.append(StageCore(stage=stage, compute=c, recompute_s=rc, comm_s=comm))
     return tuple(out)
+
+
+def ep_overlap_applies(s: Strategy, microbatches: int, precision: Precision) -> bool:
+    """Whether Megatron-Core overlaps `s`'s all-to-alls with another micro-batch's compute
+    under `--overlap-moe-expert-parallel-comm` (its `TransformerConfig` refuses the rest):
+    expert parallelism, two micro-batches or more to pair, no pipeline or an interleaved one,
+    no full or per-block recompute, and bf16 or fp16 compute (fp8 runs in bf16)."""
+    pipeline_ok = s.pp == 1 or (s.schedule == Schedule.INTERLEAVED_1F1B and s.virtual_stages > 1)
+    recompute_ok = s.recompute in (Recompute.NONE, Recompute.SELECTIVE)
+    return (
+        s.ep > 1
+        and microbatches >= 2
+        and pipeline_ok
+        and recompute_ok
+        and precision != Precision.FP32
+    )
 
 
 class StageCores:
