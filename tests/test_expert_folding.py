@@ -161,8 +161,13 @@ def test_a_folded_plan_round_trips_through_json_and_the_trainers(tmp_path: Path)
     assert (view["tp"], view["ep"], view["etp"]) == (4, 8, 1)
     assert view["dispatcher"] == "alltoall"  # what is priced (Megatron-LM's default: allgather)
     assert view["ep_overlap"] == [False, False]  # Megatron's runtime does not overlap them
-    back = read_megatron(text, world_size=16, source="m.args").strategy
-    assert (back.ep, back.expert_tp, back.tp) == (8, 1, 4)
+    back = read_megatron(text, world_size=16, source="m.args")
+    assert (back.strategy.ep, back.strategy.expert_tp, back.strategy.tp) == (8, 1, 4)
+    assert not back.notes
+    # Megatron-LM's default dispatcher all-gathers tokens: read as the all-to-all priced, noted
+    default = text.replace("--moe-token-dispatcher-type alltoall", "")
+    notes = read_megatron(default, world_size=16, source="m.args").notes
+    assert any("allgather token dispatcher" in n for n in notes)
     titan = export_plan(plan, Target.TORCHTITAN, costing)
     assert "expert_parallel_degree = 8" in titan.text and titan.approximation is None
     toml = tmp_path / "t.toml"

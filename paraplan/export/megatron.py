@@ -360,6 +360,12 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
     )
     if "seq-length" not in args:
         raise ValueError(f"{source}: --seq-length is missing; Megatron needs it")
+    dispatcher = args.get("moe-token-dispatcher-type") or "allgather"  # Megatron-LM's default
+    if ep > 1 and dispatcher not in ("alltoall", "flex"):
+        notes.append(
+            f"the {dispatcher} token dispatcher is priced as all-to-all dispatch (paraplan "
+            "prices expert parallelism's tokens by all-to-all)"
+        )
     ep_overlap = "overlap-moe-expert-parallel-comm" in args
     overlaps = "tp-comm-overlap" in args or ep_overlap
     if ep > 1 and overlaps and ("tp-comm-overlap" in args) != ep_overlap and tp > 1:
