@@ -202,3 +202,17 @@ def test_planner_and_cli_do_not_import_torch() -> None:
         "sys.exit(1 if 'torch' in sys.modules else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_model_help_names_every_preset(capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`plan --help` names every preset `--model` takes, analytic and Hugging Face (it listed
+    seven of ten until 2026-11-27)."""
+    from paraplan.planner.hf_presets import HF_PRESETS
+    from paraplan.planner.model_spec import PRESETS
+
+    monkeypatch.setenv("COLUMNS", "2000")  # argparse wraps at hyphens: one line per option
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in {*PRESETS, *HF_PRESETS}:
+        assert name in text, name

@@ -220,7 +220,7 @@ def add_input_args(
         "--model",
         metavar="M",
         help="a preset (gpt2, gpt2-xl, gpt3-175b, llama3-8b, llama3-70b, llama3-405b, "
-        "mixtral-8x7b), a Hugging Face config.json, "
+        "mixtral-8x7b, gpt-oss-20b, gpt-oss-120b, deepseek-v3), a Hugging Face config.json, "
         "'gpt:layers=96,hidden=12288,heads=96,vocab=51200,seq=2048', or a .json spec file",
     )
     source.add_argument(
