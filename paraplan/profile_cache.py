@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from functools import cache
 from importlib.util import find_spec
 from pathlib import Path
@@ -123,12 +124,12 @@ def lookup(model: str, *, seq_len: int | None, precision: str) -> ModelProfile |
     if path is None:
         return None
     try:
-        header, body = read_entry(path)
-        if header.get("cache_key") != _key_parts(model, seq_len, precision):
+        entry = read_entry(path)
+        if entry.cache_key != _key_parts(model, seq_len, precision):
             return None  # written for another trace (or by hand): trace again
-        if header.get("sha256") != hashlib.sha256(body.encode()).hexdigest():
+        if not entry.intact:
             return None  # edited or damaged since `store` wrote it
-        profile = profile_from_dict(json.loads(body), trusted=True)
+        profile = profile_from_dict(json.loads(entry.body), trusted=True)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # absent, unreadable or not a valid profile: trace again
     if seq_len is not None and profile.seq_len != seq_len:
@@ -144,18 +145,43 @@ def store(model: str, profile: ModelProfile, *, seq_len: int | None, precision: 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         body = json.dumps(profile_to_dict(profile))
-        digest = hashlib.sha256(body.encode()).hexdigest()
-        header = json.dumps({"cache_key": _key_parts(model, seq_len, precision), "sha256": digest})
-        write_atomic(path, header + "\n" + body)
+        write_atomic(path, CacheEntry.of(_key_parts(model, seq_len, precision), body).text())
     except (OSError, ValueError):
         pass  # a read-only home still plans, uncached
 
 
-def read_entry(path: Path) -> tuple[dict, str]:
-    """An entry's header (its `cache_key` and the body's `sha256`) and its body (the profile
-    JSON text); ValueError when it is not two lines with a JSON object first."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CacheEntry:
+    """One cache file: a header line (the trace's key parts and the body's SHA-256), then the
+    body, the profile JSON as `store` wrote it."""
+
+    cache_key: object
+    """What the trace depends on (`_key_parts`)."""
+    sha256: str
+    """Hex digest of `body` when it was written."""
+    body: str
+    """The profile JSON text."""
+
+    @classmethod
+    def of(cls, cache_key: object, body: str) -> CacheEntry:
+        """An entry for `body`, with its digest."""
+        return cls(cache_key=cache_key, sha256=hashlib.sha256(body.encode()).hexdigest(), body=body)
+
+    @property
+    def intact(self) -> bool:
+        """Whether the body is what its digest was taken of."""
+        return self.sha256 == hashlib.sha256(self.body.encode()).hexdigest()
+
+    def text(self) -> str:
+        """The file's text."""
+        return json.dumps({"cache_key": self.cache_key, "sha256": self.sha256}) + "\n" + self.body
+
+
+def read_entry(path: Path) -> CacheEntry:
+    """The entry in `path`; ValueError when it is not two lines with a JSON object first."""
     header, newline, body = path.read_text(encoding="utf-8").partition("\n")
     parsed = json.loads(header)
     if not newline or not isinstance(parsed, dict):
         raise ValueError(f"{path}: not a cache entry")
-    return parsed, body
+    key, digest = parsed.get("cache_key"), str(parsed.get("sha256"))
+    return CacheEntry(cache_key=key, sha256=digest, body=body)

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from paraplan.cli import main
+from paraplan.planner.hf_presets import HF_PRESETS
+from paraplan.planner.model_spec import PRESETS
 from paraplan.planner.plan import SCHEMA_VERSION
 from paraplan.planner.plan_io import load_plan
 
@@ -207,9 +209,6 @@ def test_planner_and_cli_do_not_import_torch() -> None:
 def test_model_help_names_every_preset(capsys, monkeypatch: pytest.MonkeyPatch) -> None:
     """`plan --help` names every preset `--model` takes, analytic and Hugging Face (it listed
     seven of ten until 2026-11-27)."""
-    from paraplan.planner.hf_presets import HF_PRESETS
-    from paraplan.planner.model_spec import PRESETS
-
     monkeypatch.setenv("COLUMNS", "2000")  # argparse wraps at hyphens: one line per option
     with pytest.raises(SystemExit):
         main(["plan", "--help"])

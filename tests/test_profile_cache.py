@@ -5,6 +5,7 @@ entry."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,7 @@ def test_corrupt_entry_is_traced_again_and_rewritten(cache: Path) -> None:
     entry.write_text('{"schema_version": 3, "profile": {"name": "truncat')
     again = paraplan.model_profile(str(CONFIG), seq_len=64, precision="fp32")
     assert again == first
-    assert json.loads(profile_cache.read_entry(entry)[1])["profile"]["name"] == first.name
+    assert json.loads(profile_cache.read_entry(entry).body)["profile"]["name"] == first.name
 
 
 def test_an_edited_entry_is_traced_again(cache: Path) -> None:
@@ -53,13 +54,13 @@ def test_an_edited_entry_is_traced_again(cache: Path) -> None:
     the config is traced again."""
     first = paraplan.model_profile(str(CONFIG), seq_len=64, precision="fp32")
     (entry,) = cache.glob("*.json")
-    header, body = profile_cache.read_entry(entry)
-    data = json.loads(body)
+    stored = profile_cache.read_entry(entry)
+    data = json.loads(stored.body)
     data["profile"]["layers"][1]["fwd_flops"] = -1.0
-    entry.write_text(json.dumps(header) + "\n" + json.dumps(data))
+    entry.write_text(replace(stored, body=json.dumps(data)).text())  # the old digest kept
     again = paraplan.model_profile(str(CONFIG), seq_len=64, precision="fp32")
     assert again == first
-    assert json.loads(profile_cache.read_entry(entry)[1]) != data  # rewritten
+    assert json.loads(profile_cache.read_entry(entry).body) != data  # rewritten
 
 
 def test_off_by_environment(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,7 +78,7 @@ def test_entry_of_another_trace_is_not_trusted(cache: Path) -> None:
     entry.write_text(short_entry.read_text())
     again = paraplan.model_profile(str(CONFIG), seq_len=64, precision="fp32")
     assert (short.seq_len, again.seq_len) == (32, 64)
-    assert profile_cache.read_entry(entry)[0]["cache_key"]["seq_len"] == 64
+    assert profile_cache.read_entry(entry).cache_key["seq_len"] == 64
 
 
 def test_the_key_covers_the_profilers_own_source() -> None:
