@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from paraplan.planner.config import Precision, Runtime, TrainConfig
+from paraplan.planner.cost.count_split import CountSplit
 from paraplan.planner.cost.layout import StageSplit
 from paraplan.planner.frameworks import RUNTIMES, Framework, torchtitan_framework
 from paraplan.planner.model_spec import PRESETS, Attention, TransformerSpec
@@ -60,7 +61,7 @@ class Case:
     """Batch, sequence, precision."""
     pins: Pins
     """The published configuration."""
-    split: StageSplit
+    split: StageSplit | CountSplit
     """How the published run split layers over stages."""
     published_step_s: float
     """Published step time (given, or derived from the published throughput)."""
@@ -192,6 +193,18 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
     return Runtime(fused_elementwise=True, sp_saves_gathered_input=False, torch_loss=False)
 
 
+def _split_of(row: dict[str, Any]) -> StageSplit | CountSplit:
+    """How the run split its blocks over pipeline chunks: the row's `pipeline_split` where the
+    source's recipe says (`even`, `balanced`, or Megatron-Core's flags as `CountSplit`
+    fields), else Megatron-LM's even split for its papers' rows and a balanced one otherwise."""
+    given = row["config"].get("pipeline_split")
+    if isinstance(given, dict):
+        return CountSplit(**given)
+    if given is not None:
+        return StageSplit(given)
+    return StageSplit.EVEN if row["id"].startswith(_EVEN_SPLIT_SOURCES) else StageSplit.BALANCED
+
+
 def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
     """The usable rows, and the rows left out with why."""
     rows = yaml.safe_load(path.read_text())["runs"]
@@ -258,11 +271,7 @@ def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
                 cluster=f"{row['cluster']['num_gpus']}x{gpu}" + (f":{gpn}" if gpn != 8 else ""),
                 train=train,
                 pins=pins,
-                split=(
-                    StageSplit.EVEN
-                    if row["id"].startswith(_EVEN_SPLIT_SOURCES)
-                    else StageSplit.BALANCED
-                ),
+                split=_split_of(row),
                 published_step_s=step,
                 pair=row.get("pair"),
                 held_out=held_out(row["id"]),

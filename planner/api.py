@@ -9,8 +9,10 @@ from .build import PlanContext, build_plan
 from .capabilities import precision_gap
 from .cluster import Cluster
 from .config import Precision, TrainConfig
+from .cost.count_split import CountSplit
 from .cost.evaluate import Estimate, Evaluator
 from .cost.float8 import fp8_problem
+from .cost.layout import StageSplit
 from .framework_pins import framework_pins, refuse_framework_cluster
 from .frameworks import is_own, space_of
 from .limits import check_planning
@@ -89,6 +91,7 @@ def make_plan(
     any_engine: bool = False,
     consent: Consent = NO_CONSENT,
     within_framework: bool = True,
+    split: StageSplit | CountSplit = StageSplit.BALANCED,
 ) -> PlanOutcome:
     """Search the space and build the plan (only strategies the executor runs, unless
     `any_engine` or `train.runtime` is another framework's (`frameworks.py`): then any
@@ -96,7 +99,9 @@ def make_plan(
     pipeline only with `consent`, `planner/options.py`). Raises `NoFeasiblePlanError` when
     nothing fits (unless every dimension is pinned: then the plan is returned marked
     infeasible). A search for another framework's runtime keeps to what it runs (`frameworks.
-    FrameworkSpace`) unless not `within_framework` (a trainer's own configuration, pinned)."""
+    FrameworkSpace`) unless not `within_framework` (a trainer's own configuration, pinned).
+    `split`: how the blocks are split over pipeline chunks (by cost; a trainer configuration's
+    own split by count, `cost/count_split.py`)."""
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be >= 0")
     check_planning(profile, cluster, train, pins)  # every count in bounds before any search
@@ -107,11 +112,11 @@ def make_plan(
         refuse_framework_cluster(cluster, train.runtime)
         pins = framework_pins(pins, train.runtime, consent)
     pins = host_offload_pins(cluster, pins)
-    ev = Evaluator(profile, cluster, train)
+    ev = Evaluator(profile, cluster, train, split)
     space = space_of(train.runtime) if within_framework else None  # what it runs
     search = Search(ev, pins, runnable_only=own and not any_engine, consent=consent, space=space)
     result = search.run(top_k=top_k, progress=progress)
-    ctx = PlanContext(profile=profile, cluster=cluster, train=train)
+    ctx = PlanContext(profile=profile, cluster=cluster, train=train, split=split)
     if result.best is not None:
         return PlanOutcome(plan=build_plan(ctx, result.best, result.ranked[1:]), result=result)
     least = result.min_memory

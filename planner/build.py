@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 from .cluster import Cluster
 from .config import TrainConfig
+from .cost.count_split import CountSplit
 from .cost.evaluate import Estimate, Evaluator
+from .cost.layout import StageSplit
 from .model import LayerKind, ModelProfile
 from .options import hidden_costs
 from .plan import (
@@ -91,13 +93,15 @@ class PlanContext:
     """The cluster."""
     train: TrainConfig
     """The training configuration."""
+    split: StageSplit | CountSplit = StageSplit.BALANCED
+    """How the blocks are split over pipeline chunks (`Evaluator`'s)."""
 
 
 def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, ...]) -> Plan:
     """The plan for `chosen`, listing `runners_up` with why each lost."""
     p, c, t = ctx.profile, ctx.cluster, ctx.train
     s = chosen.strategy
-    ev = Evaluator(p, c, t)
+    ev = Evaluator(p, c, t, ctx.split)
     chunks = ev.stage_model.chunks(ev.stage_model.layout_of(s))
     stages = tuple(
         StagePlan(

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..planner.api import NoFeasiblePlanError, make_plan
 from ..planner.cluster import Cluster
 from ..planner.config import TrainConfig
+from ..planner.cost.layout import StageSplit
 from ..planner.explain import explain, tflops_text
 from ..planner.framework_pins import refuse_framework_cluster
 from ..planner.frameworks import RUNTIMES, Framework, runtime_note
@@ -71,8 +72,11 @@ def compare(
     # within the framework's space where it lies there (a trainer with a fixed mesh order,
     # Megatron-LM's, runs yours in that order), else as it is (a recompute mix the space
     # leaves out: its mesh order is then the fastest)
+    split = setup.split or StageSplit.BALANCED  # the trainer's own split of the blocks
     try:
-        yours = make_plan(profile, cluster, train, pins=setup.pins(), top_k=0, any_engine=True).plan
+        yours = make_plan(
+            profile, cluster, train, pins=setup.pins(), top_k=0, any_engine=True, split=split
+        ).plan
     except NoFeasiblePlanError:
         raise
     except ValueError:  # outside the framework's space
@@ -84,6 +88,7 @@ def compare(
             top_k=0,
             any_engine=True,
             within_framework=False,
+            split=split,
         ).plan
     try:
         best: Plan | None = make_plan(
@@ -219,6 +224,12 @@ def run_from_config(
     runtime = RUNTIMES[judged_runtime(getattr(args, "runtime", None), setup, cluster)]
     refuse_framework_cluster(cluster, runtime)  # an explicit GPU trainer's --runtime on CPUs
     profile, batch = read_model(args, [])
+    if setup.split is not None:  # the trainer's own split of the blocks, checked before a search
+        s = setup.strategy
+        try:
+            setup.split.counts(profile.num_blocks, s.pp, s.virtual_stages)
+        except ValueError as exc:
+            raise ValueError(f"{args.from_config}: {exc}") from None
     train = TrainConfig(
         global_batch=batch,
         seq_len=profile.seq_len,

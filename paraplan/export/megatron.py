@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import replace
 
 from ..planner.config import Precision
+from ..planner.cost.count_split import CountSplit
 from ..planner.cost.stage_core import ep_overlap_applies
 from ..planner.frameworks import Framework
 from ..planner.plan import Plan
@@ -42,6 +44,8 @@ _VALUE_FLAGS = (
     "fp8-format",
     "fp8-recipe",
     "pipeline-model-parallel-layout",
+    "decoder-first-pipeline-num-layers",
+    "decoder-last-pipeline-num-layers",
 )
 """Flags with a value that `read` interprets."""
 _SWITCHES = (
@@ -54,6 +58,8 @@ _SWITCHES = (
     "tp-comm-overlap",
     "overlap-moe-expert-parallel-comm",
     "delay-wgrad-compute",
+    "account-for-embedding-in-pipeline-split",
+    "account-for-loss-in-pipeline-split",
 )
 """Flags without a value that `read` interprets (`--tp-comm-overlap` and
 `--overlap-moe-expert-parallel-comm`: the runtime, NeMo's preset where either is on,
@@ -153,12 +159,33 @@ def pipeline_layout(plan: Plan) -> str | None:
 
 
 def _layout_chunks(layout: str) -> int:
-    """Chunks of a `--pipeline-model-parallel-layout` string, its repetitions unrolled as
-    megatron-core's `PipelineParallelLayerLayout.parse_str_to_list` does."""
+    """Chunks of a `--pipeline-model-parallel-layout` string."""
+    return len(_layout_blocks(layout))
+
+
+def _layout_blocks(layout: str) -> tuple[int, ...]:
+    """Blocks ("t") of each chunk of a `--pipeline-model-parallel-layout` string in model
+    order, its repetitions unrolled as megatron-core's `PipelineParallelLayerLayout.
+    parse_str_to_list` does."""
     text = layout.replace(",", "")
     for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
         text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
-    return text.count("|") + 1
+    return tuple(part.count("t") for part in text.split("|"))
+
+
+def _count_split(args: dict[str, str | None], num: Callable[[str, int], int]) -> CountSplit:
+    """How Megatron-Core splits the blocks over the pipeline chunks under these arguments:
+    the layout's chunks where one is given, else by count (`cost/count_split.py`)."""
+    layout = args.get("pipeline-model-parallel-layout")
+    if layout:
+        return CountSplit(chunk_blocks=_layout_blocks(layout))
+    first, last = "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers"
+    return CountSplit(
+        first_stage_blocks=num(first, 0) if first in args else None,
+        last_stage_blocks=num(last, 0) if last in args else None,
+        embedding_as_layer="account-for-embedding-in-pipeline-split" in args,
+        loss_as_layer="account-for-loss-in-pipeline-split" in args,
+    )
 
 
 def render(plan: Plan, s: Strategy) -> str:
@@ -381,5 +408,6 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
         precision=precision,
         notes=tuple(notes),
         runtime=Framework.NEMO if overlaps else Framework.MEGATRON,
+        split=_count_split(args, num) if pp > 1 else None,
     )
     return check_batch(setup)

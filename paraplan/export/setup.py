@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from ..planner.config import Precision
+from ..planner.cost.count_split import CountSplit
 from ..planner.frameworks import Framework
 from ..planner.pins import Pins
 from ..planner.plan import Plan
@@ -56,6 +57,10 @@ class TrainerSetup:
     """The trainer's runtime as the configuration states it (`paraplan plan --runtime`'s
     preset: Megatron-LM's, NeMo's with `--tp-comm-overlap`, torchtitan's eager or compiled);
     None where paraplan has no preset for the trainer (DeepSpeed)."""
+    split: CountSplit | None = None
+    """How the trainer splits the blocks over the pipeline chunks where the configuration
+    fixes it by count (Megatron-Core's rules, a layout, torchtitan's module lists); None: as
+    paraplan's plan would, by cost."""
 
     @property
     def num_microbatches(self) -> int:

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..planner.config import Precision
+from ..planner.cost.count_split import CountSplit
 from ..planner.frameworks import torchtitan_framework
 from ..planner.plan import Plan
 from ..planner.strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
@@ -490,5 +491,6 @@ def from_values(
         precision=precision,
         notes=tuple(notes),
         runtime=torchtitan_framework(compiled=compiled, async_tp=async_tp),
+        split=CountSplit.of_modules(par.get("module_fqns_per_model_part")) if pp > 1 else None,
     )
     return check_batch(setup)

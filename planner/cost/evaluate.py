@@ -14,6 +14,7 @@ from ..strategy import MeshAxis, Recompute, Schedule, Strategy
 from . import schedules as split_schedules
 from .calibrated import CalibratedKernels
 from .comm import Collectives, Links, links_for
+from .count_split import CountSplit
 from .data_parallel import (
     OVERLAP_CONTENTION,
     FsdpHost,
@@ -44,7 +45,7 @@ class Evaluator:
         profile: ModelProfile,
         cluster: Cluster,
         train: TrainConfig,
-        split: StageSplit = StageSplit.BALANCED,
+        split: StageSplit | CountSplit = StageSplit.BALANCED,
     ) -> None:
         if profile.seq_len != train.seq_len:
             raise ValueError(

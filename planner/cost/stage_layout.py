@@ -16,6 +16,7 @@ from dataclasses import replace
 from ..model import LayerKind, ModelProfile
 from ..solvers.pipeline_replay import SPLIT_BACKWARD, V_SHAPED
 from ..strategy import Recompute, Schedule
+from .count_split import CountSplit
 from .layout import (
     BalancedCuts,
     Chunk,
@@ -34,7 +35,7 @@ class StageLayouts:
     def __init__(
         self,
         profile: ModelProfile,
-        split: StageSplit,
+        split: StageSplit | CountSplit,
         layer_keys: tuple[tuple, ...],
         unit_costs_s: Callable[[Layout], list[float]],
     ) -> None:
@@ -107,7 +108,9 @@ class StageLayouts:
     def _placement(self, lay: Layout) -> tuple:
         """What a layout's chunks depend on: blocks per chunk, stages, V or loop."""
         n = lay.pp * lay.virtual_stages
-        if self.split == StageSplit.EVEN or lay.pp == 1:
+        if isinstance(self.split, CountSplit) and lay.pp > 1:
+            counts = self.split.counts(self.profile.num_blocks, lay.pp, lay.virtual_stages)
+        elif self.split == StageSplit.EVEN or lay.pp == 1:
             counts = block_counts(self.profile.num_blocks, n)
         else:
             key = (n, lay.recompute, lay.tp, lay.sequence_parallel)

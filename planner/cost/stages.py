@@ -24,6 +24,7 @@ from .compute import (
     is_math_attention,
     layer_gemms,
 )
+from .count_split import CountSplit
 from .data_parallel import DDP_BUCKET_BYTES
 from .eager import traced_layer_s
 from .float8 import float8_linears, kernels_for, layer_kept_bytes
@@ -55,7 +56,7 @@ class StageModel:
         profile: ModelProfile,
         cluster: Cluster,
         train: TrainConfig,
-        split: StageSplit = StageSplit.BALANCED,
+        split: StageSplit | CountSplit = StageSplit.BALANCED,
     ) -> None:
         self.profile, self.cluster, self.train = profile, cluster, train
         self.split = split

@@ -1,0 +1,139 @@
+"""Megatron-Core's split of the blocks over pipeline chunks by count (`CountSplit`).
+
+paraplan's own plans cut the stages by cost (`layout.balanced_cuts`) and write the cut as
+`--pipeline-model-parallel-layout`; a Megatron configuration that gives no layout splits by
+count, and a configuration is priced as it runs (`paraplan plan --from-config`). Megatron-Core
+(`transformer_block.get_num_layers_to_build`, 0.16) splits the `num_layers` blocks:
+
+- with `--pipeline-model-parallel-layout`, as the layout says, chunk by chunk;
+- with `--decoder-first-pipeline-num-layers` / `--decoder-last-pipeline-num-layers`, those on
+  the first / last pipeline rank and the rest evenly over the ranks between (which must
+  divide them);
+- otherwise evenly over the pipeline ranks, counting the embedding and the loss as one block
+  each where `--account-for-embedding-in-pipeline-split` / `--account-for-loss-in-pipeline-
+  split` say so (the count must divide), the first (last) chunk then building one block less.
+
+With v virtual stages a rank's blocks are split evenly over its v chunks (which must divide
+them), and model chunk c runs on rank c mod pp as virtual stage c // pp.
+`tests/test_count_split.py` checks every rule against megatron-core's own function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CountSplit:
+    """How Megatron-Core splits the blocks over the chunks when it is told by count."""
+
+    chunk_blocks: tuple[int, ...] = ()
+    """Blocks of each chunk in model order, from a `--pipeline-model-parallel-layout` (empty:
+    no layout; then the fields below)."""
+    first_stage_blocks: int | None = None
+    """`--decoder-first-pipeline-num-layers`: blocks on the first pipeline rank."""
+    last_stage_blocks: int | None = None
+    """`--decoder-last-pipeline-num-layers`: blocks on the last pipeline rank."""
+    embedding_as_layer: bool = False
+    """`--account-for-embedding-in-pipeline-split`: the embedding counts as a block."""
+    loss_as_layer: bool = False
+    """`--account-for-loss-in-pipeline-split`: the loss counts as a block."""
+
+    @staticmethod
+    def of_modules(parts: object) -> CountSplit | None:
+        """The split of torchtitan's `module_fqns_per_model_part` (module names per chunk in
+        model order): its blocks ("layers.N") per chunk; None where it is not given."""
+        if not isinstance(parts, list) or not parts:
+            return None
+        blocks = (sum(str(n).startswith("layers.") for n in part) for part in parts)
+        return CountSplit(chunk_blocks=tuple(blocks))
+
+    def describe(self) -> str:
+        """The split in words (for notes and messages)."""
+        if self.chunk_blocks:
+            return "the layout's blocks per chunk " + ",".join(map(str, self.chunk_blocks))
+        parts = []
+        if self.first_stage_blocks is not None:
+            parts.append(f"{self.first_stage_blocks} blocks on the first stage")
+        if self.last_stage_blocks is not None:
+            parts.append(f"{self.last_stage_blocks} on the last")
+        if self.embedding_as_layer:
+            parts.append("the embedding counted as a block")
+        if self.loss_as_layer:
+            parts.append("the loss counted as a block")
+        return "Megatron's even split" + (f" ({', '.join(parts)})" if parts else "")
+
+    def counts(self, num_blocks: int, pp: int, v: int) -> list[int]:
+        """Blocks of each of the pp x v chunks in model order. Raises ValueError (naming the
+        numbers and the fix) where Megatron-Core refuses the split, or where a chunk would
+        hold no block (paraplan prices chunks of one block or more)."""
+        n = pp * v
+        if self.chunk_blocks:
+            if len(self.chunk_blocks) != n or sum(self.chunk_blocks) != num_blocks:
+                raise ValueError(
+                    f"the pipeline layout has {len(self.chunk_blocks)} chunks of "
+                    f"{sum(self.chunk_blocks)} blocks; the plan needs pp x virtual stages = "
+                    f"{n} chunks of the model's {num_blocks}: fix the layout"
+                )
+            counts = list(self.chunk_blocks)
+        else:
+            per_rank = self._per_rank(num_blocks, pp)
+            counts = []
+            for c in range(n):
+                rank = per_rank[c % pp]
+                if rank % v:
+                    raise ValueError(
+                        f"{rank} blocks on pipeline rank {c % pp} do not divide into {v} virtual "
+                        "stages (Megatron-Core requires it): change the virtual stages or give "
+                        "a --pipeline-model-parallel-layout"
+                    )
+                counts.append(rank // v)
+            if self.embedding_as_layer:
+                counts[0] -= 1
+            if self.loss_as_layer:
+                counts[-1] -= 1
+        if min(counts) < 1:
+            raise ValueError(
+                f"the split leaves a pipeline chunk without a block ({self.describe()}, "
+                f"{pp} stages x {v} virtual stages): paraplan prices chunks of one block or "
+                "more; use fewer stages"
+            )
+        return counts
+
+    def _per_rank(self, num_blocks: int, pp: int) -> list[int]:
+        """Blocks (and counted embedding/loss) on each pipeline rank."""
+        first, last = self.first_stage_blocks, self.last_stage_blocks
+        if first is None and last is None:
+            total = num_blocks + int(self.embedding_as_layer) + int(self.loss_as_layer)
+            if total % pp:
+                raise ValueError(
+                    f"{total} layers ({num_blocks} blocks"
+                    + (" + the embedding" if self.embedding_as_layer else "")
+                    + (" + the loss" if self.loss_as_layer else "")
+                    + f") do not divide over {pp} pipeline stages (Megatron-Core requires it): "
+                    "give --decoder-first/last-pipeline-num-layers or a "
+                    "--pipeline-model-parallel-layout"
+                )
+            return [total // pp] * pp
+        if self.embedding_as_layer or self.loss_as_layer:
+            raise ValueError(
+                "--decoder-first/last-pipeline-num-layers with --account-for-embedding/loss-in-"
+                "pipeline-split: Megatron-Core refuses the two together; give one of them"
+            )
+        rest, ranks = num_blocks, pp
+        for given in (first, last):
+            if given is not None:
+                rest, ranks = rest - given, ranks - 1
+        if rest < 0 or (ranks > 0 and rest % ranks) or (ranks == 0 and rest):
+            raise ValueError(
+                f"{num_blocks} blocks less {first or 0} on the first and {last or 0} on the last "
+                f"stage leave {rest} for the {ranks} stages between, not an even share "
+                "(Megatron-Core requires one): change the first/last counts"
+            )
+        middle = rest // ranks if ranks else 0
+        per_rank = [middle] * pp
+        if first is not None:
+            per_rank[0] = first
+        if last is not None:
+            per_rank[-1] = last
+        return per_rank

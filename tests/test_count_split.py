@@ -1,0 +1,173 @@
+"""A trainer configuration's own split of the blocks over pipeline chunks (`CountSplit`):
+Megatron-Core's rules against megatron-core's own `get_num_layers_to_build` and its layout
+parser, and `plan --from-config` pricing a configuration with the split it runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+from pathlib import Path
+
+import pytest
+
+from paraplan.cli import main
+from paraplan.export.judge import compare, read_config
+from paraplan.export.megatron import _layout_blocks
+from paraplan.planner.cluster import parse_cluster
+from paraplan.planner.config import TrainConfig
+from paraplan.planner.cost.count_split import CountSplit
+from paraplan.planner.frameworks import RUNTIMES, Framework
+from paraplan.planner.plan import Plan
+from tests.export_cases import SEQ, profile
+
+needs_mcore = pytest.mark.skipif(
+    importlib.util.find_spec("megatron") is None,
+    reason="megatron-core not installed (pip install 'paraplan[export]')",
+)
+
+SPLITS = [
+    CountSplit(),
+    CountSplit(embedding_as_layer=True),
+    CountSplit(loss_as_layer=True),
+    CountSplit(embedding_as_layer=True, loss_as_layer=True),
+    CountSplit(first_stage_blocks=2),
+    CountSplit(last_stage_blocks=3),
+    CountSplit(first_stage_blocks=4, last_stage_blocks=2),
+    CountSplit(first_stage_blocks=3, embedding_as_layer=True),  # Megatron refuses the pair
+]
+
+
+def _megatron_counts(split: CountSplit, layers: int, pp: int, v: int) -> list[int] | None:
+    """Blocks per model chunk as megatron-core builds them (None: it refuses)."""
+    import torch
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    try:
+        config = TransformerConfig(
+            num_layers=layers,
+            hidden_size=64,
+            num_attention_heads=4,
+            pipeline_model_parallel_size=pp,
+            virtual_pipeline_model_parallel_size=v if v > 1 else None,
+            pipeline_dtype=torch.bfloat16,
+            num_layers_in_first_pipeline_stage=split.first_stage_blocks,
+            num_layers_in_last_pipeline_stage=split.last_stage_blocks,
+            account_for_embedding_in_pipeline_split=split.embedding_as_layer,
+            account_for_loss_in_pipeline_split=split.loss_as_layer,
+        )
+        return [
+            get_num_layers_to_build(config, vp_stage=c // pp if v > 1 else None, pp_rank=c % pp)
+            for c in range(pp * v)
+        ]
+    except (AssertionError, ValueError):
+        return None
+
+
+@needs_mcore
+@pytest.mark.parametrize("split", SPLITS, ids=lambda s: s.describe())
+def test_counts_are_megatron_cores(split: CountSplit) -> None:
+    """Over a grid of layer counts, stages and virtual stages: where megatron-core builds the
+    chunks, `counts` gives its blocks per chunk (or refuses a chunk without a block, which
+    paraplan does not price); where megatron-core refuses, `counts` raises."""
+    agreed = refused = 0
+    for layers, pp, v in itertools.product((8, 12, 16, 30, 32, 36), (2, 3, 4, 8), (1, 2, 3)):
+        want = _megatron_counts(split, layers, pp, v)
+        try:
+            got = split.counts(layers, pp, v)
+        except ValueError:
+            got = None
+        if want is not None and min(want) < 1:
+            assert got is None, (layers, pp, v)  # an empty chunk: refused by paraplan
+            continue
+        assert got == want, (layers, pp, v)
+        agreed += got is not None
+        refused += got is None
+    assert refused > 0 and (agreed > 0 or split.first_stage_blocks is not None)
+
+
+@needs_mcore
+@pytest.mark.parametrize(
+    ("layout", "pp"),
+    [("Et*3|t*4|t*4|t*3L", 4), ("E|(tt|)*6,tL", 4), ("Ett|tt|t|tttL", 2), ("Et*2|(t*4|)*2t*2L", 2)],
+)
+def test_layout_blocks_are_megatron_cores(layout: str, pp: int) -> None:
+    """Blocks per chunk of a `--pipeline-model-parallel-layout`, in model order, as megatron-
+    core's `PipelineParallelLayerLayout` places them (chunk c on rank c mod pp)."""
+    from megatron.core.transformer.enums import LayerType
+    from megatron.core.transformer.pipeline_parallel_layer_layout import (
+        PipelineParallelLayerLayout,
+    )
+
+    parsed = PipelineParallelLayerLayout(layout, pp).layout
+    v = len(parsed[0])
+    want = [parsed[c % pp][c // pp].count(LayerType.decoder) for c in range(pp * v)]
+    assert list(_layout_blocks(layout)) == want
+
+
+def test_torchtitan_module_lists() -> None:
+    parts = [["tok_embeddings", "layers.0", "layers.1"], ["layers.2"], ["layers.3", "norm"]]
+    assert CountSplit.of_modules(parts) == CountSplit(chunk_blocks=(2, 1, 1))
+    assert CountSplit.of_modules(None) is None
+
+
+def _yours(args: str, tmp_path: Path) -> Plan:
+    """`--from-config` of a Megatron argument file on 16 H100s: your configuration's plan."""
+    path = tmp_path / "mine.args"
+    path.write_text(
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 4 --bf16 "
+        "--micro-batch-size 1 --global-batch-size 64 --seq-length 4096 "
+        "--use-distributed-optimizer --recompute-granularity full --recompute-method uniform "
+        + args
+    )
+    cluster = parse_cluster("16xh100")
+    setup = read_config(str(path), world_size=cluster.num_gpus)
+    train = TrainConfig(
+        global_batch=64,
+        seq_len=SEQ,
+        precision=setup.precision,
+        runtime=RUNTIMES[Framework.MEGATRON],
+    )
+    return compare(str(path), setup, profile(), cluster, train, top_k=0).yours
+
+
+def _stage_blocks(plan: Plan) -> list[int]:
+    last = len(plan.layers) - 1
+    return [
+        sum(
+            c.last_layer - c.first_layer + 1 - (c.first_layer == 0) - (c.last_layer == last)
+            for c in st.chunks
+        )
+        for st in plan.stages
+    ]
+
+
+def test_from_config_prices_megatrons_split(tmp_path: Path) -> None:
+    """Llama 3 8B (32 blocks, a 128K-word head) on pp 4: with no layout Megatron builds 8 blocks
+    per stage, which your configuration's plan keeps (the cost-balanced cut, which the best
+    plan may take and exports as a layout, puts fewer on the head's stage); the last stage's
+    count and a layout are kept as given; the even split is slower than the balanced one."""
+    even = _yours("", tmp_path)
+    assert _stage_blocks(even) == [8, 8, 8, 8]
+    assert _stage_blocks(_yours("--decoder-last-pipeline-num-layers 5", tmp_path)) == [9, 9, 9, 5]
+    laid = _yours("--pipeline-model-parallel-layout 'Et*9|t*9|t*8|t*6L'", tmp_path)
+    assert _stage_blocks(laid) == [9, 9, 8, 6]
+    assert even.predicted.step_time_s > laid.predicted.step_time_s
+
+
+def test_from_config_refuses_a_split_megatron_refuses(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """30 blocks do not divide over 4 stages: Megatron-Core asserts at start-up; paraplan says
+    so before any search (exit 2, one line naming the numbers and the fix)."""
+    path = tmp_path / "mine.args"
+    path.write_text(
+        "--pipeline-model-parallel-size 4 --bf16 --micro-batch-size 1 --global-batch-size 64 "
+        "--seq-length 4096 --use-distributed-optimizer"
+    )
+    model = "gpt:layers=30,hidden=2048,heads=16,vocab=32000,seq=4096"
+    argv = ["plan", "--from-config", str(path), "--model", model, "--cluster", "16xh100"]
+    assert main([*argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "30 layers (30 blocks) do not divide over 4 pipeline stages" in err
+    assert "--pipeline-model-parallel-layout" in err and len(err.splitlines()) == 1
