@@ -44,6 +44,7 @@ _VALUE_FLAGS = (
     "fp8-format",
     "fp8-recipe",
     "pipeline-model-parallel-layout",
+    "recompute-modules",
     "decoder-first-pipeline-num-layers",
     "decoder-last-pipeline-num-layers",
 )
@@ -64,6 +65,8 @@ _SWITCHES = (
 """Flags without a value that `read` interprets (`--tp-comm-overlap` and
 `--overlap-moe-expert-parallel-comm`: the runtime, NeMo's preset where either is on,
 Megatron-LM's where neither is)."""
+_LIST_FLAGS = ("recompute-modules",)
+"""Flags that take a list of words (Megatron-LM's ``nargs="*"``)."""
 
 
 def block_pattern(plan: Plan) -> int | None:
@@ -282,7 +285,12 @@ def parse_args(text: str) -> dict[str, str | None]:
             continue
         key, eq, value = word[2:].partition("=")
         key = key.replace("_", "-")
-        if not eq and i + 1 < len(words) and not words[i + 1].startswith("--"):
+        if key in _LIST_FLAGS and not eq:  # nargs="*": every word up to the next flag
+            j = i + 1
+            while j < len(words) and not words[j].startswith("--"):
+                j += 1
+            value, i = " ".join(words[i + 1 : j]), j - 1
+        elif not eq and i + 1 < len(words) and not words[i + 1].startswith("--"):
             value, i = words[i + 1], i + 1
         if key in out:
             raise ValueError(f"Megatron arguments: --{key} given twice")
@@ -338,6 +346,13 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
     granularity = args.get("recompute-granularity")
     if granularity == "selective":
         recompute = Recompute.SELECTIVE
+        modules = (args.get("recompute-modules") or "core_attn").split()
+        if modules != ["core_attn"]:
+            notes.append(
+                f"--recompute-modules {' '.join(modules)} priced as selective recompute of the "
+                "attention core (core_attn, Megatron-Core's default: paraplan does not price "
+                "the other modules' recompute, so memory and recompute time are approximate)"
+            )
     elif granularity == "full":
         method, layers = args.get("recompute-method"), num("recompute-num-layers", 1)
         per_chunk = num("num-layers", 0) // (pp * vstages)
