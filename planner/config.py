@@ -63,6 +63,20 @@ class SelectiveRecompute(StrEnum):
     attention's are saved."""
 
 
+class RecomputeModule(StrEnum):
+    """A module of a block Megatron-Core's selective recompute may recompute (its
+    `recompute_modules` names; `Runtime.recompute_modules`)."""
+
+    CORE_ATTN = "core_attn"
+    """The attention core (Korthikanti et al. 2022 §5): Megatron-Core's default."""
+    LAYERNORM = "layernorm"
+    """The two norms' outputs (the attention's and the MLP's inputs), discarded once consumed
+    and recomputed from the kept norm inputs (`CheckpointWithoutOutput`)."""
+    MOE_ACT = "moe_act"
+    """The routed experts' activation output (the down projection's input), recomputed from
+    the kept up projection output."""
+
+
 class Float8Casts(StrEnum):
     """How a framework makes the fp8 operands of its linear layers under fp8 training
     (`Precision.FP8`; priced in `cost/float8.py`)."""
@@ -102,6 +116,10 @@ class Runtime:
     """Fused attention kernel."""
     selective: SelectiveRecompute = SelectiveRecompute.ATTENTION_CORE
     """What `Recompute.SELECTIVE` recomputes in this framework."""
+    recompute_modules: tuple[RecomputeModule, ...] = (RecomputeModule.CORE_ATTN,)
+    """Under `SelectiveRecompute.ATTENTION_CORE`, the modules `Recompute.SELECTIVE` recomputes
+    in each block: Megatron-Core's `--recompute-modules` (its default, and paraplan's executor:
+    the attention core alone; NeMo's MoE recipes name others, `cost/selective.py`)."""
     sp_saves_gathered_input: bool = True
     """Under sequence parallelism, the column-parallel Linears keep their all-gathered input
     whole for backward (torch's SequenceParallel with ColwiseParallel, as paraplan's executor and

@@ -88,11 +88,17 @@ def parse_framework(name: str) -> Framework:
         ) from None
 
 
+MODULE_RECOMPUTE = (Framework.MEGATRON, Framework.NEMO)
+"""Frameworks whose selective recompute takes a list of modules (Megatron-Core's
+`--recompute-modules`, `Runtime.recompute_modules`): their runtime with any list is theirs."""
+
+
 def framework_of(runtime: Runtime) -> Framework | None:
-    """The framework whose runtime `runtime` is; None for settings no framework has (an API
-    caller's own `Runtime`)."""
+    """The framework whose runtime `runtime` is (Megatron-Core's with any `recompute_modules`);
+    None for settings no framework has (an API caller's own `Runtime`)."""
+    plain = replace(runtime, recompute_modules=Runtime().recompute_modules)
     for framework, known in RUNTIMES.items():
-        if known == runtime:
+        if known == runtime or (framework in MODULE_RECOMPUTE and known == plain):
             return framework
     return None
 

@@ -62,10 +62,27 @@ _NEMO_RUNTIME = to_json(RUNTIMES[Framework.NEMO])
 """NeMo's runtime, which a version-7 plan recorded without `ep_comm_overlap`."""
 
 
+_SINCE_V8 = ("ep_comm_overlap", "recompute_modules")
+"""`train.runtime` keys a version-7 plan did not record."""
+
+
 def upgrade(data: typing.Any) -> typing.Any:
-    """A version-4 to -7 plan document as the current version (`upgrade_v4` to `upgrade_v7`);
+    """A version-4 to -8 plan document as the current version (`upgrade_v4` to `upgrade_v8`);
     anything else unchanged (the schema then says what is wrong)."""
-    return upgrade_v7(upgrade_v6(upgrade_v5(upgrade_v4(data))))
+    return upgrade_v8(upgrade_v7(upgrade_v6(upgrade_v5(upgrade_v4(data)))))
+
+
+def upgrade_v8(data: typing.Any) -> typing.Any:
+    """A version-8 plan document as version 9: its selective recompute the attention core
+    alone (`train.runtime.recompute_modules`, Megatron-Core's default); anything else unchanged."""
+    if not isinstance(data, dict) or data.get("schema_version") != 8:
+        return data
+    out = dict(data, schema_version=9)
+    train = out.get("train")
+    if isinstance(train, dict) and isinstance(train.get("runtime"), dict):
+        runtime = {"recompute_modules": ["core_attn"], **train["runtime"]}
+        out["train"] = {**train, "runtime": runtime}
+    return out
 
 
 def upgrade_v7(data: typing.Any) -> typing.Any:
@@ -87,7 +104,7 @@ def upgrade_v7(data: typing.Any) -> typing.Any:
         runtime = train["runtime"]
         # NeMo's preset gained the all-to-all overlap with schema 8: a plan priced for it
         # stays NeMo's (its dense blocks price the same; a MoE plan's all-to-alls now hide)
-        nemo = runtime == {k: v for k, v in _NEMO_RUNTIME.items() if k != "ep_comm_overlap"}
+        nemo = runtime == {k: v for k, v in _NEMO_RUNTIME.items() if k not in _SINCE_V8}
         out["train"] = {**train, "runtime": {"ep_comm_overlap": nemo, **runtime}}
     if isinstance(out.get("runners_up"), list):
         out["runners_up"] = [

@@ -171,21 +171,3 @@ def test_from_config_refuses_a_split_megatron_refuses(
     err = capsys.readouterr().err.strip()
     assert "30 layers (30 blocks) do not divide over 4 pipeline stages" in err
     assert "--pipeline-model-parallel-layout" in err and len(err.splitlines()) == 1
-
-
-def test_recompute_modules_are_read_and_noted() -> None:
-    """`--recompute-modules` takes a list (Megatron-LM's nargs="*"): every module is read, not
-    only the first, and modules other than the attention core paraplan prices are noted
-    (never priced silently as something else)."""
-    from paraplan.export.megatron import parse_args, read
-
-    text = "--recompute-granularity selective --recompute-modules moe_act layernorm --bf16 "
-    assert parse_args(text + "--seq-length 4096")["recompute-modules"] == "moe_act layernorm"
-    setup = read(text + "--seq-length 4096", world_size=8, source="mine.args")
-    assert any("--recompute-modules moe_act layernorm" in n for n in setup.notes)
-    plain = read(
-        "--recompute-granularity selective --recompute-modules core_attn --seq-length 4096",
-        world_size=8,
-        source="mine.args",
-    )
-    assert not plain.notes

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..planner.api import NoFeasiblePlanError, make_plan
@@ -15,7 +15,7 @@ from ..planner.config import TrainConfig
 from ..planner.cost.layout import StageSplit
 from ..planner.explain import explain, tflops_text
 from ..planner.framework_pins import refuse_framework_cluster
-from ..planner.frameworks import RUNTIMES, Framework, runtime_note
+from ..planner.frameworks import MODULE_RECOMPUTE, RUNTIMES, Framework, runtime_note
 from ..planner.model import ModelProfile
 from ..planner.plan import Plan
 from . import deepspeed, megatron, torchtitan
@@ -221,7 +221,10 @@ def run_from_config(
             )
         args.seq_len = setup.seq_len
     args.global_batch, args.precision = setup.global_batch, str(setup.precision)
-    runtime = RUNTIMES[judged_runtime(getattr(args, "runtime", None), setup, cluster)]
+    framework = judged_runtime(getattr(args, "runtime", None), setup, cluster)
+    runtime = RUNTIMES[framework]
+    if setup.recompute_modules is not None and framework in MODULE_RECOMPUTE:
+        runtime = replace(runtime, recompute_modules=setup.recompute_modules)
     refuse_framework_cluster(cluster, runtime)  # an explicit GPU trainer's --runtime on CPUs
     profile, batch = read_model(args, [])
     if setup.split is not None:  # the trainer's own split of the blocks, checked before a search

@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import replace
 
-from ..planner.config import Precision
+from ..planner.config import Precision, RecomputeModule
 from ..planner.cost.count_split import CountSplit
 from ..planner.cost.stage_core import ep_overlap_applies
 from ..planner.frameworks import Framework
@@ -249,6 +249,9 @@ def render(plan: Plan, s: Strategy) -> str:
         args += [("optimizer-cpu-offload", None), ("optimizer-offload-fraction", 1.0)]
     if s.recompute == Recompute.SELECTIVE:
         args.append(("recompute-granularity", "selective"))
+        modules = plan.train.runtime.recompute_modules
+        if modules != (RecomputeModule.CORE_ATTN,):  # else Megatron-Core's default
+            args.append(("recompute-modules", " ".join(modules)))
     elif s.recompute == Recompute.FULL:
         args += [
             ("recompute-granularity", "full"),
@@ -342,17 +345,18 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
         zero = found[0] if found else 1 if strategy_name == "optim" else 0
     elif "use-distributed-optimizer" in args:
         zero = 1
-    recompute = Recompute.NONE
+    recompute, modules = Recompute.NONE, ()
     granularity = args.get("recompute-granularity")
     if granularity == "selective":
         recompute = Recompute.SELECTIVE
-        modules = (args.get("recompute-modules") or "core_attn").split()
-        if modules != ["core_attn"]:
+        named = (args.get("recompute-modules") or RecomputeModule.CORE_ATTN).split()
+        unpriced = [m for m in named if m not in set(RecomputeModule)]
+        if unpriced:
             notes.append(
-                f"--recompute-modules {' '.join(modules)} priced as selective recompute of the "
-                "attention core (core_attn, Megatron-Core's default: paraplan does not price "
-                "the other modules' recompute, so memory and recompute time are approximate)"
+                f"--recompute-modules {' '.join(unpriced)} not priced (paraplan prices "
+                f"{', '.join(RecomputeModule)}): their memory is counted as kept"
             )
+        modules = tuple(RecomputeModule(m) for m in named if m not in unpriced)
     elif granularity == "full":
         method, layers = args.get("recompute-method"), num("recompute-num-layers", 1)
         per_chunk = num("num-layers", 0) // (pp * vstages)
@@ -424,5 +428,6 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
         notes=tuple(notes),
         runtime=Framework.NEMO if overlaps else Framework.MEGATRON,
         split=_count_split(args, num) if pp > 1 else None,
+        recompute_modules=modules if recompute == Recompute.SELECTIVE else None,
     )
     return check_batch(setup)

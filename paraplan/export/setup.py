@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from ..planner.config import Precision
+from ..planner.config import Precision, RecomputeModule
 from ..planner.cost.count_split import CountSplit
 from ..planner.frameworks import Framework
 from ..planner.pins import Pins
@@ -57,6 +57,9 @@ class TrainerSetup:
     """The trainer's runtime as the configuration states it (`paraplan plan --runtime`'s
     preset: Megatron-LM's, NeMo's with `--tp-comm-overlap`, torchtitan's eager or compiled);
     None where paraplan has no preset for the trainer (DeepSpeed)."""
+    recompute_modules: tuple[RecomputeModule, ...] | None = None
+    """What selective recompute recomputes where the configuration says (Megatron's
+    `--recompute-modules`, `Runtime.recompute_modules`); None: the framework's own."""
     split: CountSplit | None = None
     """How the trainer splits the blocks over the pipeline chunks where the configuration
     fixes it by count (Megatron-Core's rules, a layout, torchtitan's module lists); None: as

@@ -20,7 +20,6 @@ from .compute import (
     EAGER_BLOCK_KERNELS,
     Kernels,
     eager_block_elements,
-    every_other_matmul,
     is_math_attention,
     layer_gemms,
 )
@@ -38,10 +37,12 @@ from .memory import (
     model_state_bytes,
     step_tmps,
 )
+from .selective import every_other_matmul_s, is_default, modules_recompute_s, selective_kept_bytes
 from .stage_layout import StageLayouts
 from .stage_parts import LayerTimes, StageActivations, StageCompute, StaticMemory
 
 Policy = Recompute | tuple[Recompute, ...]
+_UNIFORM = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 """A uniform recompute policy, or one policy per chain layer."""
 
 ACT_IO_FACTOR = 2
@@ -260,14 +261,20 @@ class StageModel:
         b += attn_b + elementwise_b
         sel = attn_f
         if block and t.runtime.selective == SelectiveRecompute.EVERY_OTHER_MATMUL:
-            # torchtitan's per-op SAC: every second matmul of the block and every elementwise
-            # operator run again in backward; attention's output is saved.
-            again = every_other_matmul(p, tp, gated=gated)
-            sel = elementwise_f + sum(
-                self._linear_s(k, block, max(1, round(tokens * g.per_token)), g.n, g.k)[0]
-                for g in again
+            linear_f = partial(self._linear_f, k, block)
+            sel = every_other_matmul_s(
+                linear_f, p, tp=tp, gated=gated, tokens=tokens, elementwise_f=elementwise_f
             )
+        elif block and not is_default(t.runtime):  # Megatron-Core's `--recompute-modules`
+            sel = modules_recompute_s(
+                k, p, x, t.runtime.recompute_modules, attn_f=attn_f, tokens=tokens, tp=tp,
+                sp=True, act_bytes=self.train.act_bytes,
+            )  # fmt: skip
         return f, b, f if block else 0.0, sel, attn_f
+
+    def _linear_f(self, kernels: Kernels, block: bool, m: int, n: int, k: int) -> float:
+        """Forward seconds of `_linear_s`."""
+        return self._linear_s(kernels, block, m, n, k)[0]
 
     def _linear_s(
         self, kernels: Kernels, block: bool, m: int, n: int, k: int
@@ -411,20 +418,6 @@ class StageModel:
         blocks = (x.kind == LayerKind.BLOCK for x in self.profile.layers)
         return tuple(rc if is_block else Recompute.NONE for is_block in blocks)
 
-    def _every_other_matmul_kept(self, x: LayerCost, tp: int, sp: bool, cp: int) -> float:
-        """Bytes per sequence a block keeps under torchtitan's per-op selective checkpointing:
-        its input (the checkpoint's), the outputs of the 1st, 3rd, 5th and 7th matmuls (q, v,
-        w1 and w2's partial sum; fc1 without a gated MLP) and the fused attention's output
-        (`compute.every_other_matmul` for the order)."""
-        p = self.profile
-        h, q, kv = p.hidden, p.q_dim, p.kv_dim
-        gated = x.fwd_flops - x.attn_core_fwd_flops > 2 * p.seq_len * h * (
-            2 * q + 2 * kv + 2.5 * p.ffn
-        )
-        per_elem = x.input_bytes / (p.seq_len * h)  # bytes per activation element
-        elements = h / (tp if sp else 1) + (q + kv + p.ffn + q) / tp + (h if gated else 0)
-        return elements * p.seq_len * per_elem / cp
-
     def _act_prefix(
         self, tp: int, sp: bool, cp: int, recompute: Policy
     ) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
@@ -452,18 +445,14 @@ class StageModel:
         kept_bytes = partial(
             layer_kept_bytes, self.fp8, self.profile, tp=tp, sp=sp, cp=cp, saves_gathered=g
         )
-        loss = self.train.runtime.torch_loss
-        op_sac = self.train.runtime.selective == SelectiveRecompute.EVERY_OTHER_MATMUL
+        loss, runtime = self.train.runtime.torch_loss, self.train.runtime
         for x in self.profile.layers:
-            kept: dict[Recompute, float] = {}
-            for policy in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL):
-                one = kept_bytes(x, recompute=policy)
-                if policy == Recompute.SELECTIVE and op_sac and x.kind == LayerKind.BLOCK:
-                    one = min(one, self._every_other_matmul_kept(x, tp, sp, cp))
-                kept[policy] = one * k
-            kept_of.append(kept)
+            none, core, full = (kept_bytes(x, recompute=r) for r in _UNIFORM)
+            one = selective_kept_bytes(
+                runtime, self.profile, x, kept_none=none, kept_core=core, tp=tp, sp=sp, cp=cp
+            )
+            kept_of.append(dict(zip(_UNIFORM, (none * k, one * k, full * k), strict=True)))
             if x.kind == LayerKind.BLOCK:
-                none, full = (kept_bytes(x, recompute=r) for r in (Recompute.NONE, Recompute.FULL))
                 back.append((none - full) * k)
             else:
                 back.append(0.0)
