@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from paraplan.planner.config import Precision, Runtime, TrainConfig
+from paraplan.planner.config import Precision, RecomputeModule, Runtime, TrainConfig
 from paraplan.planner.cost.count_split import CountSplit
 from paraplan.planner.cost.layout import StageSplit
 from paraplan.planner.frameworks import RUNTIMES, Framework, torchtitan_framework
@@ -154,7 +154,8 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
       where the notes quote a recipe with `tp_comm_overlap=False`, without TP overlap, and with
       `overlap_moe_expert_parallel_comm=True`, the experts' all-to-alls overlapped;
       NeMo 2.0's Llama 3 70B recipe adds `MegatronCommOverlapCallback(tp_comm_overlap=True)`
-      with the userbuffers of h8192, tp4, mbs1, seq 8192, the row's own shape); under fp8
+      with the userbuffers of h8192, tp4, mbs1, seq 8192, the row's own shape; a recipe's
+      `recompute_modules`, in the row's config, is what its selective recompute redoes); under fp8
       they run Transformer Engine's Linear (`Float8Casts.TRANSFORMER_ENGINE`: fp8 weights cast
       once per step, inputs cast once and saved in fp8; NeMo's H100 recipes are "fp8cs",
       current scaling);
@@ -176,7 +177,13 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
         tp_off = "tp_comm_overlap=False" in text
         runtime = RUNTIMES[Framework.MEGATRON if tp_off else Framework.NEMO]
         ep_overlap = "overlap_moe_expert_parallel_comm=True" in text
-        return dataclasses.replace(runtime, ep_comm_overlap=ep_overlap)
+        runtime = dataclasses.replace(runtime, ep_comm_overlap=ep_overlap)
+        modules = row["config"].get("recompute_modules")  # the recipe's `recompute_modules`
+        if modules:
+            runtime = dataclasses.replace(
+                runtime, recompute_modules=tuple(RecomputeModule(m) for m in modules)
+            )
+        return runtime
     if rid.startswith("torchtitan"):
         # torchtitan's "selective" is per-operator SAC (`selective_ac_option = "op"`, its
         # default and what every torchtitan row here states or implies). Async TP is a

@@ -96,6 +96,9 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
         field_type = str(
             next(f.type for f in dataclasses.fields(TransformerConfig) if f.name == name)
         )
+        if value is not None and "List" in field_type:  # nargs="*" (--recompute-modules)
+            kw[name] = value.split()
+            continue
         kw[name] = True if value is None else (int(value) if "int" in field_type else value)
     dtype = torch.bfloat16 if "bf16" in args else torch.float16 if "fp16" in args else torch.float32
     if "num-virtual-stages-per-pipeline-rank" in args:
@@ -145,6 +148,7 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
         "dispatcher": config.moe_token_dispatcher_type,
         "ep_overlap": [config.overlap_moe_expert_parallel_comm, config.delay_wgrad_compute],
         "recompute": [config.recompute_granularity, config.recompute_method],
+        "recompute_modules": config.recompute_modules,
         "bf16": config.bf16,
         "distributed_optimizer": ddp.use_distributed_optimizer,
         "fsdp_strategy": ddp.data_parallel_sharding_strategy if ddp.use_megatron_fsdp else None,

@@ -6,7 +6,9 @@ and back."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,7 @@ from paraplan.planner.frameworks import RUNTIMES, Framework, framework_of, is_ow
 from paraplan.planner.model_parse import parse_model
 from paraplan.planner.plan_io import plan_from_dict
 from paraplan.planner.strategy import Recompute, Strategy
+from tests.export_cases import run_loaders
 
 MOE = "moe:layers=4,hidden=1024,heads=8,kv_heads=2,vocab=32000,seq=2048,experts=8,top_k=2"
 SEQ = 2048
@@ -73,11 +76,11 @@ def test_module_seconds_are_memory_bound_streams() -> None:
     assert both.time.recompute_s - core.time.recompute_s == pytest.approx(streamed / bw, rel=1e-6)
 
 
-def test_megatron_modules_read_priced_and_written_back() -> None:
+def test_megatron_modules_read_priced_and_written_back(tmp_path: Path) -> None:
     """`--recompute-modules moe_act layernorm` is read whole, priced on Megatron's runtime (your
     configuration keeps less than with the attention core alone), written back by the export,
     and a module paraplan does not price is noted."""
-    base = "--bf16 --seq-length 2048 --micro-batch-size 1 --global-batch-size 8 "
+    base = "--bf16 --seq-length 2048 --micro-batch-size 1 --global-batch-size 8 --moe-grouped-gemm "
     text = base + "--recompute-granularity selective --recompute-modules moe_act layernorm"
     assert parse_args(text)["recompute-modules"] == "moe_act layernorm"
     setup = read(text, world_size=8, source="mine.args")
@@ -85,6 +88,8 @@ def test_megatron_modules_read_priced_and_written_back() -> None:
     noted = read(text + " mlp", world_size=8, source="mine.args")
     assert noted.recompute_modules == (ACT, NORM)
     assert any("--recompute-modules mlp not priced" in n for n in noted.notes)
+    with pytest.raises(ValueError, match="moe_act needs --moe-grouped-gemm"):
+        read(text.replace("--moe-grouped-gemm ", ""), world_size=8, source="mine.args")
     profile = parse_model(MOE).to_profile(seq_len=SEQ)
     cluster = parse_cluster("8xh100")
     runtime = dataclasses.replace(RUNTIMES[Framework.MEGATRON], recompute_modules=(ACT, NORM))
@@ -97,6 +102,12 @@ def test_megatron_modules_read_priced_and_written_back() -> None:
     out = export_plan(mine, Target.MEGATRON, Costing(profile, cluster, mine)).text
     again = read(out, world_size=8, source="exported.args")
     assert again.recompute_modules == (ACT, NORM) and again.strategy == setup.strategy
+    if importlib.util.find_spec("megatron") is not None:  # megatron-core's TransformerConfig
+        path = tmp_path / "exported.args"
+        path.write_text(out)
+        view = run_loaders("megatron", [{"path": str(path), "world_size": 8, "dp": 8}])[0]
+        assert view["recompute_modules"] == ["moe_act", "layernorm"]
+        assert view["recompute"] == ["selective", None]
 
 
 def test_framework_and_old_plans() -> None:

@@ -61,6 +61,7 @@ _SWITCHES = (
     "delay-wgrad-compute",
     "account-for-embedding-in-pipeline-split",
     "account-for-loss-in-pipeline-split",
+    "moe-grouped-gemm",
 )
 """Flags without a value that `read` interprets (`--tp-comm-overlap` and
 `--overlap-moe-expert-parallel-comm`: the runtime, NeMo's preset where either is on,
@@ -203,8 +204,8 @@ def render(plan: Plan, s: Strategy) -> str:
         args.append(("kv-channels", m.head_dim))
     if m.kv_heads != m.heads:
         args += [("group-query-attention", None), ("num-query-groups", m.kv_heads)]
-    if m.experts:
-        args.append(("num-experts", m.experts))
+    if m.experts:  # the experts' GEMMs grouped, as priced (Megatron's default runs them in turn)
+        args += [("num-experts", m.experts), ("moe-grouped-gemm", None)]
     args += [
         ("seq-length", t.seq_len),
         ("max-position-embeddings", t.seq_len),
@@ -357,6 +358,11 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
                 f"{', '.join(RecomputeModule)}): their memory is counted as kept"
             )
         modules = tuple(RecomputeModule(m) for m in named if m not in unpriced)
+        if RecomputeModule.MOE_ACT in modules and "moe-grouped-gemm" not in args:
+            raise ValueError(
+                f"{source}: --recompute-modules moe_act needs --moe-grouped-gemm (Megatron-Core "
+                "refuses it otherwise); add --moe-grouped-gemm or leave moe_act out"
+            )
     elif granularity == "full":
         method, layers = args.get("recompute-method"), num("recompute-num-layers", 1)
         per_chunk = num("num-layers", 0) // (pp * vstages)
