@@ -94,13 +94,15 @@ def plan(
     allow_compression: bool = False,
     allow_async: bool = False,
     runtime: str = "paraplan",
+    recompute_modules: str | None = None,
 ) -> PlanOutcome:
     """Plan `model` (a preset/spec string, a `TransformerSpec` or a `ModelProfile`) on
     `cluster` (e.g. ``"8xh100"`` or a `Cluster`), with `fix` pins (`--fix` text or `Pins`).
     Only plans the executor runs are returned unless `any_engine` (planner/capabilities.py)
     or `runtime` names another framework than "paraplan" (torchtitan, torchtitan-compile,
     torchtitan-async-tp, megatron, nemo: planner/frameworks.py), whose runtime the plan is
-    then priced for.
+    then priced for; `recompute_modules` ("layernorm,moe_act") what Megatron's and NeMo's
+    selective recompute redoes (`--recompute-modules`; default their attention core).
     PowerSGD (`allow_compression`) and the asynchronous PipeDream-2BW pipeline
     (`allow_async`) change the training math and are searched only when allowed.
     A model string is read as the CLI reads `--model`: `model_source` "auto" (the default of
@@ -110,13 +112,17 @@ def plan(
     from .planner.api import make_plan
     from .planner.cluster import Cluster, parse_cluster
     from .planner.config import TrainConfig
-    from .planner.frameworks import RUNTIMES, parse_framework
+    from .planner.frameworks import RUNTIMES, parse_framework, parse_recompute_modules
     from .planner.model import ModelProfile
     from .planner.model_spec import TransformerSpec
     from .planner.options import Consent
     from .planner.pins import Pins
 
     framework = parse_framework(runtime)  # a bad name fails before any tracing
+    chosen = RUNTIMES[framework]
+    if recompute_modules is not None:  # and a bad module list
+        modules = parse_recompute_modules(recompute_modules, framework)
+        chosen = replace(chosen, recompute_modules=modules)
     spec: TransformerSpec | ModelProfile | str
     if isinstance(model, str):
         spec = model_profile(model, seq_len=seq_len, precision=precision, source=model_source)
@@ -144,7 +150,7 @@ def plan(
         precision=precision,  # type: ignore[arg-type]
         optimizer=optimizer,
         memory_headroom=memory_headroom,  # type: ignore[arg-type]
-        runtime=RUNTIMES[framework],
+        runtime=chosen,
     )
     pins = Pins.parse(fix) if isinstance(fix, str) else fix
     consent = Consent(compression=allow_compression, async_pipeline=allow_async)

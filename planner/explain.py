@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .config import Precision
+from .config import Precision, RecomputeModule
 from .explain_options import option_lines, option_rows
 from .frameworks import runtime_note
 from .model import LayerKind, ModelProfile
@@ -160,6 +160,11 @@ def _recompute_summary(plan: Plan) -> str:
         counts = {k: sum(d.recompute == k for d in blocks) for k in kinds}
         text = "per-layer solver: " + ", ".join(f"{n} {k}" for k, n in counts.items() if n)
         text += f" of {len(blocks)} blocks"
+    modules = plan.train.runtime.recompute_modules
+    if policy in (Recompute.SELECTIVE, Recompute.PER_LAYER) and modules != (
+        RecomputeModule.CORE_ATTN,
+    ):  # Megatron-Core's --recompute-modules (else the attention core, as documented)
+        text += f" (redoes {', '.join(modules) or 'nothing'})"
     pr = plan.predicted
     if policy != Recompute.NONE:
         rc = pr.time_breakdown.recompute_s

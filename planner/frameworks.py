@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from .config import AttentionKernel, Float8Casts, Runtime, SelectiveRecompute
+from .config import AttentionKernel, Float8Casts, RecomputeModule, Runtime, SelectiveRecompute
 from .strategy import Schedule
 
 
@@ -91,6 +91,25 @@ def parse_framework(name: str) -> Framework:
 MODULE_RECOMPUTE = (Framework.MEGATRON, Framework.NEMO)
 """Frameworks whose selective recompute takes a list of modules (Megatron-Core's
 `--recompute-modules`, `Runtime.recompute_modules`): their runtime with any list is theirs."""
+
+
+def parse_recompute_modules(text: str, framework: Framework) -> tuple[RecomputeModule, ...]:
+    """`--recompute-modules a,b` for `framework`'s runtime (ValueError naming the rule and the
+    choices: Megatron's and NeMo's runtime only, modules paraplan prices, none twice)."""
+    names = [n.strip().lower() for n in str(text).split(",") if n.strip()]
+    allowed = ", ".join(RecomputeModule)
+    if framework not in MODULE_RECOMPUTE:
+        raise ValueError(
+            f"--recompute-modules {text}: only Megatron-Core's runtimes recompute modules by name "
+            f"(--runtime {' or '.join(MODULE_RECOMPUTE)}); leave it out for {framework}"
+        )
+    bad = [n for n in names if n not in set(RecomputeModule)]
+    if bad or not names or len(set(names)) != len(names):
+        raise ValueError(
+            f"--recompute-modules {text!r}: give distinct modules from {allowed}, "
+            "comma-separated (e.g. layernorm,moe_act)"
+        )
+    return tuple(RecomputeModule(n) for n in names)
 
 
 def framework_of(runtime: Runtime) -> Framework | None:

@@ -124,3 +124,27 @@ def test_framework_and_old_plans() -> None:
     doc["schema_version"] = 8
     del doc["train"]["runtime"]["recompute_modules"]
     assert plan_from_dict(doc).train.runtime == RUNTIMES[Framework.MEGATRON]
+
+
+def test_plan_takes_a_module_list(capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan --runtime nemo --recompute-modules layernorm,moe_act`: the plan's runtime holds the
+    list and its summary says what selective recompute redoes; a list for a runtime that does
+    not take one, or a module paraplan does not price, is refused with exit 2 in one line."""
+    import paraplan
+    from paraplan.cli import main
+    from paraplan.planner.explain import format_plan
+
+    plan = paraplan.plan(
+        MOE, "8xh100", global_batch=64, seq_len=SEQ, runtime="nemo", fix="recompute=selective",
+        recompute_modules="layernorm,moe_act",
+    ).plan  # fmt: skip
+    assert plan.train.runtime.recompute_modules == (NORM, ACT)
+    assert "selective (redoes layernorm, moe_act)" in format_plan(plan)
+    base = ["plan", "--model", MOE, "--cluster", "8xh100", "--global-batch", "64"]
+    for extra, said in [
+        (["--recompute-modules", "layernorm"], "only Megatron-Core's runtimes"),
+        (["--runtime", "megatron", "--recompute-modules", "mlp"], "give distinct modules"),
+    ]:
+        assert main([*base, *extra, "--no-progress"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert said in err and len(err.splitlines()) == 1

@@ -209,6 +209,11 @@ def run_from_config(
     configuration fits. `progress(fraction)` follows the search for the best plan."""
     cluster = read_cluster(args)
     setup = read_config(args.from_config, world_size=cluster.num_gpus)
+    if getattr(args, "recompute_modules", None) is not None:
+        raise ValueError(
+            "--from-config takes the recompute modules from the config; leave out "
+            "--recompute-modules"
+        )
     if args.global_batch or args.global_batch_tokens:
         raise ValueError(
             "--from-config takes the global batch from the config; leave out --global-batch"
