@@ -171,3 +171,30 @@ def test_from_config_refuses_a_split_megatron_refuses(
     err = capsys.readouterr().err.strip()
     assert "30 layers (30 blocks) do not divide over 4 pipeline stages" in err
     assert "--pipeline-model-parallel-layout" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torchtitan") is None, reason="torchtitan not installed"
+)
+def test_torchtitan_module_names_are_its_own() -> None:
+    """The exported torchtitan >= 0.3 command line names the modules of each pipeline chunk as
+    torchtitan 0.3's own split does (`tok_embeddings`, `layers.i`, `norm`, `lm_head`: the head
+    was `output` up to 0.2, which the TOML for those versions keeps), and they give back the
+    plan's blocks per chunk."""
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+
+    from paraplan.export.exporter import Costing, Target, export_plan
+    from tests.export_cases import CASES, case_plan
+
+    plan = case_plan("pp_1f1b")
+    costing = Costing(profile(), parse_cluster(CASES["pp_1f1b"][0]), plan)
+    text = export_plan(plan, Target.TORCHTITAN, costing).text
+    words = next(x for x in text.splitlines() if x.startswith("# torchtitan >= 0.3:")).split()
+    at = words.index("--parallelism.module-fqns-per-model-part") + 1
+    chunks = len(plan.stages) * plan.parallelism.virtual_stages
+    parts = [w.split(",") for w in words[at : at + chunks]]
+    theirs = _generate_llm_fqn_per_model_part(chunks, len(plan.layers) - 2)
+    assert {n for p in parts for n in p} == {n for p in theirs for n in p}
+    assert '"norm", "output"]' in text  # the TOML, for torchtitan <= 0.2
+    split = CountSplit.of_modules(parts)
+    assert split is not None and list(split.chunk_blocks) == _stage_blocks(plan)

@@ -58,6 +58,7 @@ _PRECISION_PARAM = {
 """`training.mixed_precision_param` per precision (torchtitan has no fp16 training; fp8 is bf16
 with Float8 linear layers)."""
 FLOAT8_SECTIONS = {"model": {"converters": ["float8"]}, "float8": {"filter_fqns": ["output"]}}
+_HEAD_03 = {"output": "lm_head"}  # the head's module name in torchtitan >= 0.3 (`Decoder`)
 """torchtitan <= 0.2's Float8 linear layers for every block (the output head left in bf16, as
 paraplan prices fp8: `planner/cost/float8.py`); torchtitan >= 0.3 takes them from the config
 registry (`Float8LinearConverter` in `model_registry(converters=...)`), not the command line."""
@@ -188,7 +189,7 @@ def render(plan: Plan, s: Strategy) -> str:
         *(
             [
                 "# fp8: torchtitan >= 0.3 takes Float8 linear layers from the config registry: "
-                "Float8LinearConverter.Config(filter_fqns=['output']) in model_registry's "
+                "Float8LinearConverter.Config(filter_fqns=['lm_head']) in model_registry's "
                 "converters"
             ]
             if fp8
@@ -265,8 +266,8 @@ def cli_args_of(sections: dict[str, dict[str, Any]], s: Strategy | None) -> list
             flag = f"--{section}.{key.replace('_', '-')}"
             if isinstance(value, bool):
                 out.append(flag if value else f"--{section}.no-{key.replace('_', '-')}")
-            elif isinstance(value, list):
-                out += [flag, *(",".join(part) for part in value)]
+            elif isinstance(value, list):  # the head is `output` up to 0.2, `lm_head` since 0.3
+                out += [flag, *(",".join(_HEAD_03.get(n, n) for n in part) for part in value)]
             else:
                 out += [flag, str(value)]
     if s is not None:
