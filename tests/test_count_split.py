@@ -198,3 +198,38 @@ def test_torchtitan_module_names_are_its_own() -> None:
     assert '"norm", "output"]' in text  # the TOML, for torchtitan <= 0.2
     split = CountSplit.of_modules(parts)
     assert split is not None and list(split.chunk_blocks) == _stage_blocks(plan)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torchtitan") is None, reason="torchtitan not installed"
+)
+@pytest.mark.parametrize("weights", [(1, 1), (0, 0), (2, 1), (1, 3)])
+def test_torchtitan_automatic_split_is_its_own(weights: tuple[int, int]) -> None:
+    """torchtitan's split when a configuration lists no modules (`first/last_stage_less_layers`
+    weighing the embedding and head): blocks per chunk as torchtitan 0.3's own function gives
+    them, over a grid of layer and chunk counts; where it refuses, `counts` raises too."""
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+
+    split = CountSplit.of_torchtitan(
+        {
+            "pipeline_parallel_first_stage_less_layers": weights[0],
+            "pipeline_parallel_last_stage_less_layers": weights[1],
+        }
+    )
+    checked = 0
+    for layers, chunks in itertools.product((4, 7, 16, 30, 32, 61), (2, 3, 4, 8, 16)):
+        try:
+            parts = _generate_llm_fqn_per_model_part(chunks, layers, *weights)
+            want = [sum(n.startswith("layers.") for n in p) for p in parts]
+        except ValueError:
+            want = None
+        try:
+            got = split.counts(layers, chunks, 1)
+        except ValueError:
+            got = None
+        if want is not None and min(want) < 1:
+            assert got is None  # a chunk without a block: not priced
+            continue
+        assert got == want, (layers, chunks)
+        checked += got is not None
+    assert checked > 10

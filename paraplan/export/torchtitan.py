@@ -492,6 +492,6 @@ def from_values(
         precision=precision,
         notes=tuple(notes),
         runtime=torchtitan_framework(compiled=compiled, async_tp=async_tp),
-        split=CountSplit.of_modules(par.get("module_fqns_per_model_part")) if pp > 1 else None,
+        split=CountSplit.of_torchtitan(par) if pp > 1 else None,
     )
     return check_batch(setup)

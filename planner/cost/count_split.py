@@ -38,6 +38,11 @@ class CountSplit:
     """`--account-for-embedding-in-pipeline-split`: the embedding counts as a block."""
     loss_as_layer: bool = False
     """`--account-for-loss-in-pipeline-split`: the loss counts as a block."""
+    weighted: tuple[int, int] | None = None
+    """torchtitan's automatic split instead (`pipeline_parallel._generate_llm_fqn_per_model_part`,
+    0.3): the embedding and the head weigh this many blocks each (`pipeline_parallel_first/
+    last_stage_less_layers`, 1 and 1 by default), the weighted total spread evenly over the
+    chunks, the first chunks one more where it does not divide."""
 
     @staticmethod
     def of_modules(parts: object) -> CountSplit | None:
@@ -48,8 +53,20 @@ class CountSplit:
         blocks = (sum(str(n).startswith("layers.") for n in part) for part in parts)
         return CountSplit(chunk_blocks=tuple(blocks))
 
+    @staticmethod
+    def of_torchtitan(parallelism: dict[str, object]) -> CountSplit:
+        """How torchtitan splits the blocks under its `[parallelism]` settings: the chunks it
+        lists, else its automatic split with the embedding's and head's weights."""
+        listed = CountSplit.of_modules(parallelism.get("module_fqns_per_model_part"))
+        first = parallelism.get("pipeline_parallel_first_stage_less_layers", 1)
+        last = parallelism.get("pipeline_parallel_last_stage_less_layers", 1)
+        return listed or CountSplit(weighted=(int(str(first)), int(str(last))))
+
     def describe(self) -> str:
         """The split in words (for notes and messages)."""
+        if self.weighted is not None:
+            first, last = self.weighted
+            return f"torchtitan's split (the embedding and head weighing {first} and {last})"
         if self.chunk_blocks:
             return "the layout's blocks per chunk " + ",".join(map(str, self.chunk_blocks))
         parts = []
@@ -68,7 +85,9 @@ class CountSplit:
         numbers and the fix) where Megatron-Core refuses the split, or where a chunk would
         hold no block (paraplan prices chunks of one block or more)."""
         n = pp * v
-        if self.chunk_blocks:
+        if self.weighted is not None:
+            counts = _torchtitan_counts(num_blocks, n, *self.weighted)
+        elif self.chunk_blocks:
             if len(self.chunk_blocks) != n or sum(self.chunk_blocks) != num_blocks:
                 raise ValueError(
                     f"the pipeline layout has {len(self.chunk_blocks)} chunks of "
@@ -137,3 +156,22 @@ class CountSplit:
         if last is not None:
             per_rank[-1] = last
         return per_rank
+
+
+def _torchtitan_counts(num_blocks: int, n: int, first: int, last: int) -> list[int]:
+    """torchtitan 0.3's automatic split of `num_blocks` over `n` chunks, the embedding weighing
+    `first` blocks and the head `last` (ValueError where torchtitan refuses it)."""
+    total = num_blocks + first + last
+    per, extra = divmod(total, n)
+    if per == 0 or first > per or last > per:
+        raise ValueError(
+            f"torchtitan's split of {num_blocks} blocks (the embedding and head weighing {first} "
+            f"and {last}) over {n} pipeline chunks leaves a chunk without its share (torchtitan "
+            "refuses it): use fewer stages or give module_fqns_per_model_part"
+        )
+    counts, left = [], num_blocks
+    for c in range(n):  # the shares add up to num_blocks: what is left is never short
+        share = per + (c < extra) - (first if c == 0 else last if c == n - 1 else 0)
+        counts.append(min(share, left))
+        left -= counts[-1]
+    return counts
