@@ -126,7 +126,7 @@ def test_framework_and_old_plans() -> None:
     assert plan_from_dict(doc).train.runtime == RUNTIMES[Framework.MEGATRON]
 
 
-def test_plan_takes_a_module_list(capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_takes_a_module_list(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """`plan --runtime nemo --recompute-modules layernorm,moe_act`: the plan's runtime holds the
     list and its summary says what selective recompute redoes; a list for a runtime that does
     not take one, or a module paraplan does not price, is refused with exit 2 in one line."""
@@ -148,3 +148,7 @@ def test_plan_takes_a_module_list(capsys: pytest.CaptureFixture[str]) -> None:
         assert main([*base, *extra, "--no-progress"]) == 2
         err = capsys.readouterr().err.strip()
         assert said in err and len(err.splitlines()) == 1
+    compare = ["compare", *base[1:], "-o", str(tmp_path / "report"), "--no-progress"]
+    assert main([*compare, "--recompute-modules", "layernorm"]) == 2  # compare takes it too
+    assert "only Megatron-Core's runtimes" in capsys.readouterr().err
+    assert not (tmp_path / "report").exists()  # refused before any work

@@ -13,11 +13,13 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Union
 
 from ..api import model_profile
 from ..planner import limits
-from ..planner.frameworks import Framework
+from ..planner.config import Runtime
+from ..planner.frameworks import RUNTIMES, Framework, parse_recompute_modules
 from ..planner.limits import MAX_SECONDS, Bound
 
 if TYPE_CHECKING:
@@ -208,6 +210,28 @@ def add_runtime_arg(parser: argparse.ArgumentParser, what: str) -> None:
 def runtime_name(args: argparse.Namespace) -> str:
     """`--runtime`, or "paraplan" (the executor's) when not given."""
     return str(getattr(args, "runtime", None) or "paraplan")
+
+
+def add_recompute_modules_arg(parser: argparse.ArgumentParser) -> None:
+    """`--recompute-modules`: what Megatron's selective recompute redoes (`chosen_runtime`)."""
+    parser.add_argument(
+        "--recompute-modules",
+        default=None,
+        metavar="M,M",
+        help="with --runtime megatron or nemo: what selective recompute redoes in each block, "
+        "Megatron-Core's --recompute-modules (core_attn, layernorm, moe_act; default core_attn)",
+    )
+
+
+def chosen_runtime(args: argparse.Namespace) -> Runtime:
+    """The runtime `--runtime` names, with `--recompute-modules` where given (ValueError for a
+    bad list, before any tracing)."""
+    framework = Framework(runtime_name(args))
+    runtime = RUNTIMES[framework]
+    text = getattr(args, "recompute_modules", None)
+    if text is None:
+        return runtime
+    return replace(runtime, recompute_modules=parse_recompute_modules(text, framework))
 
 
 def add_input_args(

@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..planner import limits
 from ..planner.framework_pins import refuse_framework_cluster
-from ..planner.frameworks import RUNTIMES, Framework, describe_runtime, is_own
+from ..planner.frameworks import describe_runtime, is_own
 from .common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
     add_input_args,
     add_no_progress_arg,
+    add_recompute_modules_arg,
     add_runtime_arg,
+    chosen_runtime,
     count_arg,
     format_bytes,
     parse_non_negative_int,
@@ -31,7 +33,6 @@ from .common import (
     progress_bar,
     read_cluster,
     read_model,
-    runtime_name,
 )
 
 if TYPE_CHECKING:
@@ -107,6 +108,7 @@ def add_parser(subparsers: Any) -> None:
         "every compared strategy; another than paraplan plans them as that framework runs "
         "them (the plan and its runners-up within what it runs, the baselines as named)",
     )
+    add_recompute_modules_arg(p)
     add_no_progress_arg(p)
     p.set_defaults(handler=execute)
 
@@ -139,7 +141,7 @@ def execute(args: argparse.Namespace) -> int:
     if not options.ilp_time_limit_s > 0:
         raise ValueError(f"--ilp-time-limit {options.ilp_time_limit_s}: give seconds > 0")
     cluster = read_cluster(args)
-    runtime = RUNTIMES[Framework(runtime_name(args))]
+    runtime = chosen_runtime(args)  # with --recompute-modules, checked before any tracing
     refuse_framework_cluster(cluster, runtime)  # a GPU trainer on CPUs: before any tracing
     notes: list[str] = []
     if not is_own(runtime):

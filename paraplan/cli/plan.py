@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from typing import Any
 
 from ..api import plan as make
 from ..planner import limits
-from ..planner.frameworks import Framework
 from .common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
     add_input_args,
     add_no_progress_arg,
+    add_recompute_modules_arg,
     add_runtime_arg,
     check_output,
+    chosen_runtime,
     closing_callback,
     count_arg,
     fraction_callback,
@@ -96,13 +96,7 @@ def add_parser(subparsers: Any) -> None:
         "--any-engine, and the plan is for `paraplan export`; with --from-config the default "
         "is the trainer's own runtime as its configuration states it",
     )
-    p.add_argument(
-        "--recompute-modules",
-        default=None,
-        metavar="M,M",
-        help="with --runtime megatron or nemo: what selective recompute redoes in each block, "
-        "Megatron-Core's --recompute-modules (core_attn, layernorm, moe_act; default core_attn)",
-    )
+    add_recompute_modules_arg(p)
     add_no_progress_arg(p)
     p.set_defaults(handler=execute)
 
@@ -115,7 +109,7 @@ def execute(args: argparse.Namespace) -> int:
     from ..planner.cost.rules import cluster_violation
     from ..planner.explain import format_plan
     from ..planner.framework_pins import framework_pins, refuse_framework_cluster
-    from ..planner.frameworks import RUNTIMES, is_own, parse_recompute_modules
+    from ..planner.frameworks import is_own
     from ..planner.jsonio import dumps_finite
     from ..planner.options import Consent
     from ..planner.pins import Pins
@@ -139,10 +133,7 @@ def execute(args: argparse.Namespace) -> int:
         if mismatch:
             print(f"paraplan: warning: {mismatch}", file=sys.stderr)
     # fp8 without fp8 tensor cores, or a precision the executor does not run: before tracing
-    runtime = RUNTIMES[Framework(runtime_name(args))]
-    if args.recompute_modules is not None:  # a bad list fails before any tracing
-        modules = parse_recompute_modules(args.recompute_modules, Framework(runtime_name(args)))
-        runtime = replace(runtime, recompute_modules=modules)
+    runtime = chosen_runtime(args)  # a bad --recompute-modules fails before any tracing
     refuse_precision(cluster, Precision(args.precision), args.any_engine or not is_own(runtime))
     fix = Pins.parse(args.fix)  # bad --fix fails before any tracing
     consent = Consent(compression=args.allow_compression, async_pipeline=args.allow_async)
