@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from paraplan.cli import main
-from paraplan.export.judge import compare, read_config
+from paraplan.export.judge import _difference, compare, read_config
 from paraplan.export.megatron import _layout_blocks
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
@@ -153,6 +153,9 @@ def test_from_config_prices_megatrons_split(tmp_path: Path) -> None:
     laid = _yours("--pipeline-model-parallel-layout 'Et*9|t*9|t*8|t*6L'", tmp_path)
     assert _stage_blocks(laid) == [9, 9, 8, 6]
     assert even.predicted.step_time_s > laid.predicted.step_time_s
+    said = "\n".join(_difference(even, laid))  # the same strategy, split otherwise
+    assert "is the best plan" not in said
+    assert "blocks per pipeline chunk 8,8,8,8 -> 9,9,8,6" in said
 
 
 def test_from_config_refuses_a_split_megatron_refuses(
