@@ -112,6 +112,14 @@ class Runtime:
     backward, each one's dispatch and combine on a communication stream under the other's
     compute (the computation-communication overlap of DeepSeek-V3, arXiv 2412.19437 §3.2.1,
     across micro-batches). Needs two micro-batches or more; False: on the critical path."""
+    grad_reduce_overlap: bool = True
+    """Data-parallel gradient reductions overlap the backward that produces them (torch DDP's
+    buckets, FSDP2's, Megatron-LM's `--overlap-grad-reduce`, on in every Megatron-Bridge
+    recipe); False: reduced after the backward, exposed (Megatron-LM's default without the
+    flag)."""
+    param_gather_overlap: bool = True
+    """ZeRO-1/2's gather of the updated parameters overlaps the next forward (Megatron-LM's
+    `--overlap-param-gather`); False: gathered after the optimizer step, exposed."""
     attention: AttentionKernel = AttentionKernel.SDPA
     """Fused attention kernel."""
     selective: SelectiveRecompute = SelectiveRecompute.ATTENTION_CORE

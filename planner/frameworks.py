@@ -90,7 +90,11 @@ def parse_framework(name: str) -> Framework:
 
 MODULE_RECOMPUTE = (Framework.MEGATRON, Framework.NEMO)
 """Frameworks whose selective recompute takes a list of modules (Megatron-Core's
-`--recompute-modules`, `Runtime.recompute_modules`): their runtime with any list is theirs."""
+`--recompute-modules`, `Runtime.recompute_modules`) and whose data-parallel overlap is a
+flag (`--overlap-grad-reduce`, `--overlap-param-gather`): their runtime with any list or
+flags is theirs."""
+_CONFIGURED = ("recompute_modules", "grad_reduce_overlap", "param_gather_overlap")
+"""`Runtime` fields a Megatron configuration sets itself (`MODULE_RECOMPUTE`)."""
 
 
 def parse_recompute_modules(text: str, framework: Framework) -> tuple[RecomputeModule, ...]:
@@ -113,9 +117,11 @@ def parse_recompute_modules(text: str, framework: Framework) -> tuple[RecomputeM
 
 
 def framework_of(runtime: Runtime) -> Framework | None:
-    """The framework whose runtime `runtime` is (Megatron-Core's with any `recompute_modules`);
-    None for settings no framework has (an API caller's own `Runtime`)."""
-    plain = replace(runtime, recompute_modules=Runtime().recompute_modules)
+    """The framework whose runtime `runtime` is (Megatron-Core's whatever its configured
+    fields, `_CONFIGURED`); None for settings no framework has (an API caller's own
+    `Runtime`)."""
+    default = Runtime()
+    plain = replace(runtime, **{f: getattr(default, f) for f in _CONFIGURED})
     for framework, known in RUNTIMES.items():
         if known == runtime or (framework in MODULE_RECOMPUTE and known == plain):
             return framework

@@ -62,7 +62,7 @@ _NEMO_RUNTIME = to_json(RUNTIMES[Framework.NEMO])
 """NeMo's runtime, which a version-7 plan recorded without `ep_comm_overlap`."""
 
 
-_SINCE_V8 = ("ep_comm_overlap", "recompute_modules")
+_SINCE_V8 = ("ep_comm_overlap", "recompute_modules", "grad_reduce_overlap", "param_gather_overlap")
 """`train.runtime` keys a version-7 plan did not record."""
 
 
@@ -74,13 +74,16 @@ def upgrade(data: typing.Any) -> typing.Any:
 
 def upgrade_v8(data: typing.Any) -> typing.Any:
     """A version-8 plan document as version 9: its selective recompute the attention core
-    alone (`train.runtime.recompute_modules`, Megatron-Core's default); anything else unchanged."""
+    alone (`train.runtime.recompute_modules`, Megatron-Core's default) and its data-parallel
+    traffic overlapped (`grad_reduce_overlap`, `param_gather_overlap`, as every version-8 plan
+    was priced); anything else unchanged."""
     if not isinstance(data, dict) or data.get("schema_version") != 8:
         return data
     out = dict(data, schema_version=9)
     train = out.get("train")
     if isinstance(train, dict) and isinstance(train.get("runtime"), dict):
-        runtime = {"recompute_modules": ["core_attn"], **train["runtime"]}
+        since = {"recompute_modules": ["core_attn"], **dict.fromkeys(_SINCE_V8[2:], True)}
+        runtime = {**since, **train["runtime"]}
         out["train"] = {**train, "runtime": runtime}
     return out
 

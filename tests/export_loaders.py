@@ -64,6 +64,8 @@ _MEGATRON_TRAINING = {
     "data-parallel-sharding-strategy",
     "optimizer-cpu-offload",
     "optimizer-offload-fraction",
+    "overlap-grad-reduce",
+    "overlap-param-gather",
     "num-virtual-stages-per-pipeline-rank",
 }
 """Megatron-LM training arguments (megatron/training/arguments.py) that are not
@@ -116,6 +118,8 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
         use_distributed_optimizer="use-distributed-optimizer" in args,
         use_megatron_fsdp="use-megatron-fsdp" in args,
         data_parallel_sharding_strategy=args.get("data-parallel-sharding-strategy") or "no_shard",
+        overlap_grad_reduce="overlap-grad-reduce" in args,
+        overlap_param_gather="overlap-param-gather" in args,
     )
     opt = OptimizerConfig(
         bf16="bf16" in args,
@@ -151,6 +155,7 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
         "recompute_modules": config.recompute_modules,
         "bf16": config.bf16,
         "distributed_optimizer": ddp.use_distributed_optimizer,
+        "dp_overlap": [ddp.overlap_grad_reduce, ddp.overlap_param_gather],
         "fsdp_strategy": ddp.data_parallel_sharding_strategy if ddp.use_megatron_fsdp else None,
         "cpu_offload": opt.optimizer_cpu_offload,
         "microbatches": calc.get(),

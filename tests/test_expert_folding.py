@@ -255,5 +255,6 @@ def test_a_version_7_nemo_plan_stays_nemo_s() -> None:
     for par in [doc["parallelism"], *(r["parallelism"] for r in doc["runners_up"])]:
         del par["expert_tp"]
     del doc["train"]["runtime"]["ep_comm_overlap"]
-    del doc["train"]["runtime"]["recompute_modules"]  # schema 9's
+    for key in ("recompute_modules", "grad_reduce_overlap", "param_gather_overlap"):
+        del doc["train"]["runtime"][key]  # schema 9's
     assert plan_from_dict(doc).train.runtime == RUNTIMES[Framework.NEMO]

@@ -15,6 +15,7 @@ import pytest
 from paraplan.export.exporter import Costing, Target, export_plan
 from paraplan.export.judge import compare
 from paraplan.export.megatron import parse_args, read
+from paraplan.export.setup import RuntimeSays
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import RecomputeModule, TrainConfig
 from paraplan.planner.cost.compute import MEMORY_EFFICIENCY
@@ -81,12 +82,17 @@ def test_megatron_modules_read_priced_and_written_back(tmp_path: Path) -> None:
     configuration keeps less than with the attention core alone), written back by the export,
     and a module paraplan does not price is noted."""
     base = "--bf16 --seq-length 2048 --micro-batch-size 1 --global-batch-size 8 --moe-grouped-gemm "
+    base += "--overlap-grad-reduce "
     text = base + "--recompute-granularity selective --recompute-modules moe_act layernorm"
     assert parse_args(text)["recompute-modules"] == "moe_act layernorm"
     setup = read(text, world_size=8, source="mine.args")
-    assert setup.recompute_modules == (ACT, NORM) and not setup.notes
+    assert (
+        setup.runtime_says is not None
+        and setup.runtime_says.recompute_modules == (ACT, NORM)
+        and not setup.notes
+    )
     noted = read(text + " mlp", world_size=8, source="mine.args")
-    assert noted.recompute_modules == (ACT, NORM)
+    assert noted.runtime_says is not None and noted.runtime_says.recompute_modules == (ACT, NORM)
     assert any("--recompute-modules mlp not priced" in n for n in noted.notes)
     with pytest.raises(ValueError, match="moe_act needs --moe-grouped-gemm"):
         read(text.replace("--moe-grouped-gemm ", ""), world_size=8, source="mine.args")
@@ -101,7 +107,13 @@ def test_megatron_modules_read_priced_and_written_back(tmp_path: Path) -> None:
     assert mine.train.runtime.recompute_modules == (ACT, NORM)
     out = export_plan(mine, Target.MEGATRON, Costing(profile, cluster, mine)).text
     again = read(out, world_size=8, source="exported.args")
-    assert again.recompute_modules == (ACT, NORM) and again.strategy == setup.strategy
+    assert (
+        again.runtime_says
+        == RuntimeSays(
+            recompute_modules=(ACT, NORM), grad_reduce_overlap=True, param_gather_overlap=True
+        )
+        and again.strategy == setup.strategy
+    )
     if importlib.util.find_spec("megatron") is not None:  # megatron-core's TransformerConfig
         path = tmp_path / "exported.args"
         path.write_text(out)
@@ -122,7 +134,8 @@ def test_framework_and_old_plans() -> None:
     plan = paraplan.plan(MOE, "8xh100", global_batch=8, seq_len=SEQ, runtime="megatron").plan
     doc = json.loads(json.dumps(plan.to_dict()))
     doc["schema_version"] = 8
-    del doc["train"]["runtime"]["recompute_modules"]
+    for key in ("recompute_modules", "grad_reduce_overlap", "param_gather_overlap"):
+        del doc["train"]["runtime"][key]
     assert plan_from_dict(doc).train.runtime == RUNTIMES[Framework.MEGATRON]
 
 
@@ -152,3 +165,42 @@ def test_plan_takes_a_module_list(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert main([*compare, "--recompute-modules", "layernorm"]) == 2  # compare takes it too
     assert "only Megatron-Core's runtimes" in capsys.readouterr().err
     assert not (tmp_path / "report").exists()  # refused before any work
+
+
+def test_megatron_data_parallel_overlap_flags(tmp_path: Path) -> None:
+    """Megatron-LM overlaps the data-parallel traffic only with `--overlap-grad-reduce` and
+    `--overlap-param-gather`: a configuration with both is priced as Megatron's runtime (which
+    the export writes them for, and megatron-core's DDP config takes); without them its
+    gradient reduce-scatter and parameter all-gather (ZeRO-1, Llama 3 8B over 16 ranks) are
+    exposed: slower by more than nothing and by less than the two collectives' bytes at the
+    catalog's network bandwidth, halved (what was hidden)."""
+    cluster = parse_cluster("16xh100")
+    profile = parse_model("llama3-8b").to_profile(seq_len=4096)
+    base = (
+        "--bf16 --seq-length 4096 --micro-batch-size 1 --global-batch-size 64 "
+        "--use-distributed-optimizer --recompute-granularity full --recompute-method uniform "
+    )
+    plans = {}
+    for name, flags in (("on", "--overlap-grad-reduce --overlap-param-gather"), ("off", "")):
+        setup = read(base + flags, world_size=16, source=f"{name}.args")
+        assert setup.runtime_says is not None
+        runtime = setup.runtime_says.apply(RUNTIMES[Framework.MEGATRON])
+        train = TrainConfig(global_batch=64, seq_len=4096, runtime=runtime)
+        plans[name] = compare(name, setup, profile, cluster, train, top_k=0).yours
+        assert (runtime == RUNTIMES[Framework.MEGATRON]) == (name == "on")
+    on, off = plans["on"].predicted, plans["off"].predicted
+    extra = off.step_time_s - on.step_time_s
+    params = profile.num_params
+    moved = params * (2 + 4) * 15 / 16  # a ring's bf16 gather and fp32 reduce-scatter
+    bound = moved / (cluster.accelerator.inter_node_bw_bytes_per_s * 0.5)  # at half the NIC
+    assert 0 < extra < bound
+    # both collectives hide wholly under compute when overlapped, costing OVERLAP_CONTENTION
+    # of their time there; exposed, all of it (nothing else communicates: no TP, no PP)
+    assert off.time_breakdown.comm_s == pytest.approx(on.time_breakdown.comm_s / 0.5, rel=1e-9)
+    out = export_plan(plans["on"], Target.MEGATRON, Costing(profile, cluster, plans["on"])).text
+    assert "--overlap-grad-reduce" in out and "--overlap-param-gather" in out
+    if importlib.util.find_spec("megatron") is not None:
+        path = tmp_path / "on.args"
+        path.write_text(out)
+        view = run_loaders("megatron", [{"path": str(path), "world_size": 16, "dp": 16}])[0]
+        assert view["dp_overlap"] == [True, True]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..planner.api import NoFeasiblePlanError, make_plan
@@ -242,8 +242,8 @@ def run_from_config(
     args.global_batch, args.precision = setup.global_batch, str(setup.precision)
     framework = judged_runtime(getattr(args, "runtime", None), setup, cluster)
     runtime = RUNTIMES[framework]
-    if setup.recompute_modules is not None and framework in MODULE_RECOMPUTE:
-        runtime = replace(runtime, recompute_modules=setup.recompute_modules)
+    if setup.runtime_says is not None and framework in MODULE_RECOMPUTE:  # as configured
+        runtime = setup.runtime_says.apply(runtime)
     refuse_framework_cluster(cluster, runtime)  # an explicit GPU trainer's --runtime on CPUs
     profile, batch = read_model(args, [])
     if setup.split is not None:  # the trainer's own split of the blocks, checked before a search

@@ -19,7 +19,15 @@ from ..planner.cost.stage_core import ep_overlap_applies
 from ..planner.frameworks import Framework
 from ..planner.plan import Plan
 from ..planner.strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
-from .setup import Gap, Target, TrainerSetup, check_batch, option_gaps, uniform_recompute
+from .setup import (
+    Gap,
+    RuntimeSays,
+    Target,
+    TrainerSetup,
+    check_batch,
+    option_gaps,
+    uniform_recompute,
+)
 
 _FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
 """Megatron-FSDP `--data-parallel-sharding-strategy` per ZeRO stage."""
@@ -62,11 +70,14 @@ _SWITCHES = (
     "account-for-embedding-in-pipeline-split",
     "account-for-loss-in-pipeline-split",
     "moe-grouped-gemm",
+    "overlap-grad-reduce",
+    "overlap-param-gather",
 )
 """Flags without a value that `read` interprets (`--tp-comm-overlap` and
 `--overlap-moe-expert-parallel-comm`: the runtime, NeMo's preset where either is on,
 Megatron-LM's where neither is)."""
 _LIST_FLAGS = ("recompute-modules",)
+_CORE = (RecomputeModule.CORE_ATTN,)
 """Flags that take a list of words (Megatron-LM's ``nargs="*"``)."""
 
 
@@ -246,12 +257,17 @@ def render(plan: Plan, s: Strategy) -> str:
             ("use-distributed-optimizer", None),
             ("data-parallel-sharding-strategy", _FSDP_STRATEGY[s.zero_stage]),
         ]
+    runtime = plan.train.runtime
+    if s.dp * s.cp > 1 and runtime.grad_reduce_overlap:  # as priced (Megatron's default: off)
+        args.append(("overlap-grad-reduce", None))
+        if s.zero_stage >= 1 and runtime.param_gather_overlap:
+            args.append(("overlap-param-gather", None))
     if s.offload_optimizer:
         args += [("optimizer-cpu-offload", None), ("optimizer-offload-fraction", 1.0)]
     if s.recompute == Recompute.SELECTIVE:
         args.append(("recompute-granularity", "selective"))
-        modules = plan.train.runtime.recompute_modules
-        if modules != (RecomputeModule.CORE_ATTN,):  # else Megatron-Core's default
+        modules = runtime.recompute_modules
+        if modules != _CORE:  # else Megatron-Core's default
             args.append(("recompute-modules", " ".join(modules)))
     elif s.recompute == Recompute.FULL:
         args += [
@@ -346,7 +362,7 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
         zero = found[0] if found else 1 if strategy_name == "optim" else 0
     elif "use-distributed-optimizer" in args:
         zero = 1
-    recompute, modules = Recompute.NONE, ()
+    recompute, modules = Recompute.NONE, _CORE
     granularity = args.get("recompute-granularity")
     if granularity == "selective":
         recompute = Recompute.SELECTIVE
@@ -418,6 +434,15 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
             f"the {dispatcher} token dispatcher is priced as all-to-all dispatch (paraplan "
             "prices expert parallelism's tokens by all-to-all)"
         )
+    # data-parallel overlap, where there is data-parallel traffic (Megatron-LM's default: off)
+    grads_overlap = "overlap-grad-reduce" in args or dp * cp == 1
+    params_overlap = "overlap-param-gather" in args or dp * cp == 1 or zero == 0
+    for flag, on in (
+        ("overlap-grad-reduce", grads_overlap),
+        ("overlap-param-gather", params_overlap),
+    ):
+        if not on:
+            notes.append(f"without --{flag} its data-parallel traffic is priced exposed")
     ep_overlap = "overlap-moe-expert-parallel-comm" in args
     overlaps = "tp-comm-overlap" in args or ep_overlap
     if ep > 1 and overlaps and ("tp-comm-overlap" in args) != ep_overlap and tp > 1:
@@ -434,6 +459,10 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
         notes=tuple(notes),
         runtime=Framework.NEMO if overlaps else Framework.MEGATRON,
         split=_count_split(args, num) if pp > 1 else None,
-        recompute_modules=modules if recompute == Recompute.SELECTIVE else None,
+        runtime_says=RuntimeSays(
+            recompute_modules=modules if recompute == Recompute.SELECTIVE else _CORE,
+            grad_reduce_overlap=grads_overlap,
+            param_gather_overlap=params_overlap,
+        ),
     )
     return check_batch(setup)

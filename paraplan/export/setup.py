@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from ..planner.config import Precision, RecomputeModule
+from ..planner.config import Precision, RecomputeModule, Runtime
 from ..planner.cost.count_split import CountSplit
 from ..planner.frameworks import Framework
 from ..planner.pins import Pins
@@ -38,6 +38,28 @@ class Gap:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class RuntimeSays:
+    """What a Megatron configuration sets of its runtime (`Runtime`'s fields of the same
+    names): `--recompute-modules`, `--overlap-grad-reduce`, `--overlap-param-gather`."""
+
+    recompute_modules: tuple[RecomputeModule, ...]
+    """What selective recompute redoes."""
+    grad_reduce_overlap: bool
+    """Gradient reductions overlap the backward."""
+    param_gather_overlap: bool
+    """ZeRO-1/2's parameter gathers overlap the next forward."""
+
+    def apply(self, runtime: Runtime) -> Runtime:
+        """`runtime` with these settings."""
+        return replace(
+            runtime,
+            recompute_modules=self.recompute_modules,
+            grad_reduce_overlap=self.grad_reduce_overlap,
+            param_gather_overlap=self.param_gather_overlap,
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TrainerSetup:
     """What a trainer configuration says, in the planner's terms."""
 
@@ -57,9 +79,9 @@ class TrainerSetup:
     """The trainer's runtime as the configuration states it (`paraplan plan --runtime`'s
     preset: Megatron-LM's, NeMo's with `--tp-comm-overlap`, torchtitan's eager or compiled);
     None where paraplan has no preset for the trainer (DeepSpeed)."""
-    recompute_modules: tuple[RecomputeModule, ...] | None = None
-    """What selective recompute recomputes where the configuration says (Megatron's
-    `--recompute-modules`, `Runtime.recompute_modules`); None: the framework's own."""
+    runtime_says: RuntimeSays | None = None
+    """What the configuration sets of the runtime beyond the preset (Megatron's recompute
+    modules and data-parallel overlap flags); None: the preset as it is."""
     split: CountSplit | None = None
     """How the trainer splits the blocks over the pipeline chunks where the configuration
     fixes it by count (Megatron-Core's rules, a layout, torchtitan's module lists); None: as

@@ -242,20 +242,26 @@ def dp_comm(
             continue
         ag = coll.all_gather(count * t.param_bytes, link)
         rs = coll.reduce_scatter(count * t.grad_bytes, link)
+        # overlapped where the runtime overlaps them (`Runtime.grad_reduce_overlap`,
+        # `param_gather_overlap`); else exposed after the backward / the optimizer step
+        grads_bwd = bwd if t.runtime.grad_reduce_overlap else 0.0
+        params_fwd = fwd if t.runtime.param_gather_overlap else 0.0
         if powersgd is not None and s.powersgd_rank is not None and link is dense_link:
             ps = powersgd.cost(s, stage, link, coll, t)  # DDP's hook in place of the all-reduce
             tail += hidden_behind(ps.comm_s, bwd, contention) + ps.compute_s
-            tail += hidden_behind(ag, fwd, contention) if s.zero_stage == 1 else 0.0
+            tail += hidden_behind(ag, params_fwd, contention) if s.zero_stage == 1 else 0.0
         elif s.zero_stage == 2:  # reduce-scatter every micro-batch, gather after the step
-            per_mb += hidden_behind(rs, bwd, contention)
-            tail += hidden_behind(ag, fwd, contention)
+            per_mb += hidden_behind(rs, grads_bwd, contention)
+            tail += hidden_behind(ag, params_fwd, contention)
         elif s.zero_stage == 1:  # reduce-scatter once per step, gather after the step
-            tail += hidden_behind(rs, bwd, contention) + hidden_behind(ag, fwd, contention)
+            tail += hidden_behind(rs, grads_bwd, contention)
+            tail += hidden_behind(ag, params_fwd, contention)
         elif s.tp == 1 and s.pp == 1 and link is dense_link:  # torch DDP, in buckets
             early, last = ddp_buckets_s(count * t.grad_bytes, ddp_last_bytes, coll, link)
-            tail += hidden_behind(early, bwd, contention) + last
+            tail += hidden_behind(early, grads_bwd, contention) + last
         else:  # all-reduce once per step, overlapped with the last backward
-            tail += hidden_behind(coll.all_reduce(count * t.grad_bytes, link), bwd, contention)
+            all_reduce = coll.all_reduce(count * t.grad_bytes, link)
+            tail += hidden_behind(all_reduce, grads_bwd, contention)
     return per_mb, tail
 
 
