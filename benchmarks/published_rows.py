@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from paraplan.planner.cluster import Cluster, parse_cluster
 from paraplan.planner.config import Precision, RecomputeModule, Runtime, TrainConfig
 from paraplan.planner.cost.count_split import CountSplit
 from paraplan.planner.cost.layout import StageSplit
@@ -200,6 +201,16 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
     return Runtime(fused_elementwise=True, sp_saves_gathered_input=False, torch_loss=False)
 
 
+_PRICED_GPUS = ("a100-80gb", "a100-40gb", "h100", "h100-hbm2e", "h200", "v100", "b200", "gb200")
+"""Catalog accelerators the rows are priced on."""
+
+
+def case_cluster(case: Case) -> Cluster:
+    """The case's cluster (`N x accelerator`, then `:G` GPUs per node where not 8)."""
+    name, _, per_node = case.cluster.partition(":")
+    return parse_cluster(name, gpus_per_node=int(per_node) if per_node else None)
+
+
 def _split_of(row: dict[str, Any]) -> StageSplit | CountSplit:
     """How the run split its blocks over pipeline chunks: the row's `pipeline_split` where the
     source's recipe says (`even`, `balanced`, or Megatron-Core's flags as `CountSplit`
@@ -224,7 +235,16 @@ def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
             why = "model not fully specified"
         elif any(cfg.get(k) is None for k in ("tp", "pp", "dp")):
             why = "degrees not stated"
-        elif gpu not in ("a100-80gb", "a100-40gb", "h100", "h100-hbm2e", "h200", "v100", "b200"):
+        elif gpu not in (
+            "a100-80gb",
+            "a100-40gb",
+            "h100",
+            "h100-hbm2e",
+            "h200",
+            "v100",
+            "b200",
+            "gb200",
+        ):
             why = f"accelerator {gpu}"
         elif row["id"].startswith(tuple(_OTHER_SYSTEMS)):
             why = _OTHER_SYSTEMS[row["id"].split("_")[0] + "_" + row["id"].split("_")[1]]

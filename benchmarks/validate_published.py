@@ -24,7 +24,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import Precision
 from paraplan.planner.cost.evaluate import Estimate, Evaluator
 from paraplan.planner.hardware import with_calibration
@@ -33,7 +32,7 @@ from paraplan.planner.strategy import Schedule
 
 sys.path.insert(0, str(Path(__file__).parent))  # its sibling, also when loaded by path
 
-from published_rows import DATA, LONG_CONTEXT, Case, load_cases
+from published_rows import DATA, LONG_CONTEXT, Case, case_cluster, load_cases
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -59,7 +58,7 @@ def evaluate(case: Case) -> Result:
     profile = case.spec.to_profile(seq_len=case.train.seq_len)
     # The published run fitted in memory: its time is priced whatever our memory model says
     # (memory is validated against MemTracker and measured runs, not here).
-    cluster = parse_cluster(case.cluster)
+    cluster = case_cluster(case)
     roomy = with_calibration(cluster.accelerator, {"memory_bytes": 2**60})
     cluster = dataclasses.replace(cluster, accelerator=roomy)
     train = dataclasses.replace(case.train, memory_headroom=0.0)
@@ -131,7 +130,7 @@ def _group(r: Result) -> str:
 
 
 def _gpus(r: Result) -> int:
-    return parse_cluster(r.case.cluster).num_gpus
+    return case_cluster(r.case).num_gpus
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

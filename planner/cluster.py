@@ -49,6 +49,11 @@ from .jsonio import write_atomic
 
 DEFAULT_GPUS_PER_NODE = 8
 """GPUs per node when not given: DGX/HGX baseboards (NVIDIA) and MI300X platforms hold 8."""
+NVLINK_DOMAIN_GPUS = {"gb200": 72}
+"""Accelerators whose NVLink domain spans more than a baseboard: the node the cost model's
+intra-node link spans (`Cluster.gpus_per_node`) is the domain, an NVL72 rack's 72 GPUs (18
+trays of 4 behind NVLink switches) by default; a job on 64 GPUs per rack passes
+`--gpus-per-node 64` (`gpus_per_node` in a cluster file)."""
 
 FILE_SUFFIXES: tuple[str, ...] = (".json", ".yaml", ".yml")
 _PRESET = re.compile(r"(\d+)x([a-z][a-z0-9._-]*)")
@@ -154,7 +159,8 @@ def make_cluster(
         raise ValueError(
             f"cluster {label!r}: gpus_per_node must be a positive integer, got {gpus_per_node!r}"
         )
-    per_node = gpus_per_node if gpus_per_node is not None else DEFAULT_GPUS_PER_NODE
+    default = NVLINK_DOMAIN_GPUS.get(acc.name, DEFAULT_GPUS_PER_NODE)
+    per_node = gpus_per_node if gpus_per_node is not None else default
     if num_gpus <= per_node:
         return Cluster(name=label, accelerator=acc, num_nodes=1, gpus_per_node=num_gpus)
     if num_gpus % per_node:

@@ -15,6 +15,13 @@ _H200_DS = (
     "NVIDIA H200 Tensor Core GPU datasheet (SXM), https://www.nvidia.com/en-us/data-center/h200/"
 )
 _B200_DS = "NVIDIA HGX B200 specifications (per GPU), https://www.nvidia.com/en-us/data-center/hgx/"
+_GB200_DS = (
+    "NVIDIA GB200 NVL72 specifications, per rack of 72 GPUs (FP16/BF16 tensor 360 PFLOPS and "
+    "FP8 720 with sparsity, FP32 5,760 TFLOPS, HBM3e 13.4 TB at 576 TB/s, NVLink 130 TB/s), "
+    "divided by 72, https://www.nvidia.com/en-us/data-center/gb200-nvl72/; 186 GB per GPU as "
+    "MLPerf system descriptions state it (e.g. mlcommons inference_results_v6.1, "
+    "GB200-NVL72_GB200-186GB)"
+)
 _L4_DS = "NVIDIA L4 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/l4/"
 _V100_DS = (
     "NVIDIA Tesla V100 GPU datasheet (SXM2), https://images.nvidia.com/content/technologies/"
@@ -72,3 +79,12 @@ _NET_400G = (
     "NVIDIA {system} datasheet: 8x single-port ConnectX-7, up to 400 Gb/s InfiniBand, for 8 "
     "GPUs -> 50 GB/s per GPU, https://www.nvidia.com/en-us/data-center/{page}/"
 )
+_C2C = (
+    "NVIDIA Grace Blackwell superchip: NVLink-C2C 900 GB/s bidirectional between a Grace CPU "
+    "and its two Blackwell GPUs -> 225 GB/s per GPU and direction (host offload)"
+)
+_NET_GB200 = (
+    "MLPerf GB200 NVL72 system descriptions: one ConnectX-7 (400 Gb/s) per GPU for the network "
+    "beyond the NVLink domain -> 50 GB/s per GPU"
+)
+_EFF_GB200 = "assumption: as b200 (the same Blackwell GPU at 1200 W instead of 1000 W)"

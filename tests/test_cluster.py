@@ -40,6 +40,7 @@ def test_catalog_has_the_documented_entries():
         "h100-pcie",
         "h200",
         "b200",
+        "gb200",
         "l4",
         "v100",
         "mi300x",
@@ -75,6 +76,21 @@ def test_h100_figures_match_the_datasheet():
     assert h100.memory_bytes == 80 * GiB
     assert h100.intra_node_bw_bytes_per_s == 450e9  # NVLink 900 GB/s bidirectional
     assert h100.inter_node_bw_bytes_per_s == 50e9  # one 400 Gb/s NIC per GPU
+
+
+def test_gb200_figures_are_the_nvl72_rack_over_72_gpus():
+    """NVIDIA GB200 NVL72 specifications per rack of 72 GPUs: FP16/BF16 360 PFLOPS and FP8 720
+    with sparsity, HBM3e at 576 TB/s, NVLink 130 TB/s (both directions); the NVLink domain of
+    72 GPUs is the node a cluster of them is cut into unless told otherwise."""
+    gb200 = get_accelerator("gb200")
+    assert gb200.peak_flops_for("bf16") == 360e15 / 2 / 72
+    assert gb200.peak_flops_for("fp8") == 720e15 / 2 / 72
+    assert gb200.memory_bw_bytes_per_s == 576e12 / 72
+    assert gb200.intra_node_bw_bytes_per_s == pytest.approx(130e12 / 72 / 2, rel=0.01)
+    assert parse_cluster("144xgb200").gpus_per_node == 72
+    assert parse_cluster("256xgb200", gpus_per_node=64).num_nodes == 4
+    with pytest.raises(ValueError, match="not a multiple of 72 GPUs per node"):
+        parse_cluster("256xgb200")
 
 
 def test_figures_are_ordered_as_the_hardware_is():

@@ -184,6 +184,14 @@ KERNELS: dict[str, KernelTable] = {
         0.50,
         "assumption, as Hopper",
     ),
+    "gb200": _table(
+        148,
+        "NVIDIA Blackwell architecture technical brief: 148 SMs (2 dies), as b200",
+        0.70,
+        "assumption: as b200",
+        0.50,
+        "assumption, as b200",
+    ),
     "v100": _table(
         80,
         "NVIDIA Tesla V100 whitepaper (2017): 80 SMs",

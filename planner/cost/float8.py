@@ -182,7 +182,7 @@ def fp8_problem(cluster: Cluster) -> str | None:
         return (
             f"precision fp8 needs fp8 tensor cores; {acc.name} has none in the catalog (its "
             f"peak FLOP/s figures: {have}); use --precision bf16, or a cluster of h100, h200, "
-            "b200, l4 or mi300x"
+            "b200, gb200, l4 or mi300x"
         )
     if acc.name not in KERNELS:
         return (
