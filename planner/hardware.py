@@ -398,6 +398,7 @@ _DEVICE_NAME_WORDS: tuple[tuple[str, str], ...] = (
     ("H100 PCIe", "h100-pcie"),
     ("H100", "h100"),
     ("H200", "h200"),
+    ("GB200", "gb200"),
     ("B200", "b200"),
     ("L4", "l4"),
     ("V100", "v100"),

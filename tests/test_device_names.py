@@ -17,6 +17,7 @@ GIB = 2**30
         ("NVIDIA H100 PCIe", "h100-pcie"),
         ("NVIDIA H200", "h200"),
         ("NVIDIA B200", "b200"),
+        ("NVIDIA GB200", "gb200"),
         ("NVIDIA L4", "l4"),
         ("Tesla V100-SXM2-32GB", "v100"),
         ("AMD Instinct MI300X", "mi300x"),
