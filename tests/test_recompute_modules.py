@@ -204,3 +204,13 @@ def test_megatron_data_parallel_overlap_flags(tmp_path: Path) -> None:
         path.write_text(out)
         view = run_loaders("megatron", [{"path": str(path), "world_size": 16, "dp": 16}])[0]
         assert view["dp_overlap"] == [True, True]
+
+
+def test_cp_comm_type_other_than_the_ring_is_noted() -> None:
+    """Megatron's `--cp-comm-type a2a` (heads exchanged all-to-all, as gpt-oss's recipe sets for
+    CP) is not the ring paraplan prices: read, and said so."""
+    base = "--bf16 --seq-length 8192 --context-parallel-size 2 --micro-batch-size 1 "
+    ring = read(base, world_size=8, source="ring.args")
+    a2a = read(base + "--cp-comm-type a2a", world_size=8, source="a2a.args")
+    assert not any("cp-comm-type" in n for n in ring.notes)
+    assert any("--cp-comm-type a2a priced as p2p" in n for n in a2a.notes)

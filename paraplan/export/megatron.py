@@ -53,6 +53,7 @@ _VALUE_FLAGS = (
     "fp8-recipe",
     "pipeline-model-parallel-layout",
     "recompute-modules",
+    "cp-comm-type",
     "decoder-first-pipeline-num-layers",
     "decoder-last-pipeline-num-layers",
 )
@@ -433,6 +434,12 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
         notes.append(
             f"the {dispatcher} token dispatcher is priced as all-to-all dispatch (paraplan "
             "prices expert parallelism's tokens by all-to-all)"
+        )
+    cp_comm = args.get("cp-comm-type") or "p2p"  # Megatron-Core's default: the ring
+    if cp > 1 and cp_comm != "p2p":
+        notes.append(
+            f"--cp-comm-type {cp_comm} priced as p2p (paraplan prices context parallelism as "
+            "ring attention, K/V passed around the ring under the attention compute)"
         )
     # data-parallel overlap, where there is data-parallel traffic (Megatron-LM's default: off)
     grads_overlap = "overlap-grad-reduce" in args or dp * cp == 1
