@@ -39,6 +39,17 @@ def tflops_text(flops_per_s: float | None) -> str:
     return "-" if flops_per_s is None else figure(flops_per_s / TERA)
 
 
+def _chunk_text(plan: Plan) -> str:
+    """Blocks of each pipeline chunk in model order, runs of equal counts as `n (xk)`."""
+    runs: list[list[int]] = []
+    for n in plan.chunk_blocks():
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return ", ".join(str(n) if k == 1 else f"{n} (x{k})" for n, k in runs)
+
+
 def format_plan(plan: Plan) -> str:
     """The human-readable summary table of a plan."""
     p, m, c, t = plan.parallelism, plan.model, plan.cluster, plan.train
@@ -64,6 +75,11 @@ def format_plan(plan: Plan) -> str:
         + f", {plan.num_microbatches} micro-batch{'es' if plan.num_microbatches != 1 else ''}"
         f" of {plan.micro_batch_size} sequence{'s' if plan.micro_batch_size != 1 else ''}"
         " per replica",
+        *(
+            [f"  stages        blocks per chunk {_chunk_text(plan)} (model order)"]
+            if p.pp > 1
+            else []
+        ),
         f"  recompute     {_recompute_summary(plan)}",
         *option_rows(plan),
         "",

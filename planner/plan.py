@@ -325,6 +325,15 @@ class Plan:
         blocks = [d.recompute for d in self.layers if d.name.startswith("block")]
         return self.strategy().short(num_microbatches=self.num_microbatches, block_recompute=blocks)
 
+    def chunk_blocks(self) -> list[int]:
+        """Blocks of each pipeline chunk in model order (the embedding and the head apart)."""
+        last = len(self.layers) - 1
+        chunks = sorted((c for st in self.stages for c in st.chunks), key=lambda c: c.chunk)
+        return [
+            c.last_layer - c.first_layer + 1 - (c.first_layer == 0) - (c.last_layer == last)
+            for c in chunks
+        ]
+
     def to_dict(self) -> dict[str, typing.Any]:
         """The JSON form (`plan_io.plan_from_dict` reads it back)."""
         return to_json(self)

@@ -16,6 +16,7 @@ from paraplan.export.megatron import _layout_blocks
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.count_split import CountSplit
+from paraplan.planner.explain import format_plan
 from paraplan.planner.frameworks import RUNTIMES, Framework
 from paraplan.planner.plan import Plan
 from tests.export_cases import SEQ, profile
@@ -152,6 +153,7 @@ def test_from_config_prices_megatrons_split(tmp_path: Path) -> None:
     assert _stage_blocks(_yours("--decoder-last-pipeline-num-layers 5", tmp_path)) == [9, 9, 9, 5]
     laid = _yours("--pipeline-model-parallel-layout 'Et*9|t*9|t*8|t*6L'", tmp_path)
     assert _stage_blocks(laid) == [9, 9, 8, 6]
+    assert "stages        blocks per chunk in model order: 9 (x2), 8, 6" in format_plan(laid)
     assert even.predicted.step_time_s > laid.predicted.step_time_s
     said = "\n".join(_difference(even, laid))  # the same strategy, split otherwise
     assert "is the best plan" not in said

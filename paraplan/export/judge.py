@@ -153,7 +153,7 @@ def _difference(y: Plan, b: Plan | None) -> list[str]:
     if b is None:
         return ["No plan fits this model, cluster and batch; the search found nothing better."]
     ys, bs = y.predicted.step_time_s, b.predicted.step_time_s
-    same_split = _chunk_blocks(y) == _chunk_blocks(b)
+    same_split = y.chunk_blocks() == b.chunk_blocks()
     if (y.short() == b.short() and same_split) or abs(ys - bs) <= 1e-9 * ys:
         return ["Your configuration is the best plan the search finds."]
     lines = [
@@ -182,21 +182,11 @@ def _difference(y: Plan, b: Plan | None) -> list[str]:
     if (ysh < ys_.dp or bsh < bs_.dp) and ysh != bsh:  # HSDP on either side (else it is dp)
         changes.append(f"dp_shard {ysh} -> {bsh}")
     if not same_split and ys_.pp == bs_.pp and ys_.virtual_stages == bs_.virtual_stages:
-        yours, best = (",".join(map(str, _chunk_blocks(p))) for p in (y, b))
+        yours, best = (",".join(map(str, p.chunk_blocks())) for p in (y, b))
         changes.append(f"blocks per pipeline chunk {yours} -> {best}")
     if changes:
         lines.append("  what the best plan changes: " + ", ".join(changes))
     return lines
-
-
-def _chunk_blocks(p: Plan) -> list[int]:
-    """Blocks of each pipeline chunk of `p`, in model order."""
-    last = len(p.layers) - 1
-    chunks = sorted((c for st in p.stages for c in st.chunks), key=lambda c: c.chunk)
-    return [
-        c.last_layer - c.first_layer + 1 - (c.first_layer == 0) - (c.last_layer == last)
-        for c in chunks
-    ]
 
 
 def judged_runtime(asked: str | None, setup: TrainerSetup, cluster: Cluster) -> Framework:
