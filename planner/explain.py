@@ -76,7 +76,7 @@ def format_plan(plan: Plan) -> str:
         f" of {plan.micro_batch_size} sequence{'s' if plan.micro_batch_size != 1 else ''}"
         " per replica",
         *(
-            [f"  stages        blocks per chunk {_chunk_text(plan)} (model order)"]
+            [f"  stages        blocks per chunk in model order: {_chunk_text(plan)}"]
             if p.pp > 1
             else []
         ),
