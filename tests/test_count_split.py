@@ -13,6 +13,7 @@ import pytest
 from paraplan.cli import main
 from paraplan.export.judge import _difference, compare, read_config
 from paraplan.export.megatron import _layout_blocks
+from paraplan.export.setup import TrainerSetup
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.count_split import CountSplit
@@ -238,3 +239,27 @@ def test_torchtitan_automatic_split_is_its_own(weights: tuple[int, int]) -> None
         assert got == want, (layers, chunks)
         checked += got is not None
     assert checked > 10
+
+
+def test_megatron_shell_script_with_line_continuations() -> None:
+    """A launch script as people write it: a command, flags over several lines joined by
+    backslashes (a switch at a line's end is still a switch), and the split it asks for noted."""
+    text = (
+        "torchrun --nproc-per-node 8 pretrain_gpt.py \\\n"
+        "  --tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --bf16 \\\n"
+        "  --seq-length 4096 --micro-batch-size 1 --global-batch-size 64 \\\n"
+        "  --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split\n"
+    )
+    setup = read_config_text(text)
+    assert setup.strategy.tp == 2 and setup.strategy.pp == 2
+    assert setup.split == CountSplit(embedding_as_layer=True, loss_as_layer=True)
+    assert any(
+        "the embedding counted as a block, the loss counted as a block" in n for n in setup.notes
+    )
+
+
+def read_config_text(text: str) -> TrainerSetup:
+    """A Megatron argument text read on 16 GPUs."""
+    from paraplan.export.megatron import read
+
+    return read(text, world_size=16, source="train.sh")

@@ -296,7 +296,7 @@ def render(plan: Plan, s: Strategy) -> str:
 def parse_args(text: str) -> dict[str, str | None]:
     """An argument file (shell words; ``#`` comments, backslash line ends) as flag -> value
     (None for a switch). Raises ValueError on a stray value or a repeated flag."""
-    words = shlex.split(text, comments=True)
+    words = shlex.split(re.sub(r"\\\r?\n", " ", text), comments=True)  # line continuations
     out: dict[str, str | None] = {}
     i = 0
     while i < len(words):
@@ -441,6 +441,9 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
             f"--cp-comm-type {cp_comm} priced as p2p (paraplan prices context parallelism as "
             "ring attention, K/V passed around the ring under the attention compute)"
         )
+    split = _count_split(args, num) if pp > 1 else None
+    if split is not None:  # what the pipeline stages hold, as Megatron-Core builds them
+        notes.append(f"blocks over the pipeline chunks: {split.describe()}")
     # data-parallel overlap, where there is data-parallel traffic (Megatron-LM's default: off)
     grads_overlap = "overlap-grad-reduce" in args or dp * cp == 1
     params_overlap = "overlap-param-gather" in args or dp * cp == 1 or zero == 0
@@ -465,7 +468,7 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
         precision=precision,
         notes=tuple(notes),
         runtime=Framework.NEMO if overlaps else Framework.MEGATRON,
-        split=_count_split(args, num) if pp > 1 else None,
+        split=split,
         runtime_says=RuntimeSays(
             recompute_modules=modules if recompute == Recompute.SELECTIVE else _CORE,
             grad_reduce_overlap=grads_overlap,
