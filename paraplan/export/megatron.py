@@ -78,8 +78,9 @@ _SWITCHES = (
 `--overlap-moe-expert-parallel-comm`: the runtime, NeMo's preset where either is on,
 Megatron-LM's where neither is)."""
 _LIST_FLAGS = ("recompute-modules",)
-_CORE = (RecomputeModule.CORE_ATTN,)
 """Flags that take a list of words (Megatron-LM's ``nargs="*"``)."""
+_CORE = (RecomputeModule.CORE_ATTN,)
+"""Megatron-Core's default `recompute_modules`: the attention core."""
 
 
 def block_pattern(plan: Plan) -> int | None:

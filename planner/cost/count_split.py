@@ -1,4 +1,5 @@
-"""Megatron-Core's split of the blocks over pipeline chunks by count (`CountSplit`).
+"""A trainer's own split of the blocks over pipeline chunks, by count (`CountSplit`):
+Megatron-Core's rules and layouts, and torchtitan's module lists and automatic split.
 
 paraplan's own plans cut the stages by cost (`layout.balanced_cuts`) and write the cut as
 `--pipeline-model-parallel-layout`; a Megatron configuration that gives no layout splits by
@@ -14,8 +15,10 @@ count, and a configuration is priced as it runs (`paraplan plan --from-config`).
   split` say so (the count must divide), the first (last) chunk then building one block less.
 
 With v virtual stages a rank's blocks are split evenly over its v chunks (which must divide
-them), and model chunk c runs on rank c mod pp as virtual stage c // pp.
-`tests/test_count_split.py` checks every rule against megatron-core's own function.
+them), and model chunk c runs on rank c mod pp as virtual stage c // pp. torchtitan (0.3) runs
+the chunks its `module_fqns_per_model_part` lists, else its own automatic split (`weighted`).
+`tests/test_count_split.py` checks every rule against megatron-core's and torchtitan's own
+functions.
 """
 
 from __future__ import annotations
@@ -25,11 +28,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CountSplit:
-    """How Megatron-Core splits the blocks over the chunks when it is told by count."""
+    """How a trainer splits the blocks over the chunks when its configuration says so by count."""
 
     chunk_blocks: tuple[int, ...] = ()
-    """Blocks of each chunk in model order, from a `--pipeline-model-parallel-layout` (empty:
-    no layout; then the fields below)."""
+    """Blocks of each chunk in model order, from a `--pipeline-model-parallel-layout` or
+    torchtitan's module lists (empty: none given; then the fields below)."""
     first_stage_blocks: int | None = None
     """`--decoder-first-pipeline-num-layers`: blocks on the first pipeline rank."""
     last_stage_blocks: int | None = None
@@ -58,9 +61,14 @@ class CountSplit:
         """How torchtitan splits the blocks under its `[parallelism]` settings: the chunks it
         lists, else its automatic split with the embedding's and head's weights."""
         listed = CountSplit.of_modules(parallelism.get("module_fqns_per_model_part"))
-        first = parallelism.get("pipeline_parallel_first_stage_less_layers", 1)
-        last = parallelism.get("pipeline_parallel_last_stage_less_layers", 1)
-        return listed or CountSplit(weighted=(int(str(first)), int(str(last))))
+        weights = []
+        for side in ("first", "last"):
+            key = f"pipeline_parallel_{side}_stage_less_layers"
+            value = parallelism.get(key, 1)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{key} = {value!r}: give a whole number of blocks, 0 or more")
+            weights.append(value)
+        return listed or CountSplit(weighted=(weights[0], weights[1]))
 
     def describe(self) -> str:
         """The split in words (for notes and messages)."""
