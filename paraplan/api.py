@@ -102,17 +102,24 @@ def plan(
     or `runtime` names another framework than "paraplan" (torchtitan, torchtitan-compile,
     torchtitan-async-tp, megatron, nemo: planner/frameworks.py), whose runtime the plan is
     then priced for; `recompute_modules` ("layernorm,moe_act") what Megatron's and NeMo's
-    selective recompute redoes (`--recompute-modules`; default their attention core).
+    selective recompute redoes (`--recompute-modules`; default their attention core), or
+    "auto": the faster plan of each of `frameworks.MODULE_CHOICES`.
     PowerSGD (`allow_compression`) and the asynchronous PipeDream-2BW pipeline
     (`allow_async`) change the training math and are searched only when allowed.
     A model string is read as the CLI reads `--model`: `model_source` "auto" (the default of
     both) traces Hugging Face presets and configs, "spec" uses the analytic spec.
     Raises ValueError on bad input and `NoFeasiblePlanError` (a ValueError) when nothing
     fits."""
-    from .planner.api import make_plan
+    from .planner.api import NoFeasiblePlanError, make_plan
     from .planner.cluster import Cluster, parse_cluster
-    from .planner.config import TrainConfig
-    from .planner.frameworks import RUNTIMES, parse_framework, parse_recompute_modules
+    from .planner.config import RecomputeModule, TrainConfig
+    from .planner.frameworks import (
+        AUTO_MODULES,
+        MODULE_CHOICES,
+        RUNTIMES,
+        parse_framework,
+        parse_recompute_modules,
+    )
     from .planner.model import ModelProfile
     from .planner.model_spec import TransformerSpec
     from .planner.options import Consent
@@ -120,9 +127,12 @@ def plan(
 
     framework = parse_framework(runtime)  # a bad name fails before any tracing
     chosen = RUNTIMES[framework]
-    if recompute_modules is not None:  # and a bad module list
-        modules = parse_recompute_modules(recompute_modules, framework)
-        chosen = replace(chosen, recompute_modules=modules)
+    choices: tuple[tuple[RecomputeModule, ...], ...] = (chosen.recompute_modules,)
+    if recompute_modules is not None and recompute_modules.strip().lower() == AUTO_MODULES:
+        parse_recompute_modules("core_attn", framework)  # the runtime must take a module list
+        choices = MODULE_CHOICES
+    elif recompute_modules is not None:  # and a bad module list
+        choices = (parse_recompute_modules(recompute_modules, framework),)
     spec: TransformerSpec | ModelProfile | str
     if isinstance(model, str):
         spec = model_profile(model, seq_len=seq_len, precision=precision, source=model_source)
@@ -154,16 +164,34 @@ def plan(
     )
     pins = Pins.parse(fix) if isinstance(fix, str) else fix
     consent = Consent(compression=allow_compression, async_pipeline=allow_async)
-    return make_plan(
-        profile,
-        cl,
-        train,
-        pins=pins,
-        top_k=top_k,
-        progress=progress,
-        any_engine=any_engine,
-        consent=consent,
-    )
+    outcomes: list[PlanOutcome] = []
+    refused: NoFeasiblePlanError | None = None
+    for i, modules in enumerate(choices):  # one search per module list; the faster plan wins
+        share = None if progress is None else _share(progress, i, len(choices))
+        try:
+            outcomes.append(
+                make_plan(
+                    profile,
+                    cl,
+                    replace(train, runtime=replace(chosen, recompute_modules=modules)),
+                    pins=pins,
+                    top_k=top_k,
+                    progress=share,
+                    any_engine=any_engine,
+                    consent=consent,
+                )
+            )
+        except NoFeasiblePlanError as exc:
+            refused = refused or exc
+    if not outcomes:
+        assert refused is not None
+        raise refused
+    return min(outcomes, key=lambda o: (not o.plan.feasible, o.plan.predicted.step_time_s))
+
+
+def _share(progress: Callable[[float], None], i: int, n: int) -> Callable[[float], None]:
+    """`progress` for the i-th of n searches run one after the other."""
+    return lambda fraction: progress((i + fraction) / n)
 
 
 def detect_cluster() -> Cluster:

@@ -97,6 +97,17 @@ _CONFIGURED = ("recompute_modules", "grad_reduce_overlap", "param_gather_overlap
 """`Runtime` fields a Megatron configuration sets itself (`MODULE_RECOMPUTE`)."""
 
 
+AUTO_MODULES = "auto"
+"""`--recompute-modules auto`: the search tries each of `MODULE_CHOICES` and keeps the faster."""
+MODULE_CHOICES: tuple[tuple[RecomputeModule, ...], ...] = (
+    (RecomputeModule.CORE_ATTN,),
+    (RecomputeModule.LAYERNORM, RecomputeModule.MOE_ACT),
+)
+"""What `auto` weighs: Megatron-Core's default (the attention core) and what NeMo's MoE recipes
+set (the norms and the experts' activation: memory-bound to redo, where a fused attention
+core keeps little)."""
+
+
 def parse_recompute_modules(text: str, framework: Framework) -> tuple[RecomputeModule, ...]:
     """`--recompute-modules a,b` for `framework`'s runtime (ValueError naming the rule and the
     choices: Megatron's and NeMo's runtime only, modules paraplan prices, none twice)."""
@@ -111,7 +122,7 @@ def parse_recompute_modules(text: str, framework: Framework) -> tuple[RecomputeM
     if bad or not names or len(set(names)) != len(names):
         raise ValueError(
             f"--recompute-modules {text!r}: give distinct modules from {allowed}, "
-            "comma-separated (e.g. layernorm,moe_act)"
+            f"comma-separated (e.g. layernorm,moe_act), or {AUTO_MODULES} (plan only)"
         )
     return tuple(RecomputeModule(n) for n in names)
 

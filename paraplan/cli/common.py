@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Union
 from ..api import model_profile
 from ..planner import limits
 from ..planner.config import Runtime
-from ..planner.frameworks import RUNTIMES, Framework, parse_recompute_modules
+from ..planner.frameworks import AUTO_MODULES, RUNTIMES, Framework, parse_recompute_modules
 from ..planner.limits import MAX_SECONDS, Bound
 
 if TYPE_CHECKING:
@@ -219,17 +219,27 @@ def add_recompute_modules_arg(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="M,M",
         help="with --runtime megatron or nemo: what selective recompute redoes in each block, "
-        "Megatron-Core's --recompute-modules (core_attn, layernorm, moe_act; default core_attn)",
+        "Megatron-Core's --recompute-modules (core_attn, layernorm, moe_act; default core_attn); "
+        "plan also takes auto: the faster of core_attn and layernorm,moe_act",
     )
 
 
-def chosen_runtime(args: argparse.Namespace) -> Runtime:
+def chosen_runtime(args: argparse.Namespace, *, allow_auto: bool = False) -> Runtime:
     """The runtime `--runtime` names, with `--recompute-modules` where given (ValueError for a
-    bad list, before any tracing)."""
+    bad list, before any tracing); with `allow_auto` (`plan`), `auto` checks the runtime takes
+    a list and leaves the choice to the search (the runtime is returned as it is)."""
     framework = Framework(runtime_name(args))
     runtime = RUNTIMES[framework]
     text = getattr(args, "recompute_modules", None)
     if text is None:
+        return runtime
+    if text.strip().lower() == AUTO_MODULES:
+        parse_recompute_modules("core_attn", framework)  # a runtime that takes a list
+        if not allow_auto:
+            raise ValueError(
+                "--recompute-modules auto: only `paraplan plan` searches the module lists; "
+                "name the modules (e.g. layernorm,moe_act)"
+            )
         return runtime
     return replace(runtime, recompute_modules=parse_recompute_modules(text, framework))
 

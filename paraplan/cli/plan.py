@@ -133,7 +133,7 @@ def execute(args: argparse.Namespace) -> int:
         if mismatch:
             print(f"paraplan: warning: {mismatch}", file=sys.stderr)
     # fp8 without fp8 tensor cores, or a precision the executor does not run: before tracing
-    runtime = chosen_runtime(args)  # a bad --recompute-modules fails before any tracing
+    runtime = chosen_runtime(args, allow_auto=True)  # a bad --recompute-modules: before tracing
     refuse_precision(cluster, Precision(args.precision), args.any_engine or not is_own(runtime))
     fix = Pins.parse(args.fix)  # bad --fix fails before any tracing
     consent = Consent(compression=args.allow_compression, async_pipeline=args.allow_async)
