@@ -165,3 +165,25 @@ def test_plan_takes_a_module_list(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert main([*compare, "--recompute-modules", "layernorm"]) == 2  # compare takes it too
     assert "only Megatron-Core's runtimes" in capsys.readouterr().err
     assert not (tmp_path / "report").exists()  # refused before any work
+
+
+def test_auto_keeps_the_faster_module_list(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--recompute-modules auto` is the faster of the plans each module list gives (brute
+    force over both); `compare` does not take it (exit 2, one line)."""
+    import paraplan
+    from paraplan.cli import main
+
+    moe = "moe:layers=16,hidden=2048,heads=16,kv_heads=4,vocab=32000,seq=4096,experts=64,top_k=8"
+    kw = dict(global_batch=64, seq_len=4096, runtime="nemo", top_k=0)
+    each = {
+        lists: paraplan.plan(moe, "8xh100", recompute_modules=lists, **kw).plan  # type: ignore[arg-type]
+        for lists in ("core_attn", "layernorm,moe_act")
+    }
+    auto = paraplan.plan(moe, "8xh100", recompute_modules="auto", **kw).plan  # type: ignore[arg-type]
+    best = min(each.values(), key=lambda p: p.predicted.step_time_s)
+    assert auto.predicted.step_time_s == best.predicted.step_time_s
+    assert auto.train.runtime.recompute_modules == best.train.runtime.recompute_modules
+    argv = ["compare", "--model", moe, "--cluster", "8xh100", "--global-batch", "64"]
+    argv += ["--runtime", "nemo", "--recompute-modules", "auto", "-o", "/nonexistent/x"]
+    assert main([*argv, "--no-progress"]) == 2
+    assert "only `paraplan plan` searches the module lists" in capsys.readouterr().err
