@@ -66,3 +66,15 @@ def test_cp_comm_type_other_than_the_ring_is_noted() -> None:
     a2a = read(base + "--cp-comm-type a2a", world_size=8, source="a2a.args")
     assert not any("cp-comm-type" in n for n in ring.notes)
     assert any("--cp-comm-type a2a priced as p2p" in n for n in a2a.notes)
+
+
+def test_odd_pipeline_and_recompute_flags() -> None:
+    """A negative first-stage count is refused naming the flag; `--recompute-modules` given
+    with no module (Megatron-LM's nargs="*": an empty list) recomputes nothing."""
+    base = "--pipeline-model-parallel-size 4 --bf16 --seq-length 4096 --micro-batch-size 1 "
+    with pytest.raises(ValueError, match="--decoder-first-pipeline-num-layers -3: give 0 or more"):
+        read(base + "--decoder-first-pipeline-num-layers -3", world_size=16, source="a.args")
+    empty = read(
+        base + "--recompute-granularity selective --recompute-modules", world_size=16, source="b"
+    )
+    assert empty.runtime_says is not None and empty.runtime_says.recompute_modules == ()

@@ -197,6 +197,9 @@ def _count_split(args: dict[str, str | None], num: Callable[[str, int], int]) ->
     if layout:
         return CountSplit(chunk_blocks=_layout_blocks(layout))
     first, last = "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers"
+    for key in (first, last):
+        if key in args and num(key, 0) < 0:
+            raise ValueError(f"--{key} {args[key]}: give 0 or more blocks")
     return CountSplit(
         first_stage_blocks=num(first, 0) if first in args else None,
         last_stage_blocks=num(last, 0) if last in args else None,
@@ -368,7 +371,8 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
     granularity = args.get("recompute-granularity")
     if granularity == "selective":
         recompute = Recompute.SELECTIVE
-        named = (args.get("recompute-modules") or RecomputeModule.CORE_ATTN).split()
+        given = "recompute-modules" in args  # given empty (nargs="*"): nothing recomputed
+        named = str(args.get("recompute-modules") or "").split() if given else ["core_attn"]
         unpriced = [m for m in named if m not in set(RecomputeModule)]
         if unpriced:
             notes.append(
