@@ -201,6 +201,11 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
     return Runtime(fused_elementwise=True, sp_saves_gathered_input=False, torch_loss=False)
 
 
+_FP8_NAMES = ("fp8", "fp8_cs", "fp8_ds", "fp8_mx", "mxfp8")
+"""Precision names the sources use for fp8 training: per-tensor current or delayed scaling and
+MXFP8's block scaling (Blackwell), all priced at the fp8 tensor-core rate."""
+_UNPRICED_PRECISIONS = ("nvfp4", "fp4")
+"""Precisions paraplan does not price (no fp4 rate in the catalog): such rows are left out."""
 _PRICED_GPUS = ("a100-80gb", "a100-40gb", "h100", "h100-hbm2e", "h200", "v100", "b200", "gb200")
 """Catalog accelerators the rows are priced on."""
 
@@ -235,16 +240,9 @@ def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
             why = "model not fully specified"
         elif any(cfg.get(k) is None for k in ("tp", "pp", "dp")):
             why = "degrees not stated"
-        elif gpu not in (
-            "a100-80gb",
-            "a100-40gb",
-            "h100",
-            "h100-hbm2e",
-            "h200",
-            "v100",
-            "b200",
-            "gb200",
-        ):
+        elif str(cfg.get("precision") or "").lower() in _UNPRICED_PRECISIONS:
+            why = f"precision {cfg['precision']} (no fp4 rate in the catalog)"
+        elif gpu not in _PRICED_GPUS:
             why = f"accelerator {gpu}"
         elif row["id"].startswith(tuple(_OTHER_SYSTEMS)):
             why = _OTHER_SYSTEMS[row["id"].split("_")[0] + "_" + row["id"].split("_")[1]]
@@ -259,8 +257,9 @@ def load_cases(path: Path = DATA) -> tuple[list[Case], list[tuple[str, str]]]:
             skipped.append((row["id"], why))
             continue
         assert spec is not None and step is not None
-        precision = Precision.FP16 if cfg.get("precision") == "fp16" or gpu == "v100" else None
-        if cfg.get("precision") == "fp8":
+        named = str(cfg.get("precision") or "").lower().replace("-", "_")
+        precision = Precision.FP16 if named == "fp16" or gpu == "v100" else None
+        if named in _FP8_NAMES:  # tensor-wise and block-scaled fp8 run the fp8 tensor cores
             precision = Precision.FP8
         train = TrainConfig(
             global_batch=cfg["global_batch"],
