@@ -263,3 +263,67 @@ def read_config_text(text: str) -> TrainerSetup:
     from paraplan.export.megatron import read
 
     return read(text, world_size=16, source="train.sh")
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torchtitan") is None, reason="torchtitan not installed"
+)
+@pytest.mark.parametrize(("name", "looped"), [("1F1B", False), ("Interleaved1F1B", True)])
+def test_torchtitan_layers_per_stage_is_its_own(name: str, looped: bool) -> None:
+    """`pipeline_parallel_layers_per_stage`: the stages per rank as torchtitan 0.3's own
+    `_get_pipeline_metadata` makes them (and refuses them), over layer counts, ranks and
+    layers per stage."""
+    from types import SimpleNamespace
+
+    from torchtitan.distributed.pipeline_parallel import _get_pipeline_metadata
+
+    checked = refused = 0
+    grid = itertools.product((16, 30, 32, 80), (2, 4, 8), (1, 2, 3, 4, 5, 8, 9, 11, 17, 41))
+    for layers, pp, per in grid:
+        par = {"pipeline_parallel_layers_per_stage": per}
+        split = CountSplit.of_torchtitan(par)
+        theirs = SimpleNamespace(
+            pipeline_parallel_schedule=name,
+            pipeline_parallel_layers_per_stage=per,
+            pipeline_parallel_first_stage_less_layers=1,
+            pipeline_parallel_last_stage_less_layers=1,
+        )
+        try:
+            stages = _get_pipeline_metadata(
+                SimpleNamespace(pp=pp), theirs, SimpleNamespace(layers=[None] * layers)
+            )[0]
+        except ValueError:
+            stages = None
+        try:
+            ours = split.virtual_stages(layers, pp, looped=looped)
+        except ValueError:
+            ours = None
+        assert (None if ours is None else ours * pp) == stages, (layers, pp, per)
+        checked += ours is not None
+        refused += ours is None
+    assert checked > 5 and refused > 5
+
+
+def test_from_config_takes_torchtitans_layers_per_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A torchtitan TOML with `pipeline_parallel_layers_per_stage = 3` and no module lists, on
+    Llama 3 8B (32 blocks, the embedding and head weighing 1 each): ceil(34 / 3) = 12 stages
+    over pp 2, 6 per rank, priced so; 17 per stage makes 1 per rank, which the looped schedule
+    refuses (exit 2, one line)."""
+    config = tmp_path / "mine.toml"
+    text = (
+        "[parallelism]\npipeline_parallel_degree = 2\ndata_parallel_shard_degree = 4\n"
+        'pipeline_parallel_schedule = "Interleaved1F1B"\n'
+        "pipeline_parallel_layers_per_stage = {per}\n"
+        "[training]\nlocal_batch_size = 16\nglobal_batch_size = 64\nseq_len = 4096\n"
+    )
+    argv = ["plan", "--from-config", str(config), "--model", "llama3-8b", "--model-source"]
+    argv += ["spec", "--cluster", "8xh100", "--no-progress"]
+    config.write_text(text.format(per=3))
+    assert main(argv) == 0
+    assert "interleaved_1f1b(v=6)" in capsys.readouterr().out
+    config.write_text(text.format(per=17))
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "makes 2 stages of 32 blocks over 2 pipeline ranks" in err and len(err.splitlines()) == 1

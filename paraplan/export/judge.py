@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..planner.api import NoFeasiblePlanError, make_plan
@@ -18,6 +18,7 @@ from ..planner.framework_pins import refuse_framework_cluster
 from ..planner.frameworks import MODULE_RECOMPUTE, RUNTIMES, Framework, runtime_note
 from ..planner.model import ModelProfile
 from ..planner.plan import Plan
+from ..planner.strategy import Schedule
 from . import deepspeed, megatron, torchtitan
 from .setup import Target, TrainerSetup
 
@@ -236,10 +237,16 @@ def run_from_config(
         runtime = setup.runtime_says.apply(runtime)
     refuse_framework_cluster(cluster, runtime)  # an explicit GPU trainer's --runtime on CPUs
     profile, batch = read_model(args, [])
-    if setup.split is not None:  # the trainer's own split of the blocks, checked before a search
+    split = setup.split
+    if split is not None:  # the trainer's own split of the blocks, checked before a search
         s = setup.strategy
         try:
-            setup.split.counts(profile.num_blocks, s.pp, s.virtual_stages)
+            looped = s.schedule not in (Schedule.ONE_F_ONE_B, Schedule.GPIPE)
+            v = split.virtual_stages(profile.num_blocks, s.pp, looped=looped)
+            if v is not None:  # torchtitan's layers per stage: its chunk count
+                s = replace(s, virtual_stages=v)
+                setup = replace(setup, strategy=s)
+            split.counts(profile.num_blocks, s.pp, s.virtual_stages)
         except ValueError as exc:
             raise ValueError(f"{args.from_config}: {exc}") from None
     train = TrainConfig(

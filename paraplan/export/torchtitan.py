@@ -35,6 +35,7 @@ SCHEDULE_NAMES = {
 `torch.distributed.pipelining.schedules.get_schedule_class`). torchtitan places the stages of
 ZBVZeroBubble and DualPipeV in a V (its `stage_ids_this_rank(..., style="v")`), as the plan's
 chunk layout does."""
+_LOOPED = (Schedule.INTERLEAVED_1F1B, Schedule.ZBV, Schedule.DUALPIPEV)
 _LOOPED_DEFAULT_STAGES = 2
 """Stages per rank torchtitan builds for a looped schedule when no split is given."""
 RECOMPUTE_MODES = {
@@ -434,7 +435,7 @@ def from_values(
         parts = par.get("module_fqns_per_model_part")
         if parts:
             vstages = len(parts) // pp
-        elif schedule in (Schedule.INTERLEAVED_1F1B, Schedule.ZBV, Schedule.DUALPIPEV):
+        elif schedule in _LOOPED and not par.get("pipeline_parallel_layers_per_stage"):
             vstages = _LOOPED_DEFAULT_STAGES
             notes.append(f"no module_fqns_per_model_part: {vstages} stages per rank assumed")
     local = int(tr.get("local_batch_size", 8))

@@ -41,6 +41,9 @@ class CountSplit:
     """`--account-for-embedding-in-pipeline-split`: the embedding counts as a block."""
     loss_as_layer: bool = False
     """`--account-for-loss-in-pipeline-split`: the loss counts as a block."""
+    layers_per_stage: int | None = None
+    """torchtitan's `pipeline_parallel_layers_per_stage`: with `weighted`, the chunk count is
+    the weighted total over it, rounded up (`virtual_stages`)."""
     weighted: tuple[int, int] | None = None
     """torchtitan's automatic split instead (`pipeline_parallel._generate_llm_fqn_per_model_part`,
     0.3): the embedding and the head weigh this many blocks each (`pipeline_parallel_first/
@@ -68,13 +71,41 @@ class CountSplit:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{key} = {value!r}: give a whole number of blocks, 0 or more")
             weights.append(value)
-        return listed or CountSplit(weighted=(weights[0], weights[1]))
+        per = parallelism.get("pipeline_parallel_layers_per_stage")
+        if per is not None and (isinstance(per, bool) or not isinstance(per, int) or per < 1):
+            raise ValueError(
+                f"pipeline_parallel_layers_per_stage = {per!r}: give a whole number of blocks, "
+                "1 or more"
+            )
+        return listed or CountSplit(weighted=(weights[0], weights[1]), layers_per_stage=per)
+
+    def virtual_stages(self, num_blocks: int, pp: int, *, looped: bool) -> int | None:
+        """Chunks per pipeline rank torchtitan builds from `layers_per_stage` (None without
+        it): the weighted total over it, rounded up, shared by the pp ranks (ValueError where
+        torchtitan refuses: a count pp does not divide, or not 1 per rank for a single-stage
+        schedule, or fewer than 2 for a looped one)."""
+        if self.weighted is None or self.layers_per_stage is None:
+            return None
+        total = num_blocks + sum(self.weighted)
+        chunks = -(-total // self.layers_per_stage)
+        per_rank, spare = divmod(chunks, pp)
+        if spare or (per_rank != 1 if not looped else per_rank < 2):
+            want = "at least 2 stages per rank" if looped else "1 stage per rank"
+            raise ValueError(
+                f"pipeline_parallel_layers_per_stage {self.layers_per_stage} makes {chunks} "
+                f"stages of {num_blocks} blocks over {pp} pipeline ranks; the schedule needs "
+                f"{want} (torchtitan refuses it): change pipeline_parallel_layers_per_stage"
+            )
+        return per_rank
 
     def describe(self) -> str:
         """The split in words (for notes and messages)."""
         if self.weighted is not None:
             first, last = self.weighted
-            return f"torchtitan's split (the embedding and head weighing {first} and {last})"
+            per = self.layers_per_stage
+            return f"torchtitan's split (the embedding and head weighing {first} and {last}" + (
+                f", {per} layers per stage)" if per else ")"
+            )
         if self.chunk_blocks:
             return "the layout's blocks per chunk " + ",".join(map(str, self.chunk_blocks))
         parts = []
