@@ -112,14 +112,8 @@ def plan(
     fits."""
     from .planner.api import NoFeasiblePlanError, make_plan
     from .planner.cluster import Cluster, parse_cluster
-    from .planner.config import RecomputeModule, TrainConfig
-    from .planner.frameworks import (
-        AUTO_MODULES,
-        MODULE_CHOICES,
-        RUNTIMES,
-        parse_framework,
-        parse_recompute_modules,
-    )
+    from .planner.config import TrainConfig
+    from .planner.frameworks import RUNTIMES, module_choices, parse_framework
     from .planner.model import ModelProfile
     from .planner.model_spec import TransformerSpec
     from .planner.options import Consent
@@ -127,12 +121,7 @@ def plan(
 
     framework = parse_framework(runtime)  # a bad name fails before any tracing
     chosen = RUNTIMES[framework]
-    choices: tuple[tuple[RecomputeModule, ...], ...] = (chosen.recompute_modules,)
-    if recompute_modules is not None and recompute_modules.strip().lower() == AUTO_MODULES:
-        parse_recompute_modules("core_attn", framework)  # the runtime must take a module list
-        choices = MODULE_CHOICES
-    elif recompute_modules is not None:  # and a bad module list
-        choices = (parse_recompute_modules(recompute_modules, framework),)
+    choices = module_choices(recompute_modules, framework, allow_auto=True)  # and a bad list
     spec: TransformerSpec | ModelProfile | str
     if isinstance(model, str):
         spec = model_profile(model, seq_len=seq_len, precision=precision, source=model_source)
@@ -165,7 +154,7 @@ def plan(
     pins = Pins.parse(fix) if isinstance(fix, str) else fix
     consent = Consent(compression=allow_compression, async_pipeline=allow_async)
     outcomes: list[PlanOutcome] = []
-    refused: NoFeasiblePlanError | None = None
+    refused: list[NoFeasiblePlanError] = []
     for i, modules in enumerate(choices):  # one search per module list; the faster plan wins
         share = None if progress is None else _share(progress, i, len(choices))
         try:
@@ -182,10 +171,9 @@ def plan(
                 )
             )
         except NoFeasiblePlanError as exc:
-            refused = refused or exc
-    if not outcomes:
-        assert refused is not None
-        raise refused
+            refused.append(exc)
+    if not outcomes:  # every list refused (there is at least one): the first one's reason
+        raise refused[0]
     return min(outcomes, key=lambda o: (not o.plan.feasible, o.plan.predicted.step_time_s))
 
 

@@ -113,11 +113,7 @@ def parse_recompute_modules(text: str, framework: Framework) -> tuple[RecomputeM
     choices: Megatron's and NeMo's runtime only, modules paraplan prices, none twice)."""
     names = [n.strip().lower() for n in str(text).split(",") if n.strip()]
     allowed = ", ".join(RecomputeModule)
-    if framework not in MODULE_RECOMPUTE:
-        raise ValueError(
-            f"--recompute-modules {text}: only Megatron-Core's runtimes recompute modules by name "
-            f"(--runtime {' or '.join(MODULE_RECOMPUTE)}); leave it out for {framework}"
-        )
+    _check_takes_modules(text, framework)
     bad = [n for n in names if n not in set(RecomputeModule)]
     if bad or not names or len(set(names)) != len(names):
         raise ValueError(
@@ -125,6 +121,34 @@ def parse_recompute_modules(text: str, framework: Framework) -> tuple[RecomputeM
             f"comma-separated (e.g. layernorm,moe_act), or {AUTO_MODULES} (plan only)"
         )
     return tuple(RecomputeModule(n) for n in names)
+
+
+def _check_takes_modules(text: str, framework: Framework) -> None:
+    """ValueError unless `framework`'s runtime takes `--recompute-modules` (`MODULE_RECOMPUTE`)."""
+    if framework not in MODULE_RECOMPUTE:
+        raise ValueError(
+            f"--recompute-modules {text}: only Megatron-Core's runtimes recompute modules by name "
+            f"(--runtime {' or '.join(MODULE_RECOMPUTE)}); leave it out for {framework}"
+        )
+
+
+def module_choices(
+    text: str | None, framework: Framework, *, allow_auto: bool
+) -> tuple[tuple[RecomputeModule, ...], ...]:
+    """The module lists a search prices for `--recompute-modules text` on `framework`'s
+    runtime: the runtime's own where not given, every one of `MODULE_CHOICES` for `auto` (where
+    `allow_auto`: `plan` only), else the one named (ValueError: `parse_recompute_modules`)."""
+    if text is None:
+        return (RUNTIMES[framework].recompute_modules,)
+    if text.strip().lower() != AUTO_MODULES:
+        return (parse_recompute_modules(text, framework),)
+    _check_takes_modules(text, framework)
+    if not allow_auto:
+        raise ValueError(
+            "--recompute-modules auto: only `paraplan plan` searches the module lists; "
+            "name the modules (e.g. layernorm,moe_act)"
+        )
+    return MODULE_CHOICES
 
 
 def framework_of(runtime: Runtime) -> Framework | None:

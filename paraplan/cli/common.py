@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Union
 from ..api import model_profile
 from ..planner import limits
 from ..planner.config import Runtime
-from ..planner.frameworks import AUTO_MODULES, RUNTIMES, Framework, parse_recompute_modules
+from ..planner.frameworks import RUNTIMES, Framework, module_choices
 from ..planner.limits import MAX_SECONDS, Bound
 
 if TYPE_CHECKING:
@@ -229,19 +229,10 @@ def chosen_runtime(args: argparse.Namespace, *, allow_auto: bool = False) -> Run
     bad list, before any tracing); with `allow_auto` (`plan`), `auto` checks the runtime takes
     a list and leaves the choice to the search (the runtime is returned as it is)."""
     framework = Framework(runtime_name(args))
-    runtime = RUNTIMES[framework]
     text = getattr(args, "recompute_modules", None)
-    if text is None:
-        return runtime
-    if text.strip().lower() == AUTO_MODULES:
-        parse_recompute_modules("core_attn", framework)  # a runtime that takes a list
-        if not allow_auto:
-            raise ValueError(
-                "--recompute-modules auto: only `paraplan plan` searches the module lists; "
-                "name the modules (e.g. layernorm,moe_act)"
-            )
-        return runtime
-    return replace(runtime, recompute_modules=parse_recompute_modules(text, framework))
+    choices = module_choices(text, framework, allow_auto=allow_auto)
+    runtime = RUNTIMES[framework]
+    return replace(runtime, recompute_modules=choices[0]) if len(choices) == 1 else runtime
 
 
 def add_input_args(

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 
 from ..planner.config import Precision, RecomputeModule, Runtime
@@ -50,13 +50,8 @@ class RuntimeSays:
     """ZeRO-1/2's parameter gathers overlap the next forward."""
 
     def apply(self, runtime: Runtime) -> Runtime:
-        """`runtime` with these settings."""
-        return replace(
-            runtime,
-            recompute_modules=self.recompute_modules,
-            grad_reduce_overlap=self.grad_reduce_overlap,
-            param_gather_overlap=self.param_gather_overlap,
-        )
+        """`runtime` with these settings (its fields of the same names)."""
+        return replace(runtime, **{f.name: getattr(self, f.name) for f in fields(self)})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
