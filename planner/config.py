@@ -134,6 +134,19 @@ class Runtime:
     torchtitan run it: measured on the executor's GPT-2 block on 2 gloo ranks, SP saved only
     the norms' inputs' share over plain TP, 2026-11-25). False: Megatron-LM keeps the sequence
     shard and all-gathers it again in backward (Korthikanti et al. 2022 §4.2.2)."""
+    norm_keeps_input_only: bool = False
+    """The norms keep only their input and per-token statistics for backward: Transformer
+    Engine's LayerNormLinear, which Megatron-Core fuses into the QKV and first MLP linears (it
+    saves the norm's input, mu, rsigma and the normalized output the linear needs, no other
+    copy: transformer_engine/pytorch/module/layernorm_linear.py), and its fused RMSNorm before
+    the head. False: an RMSNorm as eager torch and Hugging Face write it also keeps the
+    normalized hidden state for the weight multiply (`LayerCost.act_norm_copy_bytes`)."""
+    glu_keeps_input_only: bool = False
+    """A gated MLP's activation keeps only its input, the up projection's gate and up halves,
+    and recomputes silu(gate) in backward: Megatron-Core's fused SwiGLU (`bias_swiglu_impl`,
+    whose `SwiGLUFunction` saves its input alone; on under `bias_activation_fusion`, Megatron-
+    LM's default `--bias-swiglu-fusion` and Megatron-Bridge's Llama, Qwen, DeepSeek and gpt-oss
+    providers). False: eager torch's multiply keeps silu(gate) too (`act_glu_copy_bytes`)."""
     torch_loss: bool = True
     """The loss is torch's cross-entropy on fp32 logits, under TP torch's vocabulary-parallel
     `loss_parallel` (paraplan's executor, torchtitan): its backward holds 2 more logits-sized

@@ -51,6 +51,8 @@ _MEGATRON = Runtime(
     fused_elementwise=True,
     attention=AttentionKernel.FUSED,
     sp_saves_gathered_input=False,
+    norm_keeps_input_only=True,
+    glu_keeps_input_only=True,
     torch_loss=False,
     fp8_casts=Float8Casts.TRANSFORMER_ENGINE,
 )
@@ -93,7 +95,7 @@ MODULE_RECOMPUTE = (Framework.MEGATRON, Framework.NEMO)
 `--recompute-modules`, `Runtime.recompute_modules`) and whose data-parallel overlap is a
 flag (`--overlap-grad-reduce`, `--overlap-param-gather`): their runtime with any list or
 flags is theirs."""
-_CONFIGURED = ("recompute_modules", "grad_reduce_overlap", "param_gather_overlap")
+CONFIGURED_FIELDS = ("recompute_modules", "grad_reduce_overlap", "param_gather_overlap")
 """`Runtime` fields a Megatron configuration sets itself (`MODULE_RECOMPUTE`)."""
 
 
@@ -153,10 +155,10 @@ def module_choices(
 
 def framework_of(runtime: Runtime) -> Framework | None:
     """The framework whose runtime `runtime` is (Megatron-Core's whatever its configured
-    fields, `_CONFIGURED`); None for settings no framework has (an API caller's own
+    fields, `CONFIGURED_FIELDS`); None for settings no framework has (an API caller's own
     `Runtime`)."""
     default = Runtime()
-    plain = replace(runtime, **{f: getattr(default, f) for f in _CONFIGURED})
+    plain = replace(runtime, **{f: getattr(default, f) for f in CONFIGURED_FIELDS})
     for framework, known in RUNTIMES.items():
         if known == runtime or (framework in MODULE_RECOMPUTE and known == plain):
             return framework

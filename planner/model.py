@@ -57,6 +57,14 @@ class LayerCost:
     """Bytes saved for backward that TP replicates and only sequence parallelism shards."""
     act_attn_core_bytes: float = 0.0
     """Part of `act_tp_bytes` in the attention core, dropped by selective recompute (§5)."""
+    act_norm_copy_bytes: float = 0.0
+    """Part of `act_replicated_bytes` an unfused RMSNorm keeps beside its input: the normalized
+    hidden state x * rsqrt(mean(x^2)) for the weight multiply (eager torch, Hugging Face). A
+    fused norm keeps its input and per-token statistics only (`Runtime.norm_keeps_input_only`)."""
+    act_glu_copy_bytes: float = 0.0
+    """Part of `act_tp_bytes` an eager gated MLP keeps beyond its input and output: silu(gate),
+    saved by the multiply (each routed copy for experts). A fused SwiGLU keeps its input (gate
+    and up) and recomputes it in backward (`Runtime.glu_keeps_input_only`)."""
     input_bytes: float
     """Bytes of the layer's input: all that full recompute keeps (Korthikanti §5)."""
     output_bytes: float
@@ -226,6 +234,10 @@ class ModelProfile:
         fields = asdict(self)
         if not fields["head_dim"]:  # profiles from before head_dim keep their fingerprint
             del fields["head_dim"]
+        for layer in fields["layers"]:  # and traced ones from before the copies were split out
+            for name in ("act_norm_copy_bytes", "act_glu_copy_bytes"):
+                if not layer[name]:
+                    del layer[name]
         payload = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

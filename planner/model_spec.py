@@ -242,24 +242,27 @@ class TransformerSpec:
             mlp_mats, mlp_saved = 3, 4  # gate/up/down; saves gate, up, silu(gate), product
         else:
             mlp_mats, mlp_saved = 2, 2  # fc1/fc2; saves GELU input and output
+        routed = self.top_k if self.experts else 1
         if self.experts:
             inner = self.expert_ffn
             mlp_flops = 2 * s * h * self.experts + self.top_k * 2 * mlp_mats * s * h * inner
             # routed copies of the token (dispatch input, combine input), replicated across TP
             moe_replicated = 2 * self.top_k * p * s * h + p * s * self.experts
-            mlp_tp_bytes = self.top_k * mlp_saved * p * s * inner
         else:
             inner = self.ffn
             mlp_flops = 2 * mlp_mats * s * h * inner
             moe_replicated = 0
-            mlp_tp_bytes = mlp_saved * p * s * inner
+        mlp_tp_bytes = routed * mlp_saved * p * s * inner
+        # silu(gate): kept by eager torch's multiply, not by a fused SwiGLU
+        glu_copy = routed * p * s * inner if self.ffn_kind == FfnKind.SWIGLU else 0
         fwd_flops = qkv_proj_flops + attn_core_flops + mlp_flops
         # Activations saved for backward (Korthikanti et al. 2022 §4.1, generalized).
         # Replicated across TP ranks: norm1 input, QKV input, norm2 input, MLP input, 2 masks;
         # an RMSNorm as Hugging Face writes it (unfused) also keeps x * rsqrt(var) for the
         # weight multiply: one more (b, s, h) tensor per norm (measured, docs/cost-model.md).
         replicated = 4 * p * s * h + 2 * mask * s * h + moe_replicated
-        replicated += 2 * p * s * h * RMSNORM_EXTRA[self.norm]
+        norm_copy = 2 * p * s * h * RMSNORM_EXTRA[self.norm]
+        replicated += norm_copy
         if self.attention == Attention.MATH:
             # softmax output (p), its dropout mask and dropout output (Korthikanti: 5as^2).
             core = (p + mask + (p if self.dropout else 0)) * a * s * s
@@ -278,6 +281,8 @@ class TransformerSpec:
             act_tp_bytes=float(tp_bytes),
             act_replicated_bytes=float(replicated),
             act_attn_core_bytes=float(core),
+            act_norm_copy_bytes=float(norm_copy),
+            act_glu_copy_bytes=float(glu_copy),
             input_bytes=float(p * s * h),
             output_bytes=float(p * s * h),
         )
@@ -315,6 +320,7 @@ class TransformerSpec:
             # parallel): Korthikanti et al. 2022 §4.1, 4sbh/t (1 + v/h).
             act_tp_bytes=float(LOGITS_FP32_BYTES * s * v),
             act_replicated_bytes=float((2 + RMSNORM_EXTRA[self.norm]) * p * s * h),
+            act_norm_copy_bytes=float(RMSNORM_EXTRA[self.norm] * p * s * h),  # the final norm's
             input_bytes=float(p * s * h),
             output_bytes=float(LOGITS_FP32_BYTES),
         )

@@ -17,7 +17,7 @@ from .cost.memory import MemoryBreakdown
 from .jsonio import to_json
 from .strategy import MeshAxis, Recompute, Schedule, Strategy
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 """Bumped on any incompatible change of the plan JSON (9: `Runtime.recompute_modules`; 8:
 `parallelism.expert_tp` and `Runtime.ep_comm_overlap`; 7: `ModelInfo.head_dim` and
 `TrainInfo.runtime`; 6: `Predicted.model_flops_per_s_per_gpu`; 5: PowerSGD, offload and

@@ -16,7 +16,7 @@ from .config import Runtime
 from .cost.hidden import HiddenCosts
 from .cost.layout import chunk_stage
 from .documents import Document, wrong_kind
-from .frameworks import RUNTIMES, Framework
+from .frameworks import CONFIGURED_FIELDS, RUNTIMES, Framework
 from .jsonio import dumps_finite, from_json, read_json, to_json, validate, write_atomic
 from .plan import SCHEMA_VERSION, ChunkRange, Plan
 from .schema import plan_schema
@@ -64,12 +64,37 @@ _NEMO_RUNTIME = to_json(RUNTIMES[Framework.NEMO])
 
 _SINCE_V8 = ("ep_comm_overlap", "recompute_modules", "grad_reduce_overlap", "param_gather_overlap")
 """`train.runtime` keys a version-7 plan did not record."""
+_SINCE_V10 = ("norm_keeps_input_only", "glu_keeps_input_only")
+"""`train.runtime` keys a version-9 plan did not record."""
+_MEGATRON_FAMILY = tuple(
+    {k: v for k, v in to_json(RUNTIMES[f]).items() if k not in _SINCE_V10 + CONFIGURED_FIELDS}
+    for f in (Framework.MEGATRON, Framework.NEMO)
+)
+"""Megatron's and NeMo's runtimes as a version-9 plan recorded them, less what a configuration
+sets itself."""
 
 
 def upgrade(data: typing.Any) -> typing.Any:
-    """A version-4 to -8 plan document as the current version (`upgrade_v4` to `upgrade_v8`);
+    """A version-4 to -9 plan document as the current version (`upgrade_v4` to `upgrade_v9`);
     anything else unchanged (the schema then says what is wrong)."""
-    return upgrade_v8(upgrade_v7(upgrade_v6(upgrade_v5(upgrade_v4(data)))))
+    return upgrade_v9(upgrade_v8(upgrade_v7(upgrade_v6(upgrade_v5(upgrade_v4(data))))))
+
+
+def upgrade_v9(data: typing.Any) -> typing.Any:
+    """A version-9 plan document as version 10: Megatron's and NeMo's runtimes keep what their
+    fused norms and SwiGLU keep (`norm_keeps_input_only`, `glu_keeps_input_only`: the runtime
+    reads as theirs, its activations now counted as those kernels save them), any other
+    runtime eager torch's (as every version-9 plan was priced); anything else unchanged."""
+    if not isinstance(data, dict) or data.get("schema_version") != 9:
+        return data
+    out = dict(data, schema_version=10)
+    train = out.get("train")
+    if isinstance(train, dict) and isinstance(train.get("runtime"), dict):
+        runtime = train["runtime"]
+        plain = {k: v for k, v in runtime.items() if k not in CONFIGURED_FIELDS}
+        fused = plain in _MEGATRON_FAMILY
+        out["train"] = {**train, "runtime": {**dict.fromkeys(_SINCE_V10, fused), **runtime}}
+    return out
 
 
 def upgrade_v8(data: typing.Any) -> typing.Any:
@@ -107,7 +132,8 @@ def upgrade_v7(data: typing.Any) -> typing.Any:
         runtime = train["runtime"]
         # NeMo's preset gained the all-to-all overlap with schema 8: a plan priced for it
         # stays NeMo's (its dense blocks price the same; a MoE plan's all-to-alls now hide)
-        nemo = runtime == {k: v for k, v in _NEMO_RUNTIME.items() if k not in _SINCE_V8}
+        since = _SINCE_V8 + _SINCE_V10
+        nemo = runtime == {k: v for k, v in _NEMO_RUNTIME.items() if k not in since}
         out["train"] = {**train, "runtime": {"ep_comm_overlap": nemo, **runtime}}
     if isinstance(out.get("runners_up"), list):
         out["runners_up"] = [

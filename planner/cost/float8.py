@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..cluster import Cluster
-from ..config import AttentionKernel, Float8Casts, Precision, TrainConfig
+from ..config import AttentionKernel, Float8Casts, Precision, Runtime, TrainConfig
 from ..model import LayerCost, LayerKind, ModelProfile
 from ..strategy import Recompute
 from .compute import KERNELS, KernelModel, Kernels, layer_gemms
@@ -114,13 +114,20 @@ def layer_kept_bytes(
     sp: bool,
     cp: int,
     recompute: Recompute,
-    saves_gathered: bool,
+    runtime: Runtime,
 ) -> float:
-    """`memory.layer_act_bytes` under the step's fp8 pricing `f8`: less what Transformer Engine
-    keeps in fp8 (`fp8_kept_cut_bytes`) for every policy that keeps the linears' inputs (not
-    full recompute)."""
+    """`memory.layer_act_bytes` in the framework's `runtime` (what its kernels keep) under the
+    step's fp8 pricing `f8`: less what Transformer Engine keeps in fp8 (`fp8_kept_cut_bytes`)
+    for every policy that keeps the linears' inputs (not full recompute)."""
     kept = layer_act_bytes(
-        layer, tp=tp, sp=sp, cp=cp, recompute=recompute, saves_gathered=saves_gathered
+        layer,
+        tp=tp,
+        sp=sp,
+        cp=cp,
+        recompute=recompute,
+        saves_gathered=runtime.sp_saves_gathered_input,
+        fused_norms=runtime.norm_keeps_input_only,
+        fused_glu=runtime.glu_keeps_input_only,
     )
     if recompute == Recompute.FULL:
         return kept

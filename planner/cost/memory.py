@@ -95,20 +95,30 @@ def layer_act_bytes(
     cp: int,
     recompute: Recompute,
     saves_gathered: bool = False,
+    fused_norms: bool = False,
+    fused_glu: bool = False,
 ) -> float:
     """Bytes one layer keeps for backward per sequence (Korthikanti et al. 2022 Table 2):
     TP shards the `act_tp_bytes` part, SP also the replicated part; CP splits the sequence;
     selective recompute drops the attention core; full recompute keeps only the input.
     `saves_gathered` (`Runtime.sp_saves_gathered_input`): under SP a block's attention and MLP
     keep their all-gathered inputs whole, two block-input-sized tensors, instead of the
-    sequence shards Megatron-LM keeps and gathers again in backward (§4.2.2)."""
+    sequence shards Megatron-LM keeps and gathers again in backward (§4.2.2). `fused_norms`,
+    `fused_glu` (`Runtime.norm_keeps_input_only`, `glu_keeps_input_only`): the layer's norms
+    and gated MLP keep their inputs only (`LayerCost.act_norm_copy_bytes`, `act_glu_copy_bytes`
+    not kept)."""
     rep_div = tp if sp else 1
     if layer.kind == LayerKind.BLOCK and recompute == Recompute.FULL:
         return layer.input_bytes / rep_div / cp
     tp_part = layer.act_tp_bytes
     if layer.kind == LayerKind.BLOCK and recompute == Recompute.SELECTIVE:
         tp_part -= layer.act_attn_core_bytes
-    kept = tp_part / tp + layer.act_replicated_bytes / rep_div
+    if fused_glu:
+        tp_part -= layer.act_glu_copy_bytes
+    replicated = layer.act_replicated_bytes
+    if fused_norms:
+        replicated -= layer.act_norm_copy_bytes
+    kept = tp_part / tp + replicated / rep_div
     if saves_gathered and sp and tp > 1 and layer.kind == LayerKind.BLOCK:
         kept += GATHERED_INPUTS * layer.input_bytes * (1 - 1 / tp)
     return kept / cp

@@ -89,7 +89,7 @@ class PerLayerRecompute:
                 sp=s.sequence_parallel,
                 cp=s.cp,
                 recompute=policy,
-                saves_gathered=sm.train.runtime.sp_saves_gathered_input,
+                runtime=sm.train.runtime,
             )
             out.append(
                 (
@@ -240,14 +240,12 @@ class PerLayerRecompute:
         kept_none: list[float] = []
         tmp: list[float] = []
         first: dict[tuple, int] = {}  # identical layers get the identical choice (same times)
-        gathered, loss = sm.train.runtime.sp_saves_gathered_input, sm.train.runtime.torch_loss
+        runtime, loss = sm.train.runtime, sm.train.runtime.torch_loss
         for j in range(len(p.layers)):
             i = first.setdefault(sm.layer_keys[j], j)
             x = p.layers[i]
             acts = [
-                layer_kept_bytes(
-                    sm.fp8, p, x, tp=tp, sp=sp, cp=cp, recompute=r, saves_gathered=gathered
-                )
+                layer_kept_bytes(sm.fp8, p, x, tp=tp, sp=sp, cp=cp, recompute=r, runtime=runtime)
                 * k
                 + (
                     autocast_layer_bytes(

@@ -97,6 +97,8 @@ class StageModel:
                 x.act_tp_bytes,
                 x.act_replicated_bytes,
                 x.act_attn_core_bytes,
+                x.act_norm_copy_bytes,
+                x.act_glu_copy_bytes,
                 x.input_bytes,
             )
             for x in profile.layers
@@ -441,9 +443,15 @@ class StageModel:
         uniform policy, what recomputing it fully adds back (0 for layers that are not
         blocks) and its transient peak (`_act_prefix` sums them for a policy per layer)."""
         kept_of, back, tmp = [], [], []
-        k, g = self.act_scale, self.train.runtime.sp_saves_gathered_input
+        k = self.act_scale
         kept_bytes = partial(
-            layer_kept_bytes, self.fp8, self.profile, tp=tp, sp=sp, cp=cp, saves_gathered=g
+            layer_kept_bytes,
+            self.fp8,
+            self.profile,
+            tp=tp,
+            sp=sp,
+            cp=cp,
+            runtime=self.train.runtime,
         )
         loss, runtime = self.train.runtime.torch_loss, self.train.runtime
         for x in self.profile.layers:
