@@ -66,7 +66,9 @@ RUNTIMES: dict[Framework, Runtime] = {
         _TORCHTITAN, fused_elementwise=True, tp_comm_overlap=True
     ),
     Framework.MEGATRON: _MEGATRON,
-    Framework.NEMO: replace(_MEGATRON, tp_comm_overlap=True, ep_comm_overlap=True),
+    Framework.NEMO: replace(
+        _MEGATRON, tp_comm_overlap=True, ep_comm_overlap=True, fp32_grads=False
+    ),
 }
 """Each framework's runtime."""
 
@@ -95,7 +97,13 @@ MODULE_RECOMPUTE = (Framework.MEGATRON, Framework.NEMO)
 `--recompute-modules`, `Runtime.recompute_modules`) and whose data-parallel overlap is a
 flag (`--overlap-grad-reduce`, `--overlap-param-gather`): their runtime with any list or
 flags is theirs."""
-CONFIGURED_FIELDS = ("recompute_modules", "grad_reduce_overlap", "param_gather_overlap")
+CONFIGURED_FIELDS = (
+    "recompute_modules",
+    "grad_reduce_overlap",
+    "param_gather_overlap",
+    "fp32_grads",
+    "glu_keeps_input_only",
+)
 """`Runtime` fields a Megatron configuration sets itself (`MODULE_RECOMPUTE`)."""
 
 
@@ -157,10 +165,12 @@ def framework_of(runtime: Runtime) -> Framework | None:
     """The framework whose runtime `runtime` is (Megatron-Core's whatever its configured
     fields, `CONFIGURED_FIELDS`); None for settings no framework has (an API caller's own
     `Runtime`)."""
-    default = Runtime()
-    plain = replace(runtime, **{f: getattr(default, f) for f in CONFIGURED_FIELDS})
+    default = {f: getattr(Runtime(), f) for f in CONFIGURED_FIELDS}
+    plain = replace(runtime, **default)
     for framework, known in RUNTIMES.items():
-        if known == runtime or (framework in MODULE_RECOMPUTE and known == plain):
+        if known == runtime or (
+            framework in MODULE_RECOMPUTE and replace(known, **default) == plain
+        ):
             return framework
     return None
 

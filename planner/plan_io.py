@@ -132,8 +132,9 @@ def upgrade_v7(data: typing.Any) -> typing.Any:
         runtime = train["runtime"]
         # NeMo's preset gained the all-to-all overlap with schema 8: a plan priced for it
         # stays NeMo's (its dense blocks price the same; a MoE plan's all-to-alls now hide)
-        since = _SINCE_V8 + _SINCE_V10
-        nemo = runtime == {k: v for k, v in _NEMO_RUNTIME.items() if k not in since}
+        since = _SINCE_V8 + _SINCE_V10 + CONFIGURED_FIELDS  # (a configuration's own: any)
+        plain = {k: v for k, v in runtime.items() if k not in since}
+        nemo = plain == {k: v for k, v in _NEMO_RUNTIME.items() if k not in since}
         out["train"] = {**train, "runtime": {"ep_comm_overlap": nemo, **runtime}}
     if isinstance(out.get("runners_up"), list):
         out["runners_up"] = [

@@ -66,6 +66,7 @@ _MEGATRON_TRAINING = {
     "optimizer-offload-fraction",
     "overlap-grad-reduce",
     "overlap-param-gather",
+    "grad-reduce-in-bf16",
     "num-virtual-stages-per-pipeline-rank",
 }
 """Megatron-LM training arguments (megatron/training/arguments.py) that are not
@@ -120,6 +121,8 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
         data_parallel_sharding_strategy=args.get("data-parallel-sharding-strategy") or "no_shard",
         overlap_grad_reduce="overlap-grad-reduce" in args,
         overlap_param_gather="overlap-param-gather" in args,
+        # Megatron-LM accumulates and reduces in fp32 under --bf16 unless told otherwise
+        grad_reduce_in_fp32="bf16" in args and "grad-reduce-in-bf16" not in args,
     )
     opt = OptimizerConfig(
         bf16="bf16" in args,
@@ -156,6 +159,7 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
         "bf16": config.bf16,
         "distributed_optimizer": ddp.use_distributed_optimizer,
         "dp_overlap": [ddp.overlap_grad_reduce, ddp.overlap_param_gather],
+        "grad_reduce_in_fp32": ddp.grad_reduce_in_fp32,
         "fsdp_strategy": ddp.data_parallel_sharding_strategy if ddp.use_megatron_fsdp else None,
         "cpu_offload": opt.optimizer_cpu_offload,
         "microbatches": calc.get(),

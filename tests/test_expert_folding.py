@@ -21,7 +21,7 @@ from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.comm import Links, links_for
 from paraplan.planner.cost.evaluate import Evaluator
-from paraplan.planner.frameworks import RUNTIMES, SPACES, Framework
+from paraplan.planner.frameworks import RUNTIMES, SPACES, Framework, framework_of
 from paraplan.planner.model import LayerKind
 from paraplan.planner.model_parse import parse_model
 from paraplan.planner.pins import Pins
@@ -257,4 +257,9 @@ def test_a_version_7_nemo_plan_stays_nemo_s() -> None:
     del doc["train"]["runtime"]["ep_comm_overlap"]
     for key in ("recompute_modules", "grad_reduce_overlap", "param_gather_overlap"):
         del doc["train"]["runtime"][key]  # schema 9's
-    assert plan_from_dict(doc).train.runtime == RUNTIMES[Framework.NEMO]
+    for key in ("norm_keeps_input_only", "glu_keeps_input_only"):
+        del doc["train"]["runtime"][key]  # schema 10's
+    doc["train"]["runtime"]["fp32_grads"] = True  # NeMo's preset before schema 10
+    back = plan_from_dict(doc).train.runtime
+    assert back == dataclasses.replace(RUNTIMES[Framework.NEMO], fp32_grads=True)
+    assert framework_of(back) == Framework.NEMO

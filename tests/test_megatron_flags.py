@@ -78,3 +78,56 @@ def test_odd_pipeline_and_recompute_flags() -> None:
         base + "--recompute-granularity selective --recompute-modules", world_size=16, source="b"
     )
     assert empty.runtime_says is not None and empty.runtime_says.recompute_modules == ()
+
+
+def test_gradient_dtype_and_fused_swiglu_flags(tmp_path: Path) -> None:
+    """NeMo's recipes reduce gradients in bf16 (`grad_reduce_in_fp32=False`, Megatron-Bridge's
+    perf recipes), Megatron-LM in fp32 unless `--grad-reduce-in-bf16`: a NeMo plan exports the
+    flag (megatron-core's DDP config then reduces in bf16) and reads back as NeMo's runtime; a
+    script with `--tp-comm-overlap` alone is NeMo's preset with fp32 gradients, 2 bytes per
+    parameter more; `--no-bias-swiglu-fusion` keeps silu(gate) too (`act_glu_copy_bytes`)."""
+    import paraplan
+
+    cluster = parse_cluster("8xh100")
+    model = "llama:layers=4,hidden=1024,heads=16,kv_heads=4,ffn=2816,vocab=32000,seq=2048"
+    profile = parse_model(model).to_profile(seq_len=2048)
+    plan = paraplan.plan(
+        model, "8xh100", global_batch=16, seq_len=2048, runtime="nemo", fix="tp=2,pp=1,mbs=1"
+    ).plan
+    assert not plan.train.runtime.fp32_grads
+    out = export_plan(plan, Target.MEGATRON, Costing(profile, cluster, plan)).text
+    assert "--grad-reduce-in-bf16" in out
+    back = read(out, world_size=8, source="nemo.args")
+    assert back.runtime == Framework.NEMO and back.runtime_says is not None
+    assert back.runtime_says.apply(RUNTIMES[Framework.NEMO]) == plan.train.runtime
+    if importlib.util.find_spec("megatron") is not None:
+        path = tmp_path / "nemo.args"
+        path.write_text(out)
+        view = run_loaders("megatron", [{"path": str(path), "world_size": 8, "dp": 4}])[0]
+        assert view["grad_reduce_in_fp32"] is False
+
+    base = (
+        "--bf16 --seq-length 2048 --micro-batch-size 1 --global-batch-size 16 "
+        "--tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer "
+        "--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap "
+    )
+    found = {}
+    for name, flags in (
+        ("nemo", "--grad-reduce-in-bf16"),
+        ("fp32", ""),
+        ("eager", "--grad-reduce-in-bf16 --no-bias-swiglu-fusion"),
+    ):
+        setup = read(base + flags, world_size=8, source=f"{name}.args")
+        assert setup.runtime == Framework.NEMO and setup.runtime_says is not None
+        runtime = setup.runtime_says.apply(RUNTIMES[Framework.NEMO])
+        assert (runtime == RUNTIMES[Framework.NEMO]) == (name == "nemo")
+        train = TrainConfig(global_batch=16, seq_len=2048, runtime=runtime)
+        found[name] = compare(name, setup, profile, cluster, train, top_k=0).yours.predicted
+    grads = {k: v.memory_breakdown.grads_bytes for k, v in found.items()}
+    params = profile.num_params / 2  # tp 2, dp 4 under ZeRO-1: gradients whole per TP shard
+    assert grads["fp32"] - grads["nemo"] == pytest.approx(2 * params, rel=0.01)
+    acts = {k: v.memory_breakdown.activations_bytes for k, v in found.items()}
+    block = next(x for x in profile.layers if x.kind.value == "block")
+    assert acts["eager"] - acts["nemo"] == pytest.approx(
+        profile.num_blocks * block.act_glu_copy_bytes / 2, rel=1e-9
+    )

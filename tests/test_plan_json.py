@@ -38,7 +38,9 @@ def test_round_trip_is_exact(plan: Plan, tmp_path: Path) -> None:
 
 def test_required_fields_present(plan: Plan) -> None:
     d = plan.to_dict()
-    assert d["schema_version"] == 10  # v10: fused norms/SwiGLU; v9: recompute modules; v8: experts TP
+    assert (
+        d["schema_version"] == 10
+    )  # v10: fused norms/SwiGLU; v9: recompute modules; v8: experts TP
     assert set(d["parallelism"]) >= {
         "dp",
         "tp",

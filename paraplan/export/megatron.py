@@ -73,6 +73,8 @@ _SWITCHES = (
     "moe-grouped-gemm",
     "overlap-grad-reduce",
     "overlap-param-gather",
+    "grad-reduce-in-bf16",
+    "no-bias-swiglu-fusion",
 )
 """Flags without a value that `read` interprets (`--tp-comm-overlap` and
 `--overlap-moe-expert-parallel-comm`: the runtime, NeMo's preset where either is on,
@@ -267,6 +269,8 @@ def render(plan: Plan, s: Strategy) -> str:
         args.append(("overlap-grad-reduce", None))
         if s.zero_stage >= 1 and runtime.param_gather_overlap:
             args.append(("overlap-param-gather", None))
+    if not runtime.fp32_grads and t.precision != Precision.FP32:  # as priced (Megatron-LM's
+        args.append(("grad-reduce-in-bf16", None))  # default under --bf16: fp32)
     if s.offload_optimizer:
         args += [("optimizer-cpu-offload", None), ("optimizer-offload-fraction", 1.0)]
     if s.recompute == Recompute.SELECTIVE:
@@ -478,6 +482,8 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
             recompute_modules=modules if recompute == Recompute.SELECTIVE else _CORE,
             grad_reduce_overlap=grads_overlap,
             param_gather_overlap=params_overlap,
+            fp32_grads="grad-reduce-in-bf16" not in args,
+            glu_keeps_input_only="no-bias-swiglu-fusion" not in args,
         ),
     )
     return check_batch(setup)

@@ -40,7 +40,8 @@ class Gap:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RuntimeSays:
     """What a Megatron configuration sets of its runtime (`Runtime`'s fields of the same
-    names): `--recompute-modules`, `--overlap-grad-reduce`, `--overlap-param-gather`."""
+    names): `--recompute-modules`, `--overlap-grad-reduce`, `--overlap-param-gather`,
+    `--grad-reduce-in-bf16`, `--no-bias-swiglu-fusion`."""
 
     recompute_modules: tuple[RecomputeModule, ...]
     """What selective recompute redoes."""
@@ -48,6 +49,11 @@ class RuntimeSays:
     """Gradient reductions overlap the backward."""
     param_gather_overlap: bool
     """ZeRO-1/2's parameter gathers overlap the next forward."""
+    fp32_grads: bool = True
+    """Gradients accumulated and reduced in fp32 (Megatron-LM's default under `--bf16`);
+    False: `--grad-reduce-in-bf16`."""
+    glu_keeps_input_only: bool = True
+    """The fused SwiGLU (Megatron-LM's default); False: `--no-bias-swiglu-fusion`."""
 
     def apply(self, runtime: Runtime) -> Runtime:
         """`runtime` with these settings (its fields of the same names)."""
