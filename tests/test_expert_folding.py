@@ -17,6 +17,7 @@ from paraplan.export.exporter import Costing, Target, export_plan
 from paraplan.export.megatron import read as read_megatron
 from paraplan.export.torchtitan import nearest as torchtitan_nearest
 from paraplan.export.torchtitan import read_toml
+from paraplan.planner.api import make_plan
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.comm import Links, links_for
@@ -229,9 +230,11 @@ def test_a_nemo_moe_plan_exports_the_all_to_all_overlap_it_was_priced_with(
         plan = paraplan.plan(
             MOE, "16xh100", global_batch=batch, seq_len=2048, runtime="nemo", fix=fix
         ).plan
-        megatron = paraplan.plan(
-            MOE, "16xh100", global_batch=batch, seq_len=2048, runtime="megatron", fix=fix
-        ).plan
+        # Megatron's runtime with NeMo's gradients in bf16 (its recipes' grad_reduce_in_fp32)
+        runtime = dataclasses.replace(RUNTIMES[Framework.MEGATRON], fp32_grads=False)
+        train = TrainConfig(global_batch=batch, seq_len=2048, runtime=runtime)
+        cluster = parse_cluster("16xh100")
+        megatron = make_plan(profile, cluster, train, pins=Pins.parse(fix)).plan
         plans.append((plan, megatron))
         text = export_plan(plan, Target.MEGATRON, Costing(profile, parse_cluster("16xh100"), plan))
         path = tmp_path / f"b{batch}.args"
