@@ -66,12 +66,15 @@ _SINCE_V8 = ("ep_comm_overlap", "recompute_modules", "grad_reduce_overlap", "par
 """`train.runtime` keys a version-7 plan did not record."""
 _SINCE_V10 = ("norm_keeps_input_only", "glu_keeps_input_only")
 """`train.runtime` keys a version-9 plan did not record."""
-_MEGATRON_FAMILY = tuple(
-    {k: v for k, v in to_json(RUNTIMES[f]).items() if k not in _SINCE_V10 + CONFIGURED_FIELDS}
-    for f in (Framework.MEGATRON, Framework.NEMO)
+_V9_PRESETS = tuple(
+    (
+        {k: v for k, v in to_json(known).items() if k not in _SINCE_V10 + CONFIGURED_FIELDS},
+        {k: to_json(known)[k] for k in _SINCE_V10},
+    )
+    for known in RUNTIMES.values()
 )
-"""Megatron's and NeMo's runtimes as a version-9 plan recorded them, less what a configuration
-sets itself."""
+"""Each framework's runtime as a version-9 plan recorded it, less what a configuration sets
+itself, and what it keeps of the fields version 10 added."""
 
 
 def upgrade(data: typing.Any) -> typing.Any:
@@ -81,10 +84,11 @@ def upgrade(data: typing.Any) -> typing.Any:
 
 
 def upgrade_v9(data: typing.Any) -> typing.Any:
-    """A version-9 plan document as version 10: Megatron's and NeMo's runtimes keep what their
-    fused norms and SwiGLU keep (`norm_keeps_input_only`, `glu_keeps_input_only`: the runtime
-    reads as theirs, its activations now counted as those kernels save them), any other
-    runtime eager torch's (as every version-9 plan was priced); anything else unchanged."""
+    """A version-9 plan document as version 10: a framework's runtime (Megatron's, NeMo's,
+    torchtitan's compiled ones) keeps what its fused norms and SwiGLU keep
+    (`norm_keeps_input_only`, `glu_keeps_input_only`: the runtime reads as that framework's, its
+    activations now counted as those kernels save them), any other eager torch's (as every
+    version-9 plan was priced); anything else unchanged."""
     if not isinstance(data, dict) or data.get("schema_version") != 9:
         return data
     out = dict(data, schema_version=10)
@@ -92,8 +96,9 @@ def upgrade_v9(data: typing.Any) -> typing.Any:
     if isinstance(train, dict) and isinstance(train.get("runtime"), dict):
         runtime = train["runtime"]
         plain = {k: v for k, v in runtime.items() if k not in CONFIGURED_FIELDS}
-        fused = plain in _MEGATRON_FAMILY
-        out["train"] = {**train, "runtime": {**dict.fromkeys(_SINCE_V10, fused), **runtime}}
+        fill = next((kept for base, kept in _V9_PRESETS if base == plain), None)
+        fill = fill or dict.fromkeys(_SINCE_V10, False)
+        out["train"] = {**train, "runtime": {**fill, **runtime}}
     return out
 
 

@@ -144,7 +144,7 @@ def test_version_9_plans() -> None:
     kernels now keep their inputs only); one of paraplan's executor keeps eager torch's."""
     import paraplan
 
-    for runtime in ("megatron", "nemo", "paraplan"):
+    for runtime in ("megatron", "nemo", "paraplan", "torchtitan", "torchtitan-compile"):
         plan = paraplan.plan(LLAMA, "8xh100", global_batch=8, seq_len=S, runtime=runtime).plan
         doc = json.loads(json.dumps(plan.to_dict()))
         doc["schema_version"] = 9
@@ -153,3 +153,34 @@ def test_version_9_plans() -> None:
         back = plan_from_dict(doc).train.runtime
         assert back == plan.train.runtime
         assert framework_of(back) == Framework(runtime)
+
+
+def test_torch_compile_keeps_what_the_fused_kernels_keep() -> None:
+    """torchtitan's compiled runtimes count a block as Megatron's fused kernels do: a Hugging
+    Face RMSNorm and Llama MLP compiled by torch.compile (Inductor, on this CPU) keep neither
+    the normalized copy nor silu(gate); eager, both (`act_norm_copy_bytes`,
+    `act_glu_copy_bytes`)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+    class NormMlp(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = LlamaRMSNorm(H)
+            self.mlp = LlamaMLP(LlamaConfig(hidden_size=H, intermediate_size=F))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.mlp(self.norm(x))
+
+    module = NormMlp()
+    eager = _saved_bytes(module, module.parameters())
+    try:
+        compiled = _saved_bytes(torch.compile(module), module.parameters())
+    except Exception as exc:  # no C++ compiler for Inductor's CPU code
+        pytest.skip(f"torch.compile does not run here: {type(exc).__name__}")
+    _, block = _block()
+    per_norm = block.act_norm_copy_bytes / 2  # the block's two norms; this module has one
+    assert eager - compiled == per_norm + block.act_glu_copy_bytes
+    for name in (Framework.TORCHTITAN_COMPILE, Framework.TORCHTITAN_ASYNC_TP):
+        assert RUNTIMES[name].norm_keeps_input_only and RUNTIMES[name].glu_keeps_input_only
+    assert not RUNTIMES[Framework.TORCHTITAN].glu_keeps_input_only
