@@ -35,7 +35,8 @@ SCHEDULE_NAMES = {
 `torch.distributed.pipelining.schedules.get_schedule_class`). torchtitan places the stages of
 ZBVZeroBubble and DualPipeV in a V (its `stage_ids_this_rank(..., style="v")`), as the plan's
 chunk layout does."""
-_LOOPED = (Schedule.INTERLEAVED_1F1B, Schedule.ZBV, Schedule.DUALPIPEV)
+_LOOPED = (Schedule.INTERLEAVED_1F1B, Schedule.INTERLEAVED_ZB, Schedule.ZBV, Schedule.DUALPIPEV)
+"""Schedules torch runs with several stages per rank (its `PipelineScheduleMulti`)."""
 _LOOPED_DEFAULT_STAGES = 2
 """Stages per rank torchtitan builds for a looped schedule when no split is given."""
 RECOMPUTE_MODES = {
