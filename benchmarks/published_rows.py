@@ -157,8 +157,9 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
       NeMo 2.0's Llama 3 70B recipe adds `MegatronCommOverlapCallback(tp_comm_overlap=True)`
       with the userbuffers of h8192, tp4, mbs1, seq 8192, the row's own shape; a recipe's
       `recompute_modules`, in the row's config, is what its selective recompute redoes; NeMo's
-      recipes reduce gradients in bf16, `grad_reduce_in_fp32=False`, where Megatron-LM's own
-      runs accumulate them in fp32, its default under `--bf16`); under fp8
+      recipes reduce gradients in bf16, `grad_reduce_in_fp32=False`, and gather fp8 parameters,
+      `fp8_param_gather=True`, where Megatron-LM's own runs accumulate gradients in fp32, its
+      default under `--bf16`, and gather bf16); under fp8
       they run Transformer Engine's Linear (`Float8Casts.TRANSFORMER_ENGINE`: fp8 weights cast
       once per step, inputs cast once and saved in fp8; NeMo's H100 recipes are "fp8cs",
       current scaling);
@@ -181,8 +182,8 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
         runtime = RUNTIMES[Framework.MEGATRON if tp_off else Framework.NEMO]
         ep_overlap = "overlap_moe_expert_parallel_comm=True" in text
         runtime = dataclasses.replace(runtime, ep_comm_overlap=ep_overlap)
-        if rid.startswith("megatron_readme"):  # Megatron-LM's own runs: fp32 gradients (its
-            runtime = dataclasses.replace(runtime, fp32_grads=True)  # default under --bf16)
+        if rid.startswith("megatron_readme"):  # Megatron-LM's own runs: its defaults (fp32
+            runtime = dataclasses.replace(runtime, fp32_grads=True, fp8_all_gather=False)
         modules = row["config"].get("recompute_modules")  # the recipe's `recompute_modules`
         if modules:
             runtime = dataclasses.replace(

@@ -166,9 +166,13 @@ class Runtime:
     gradients. False: gradients in the working precision, the ZeRO paper's fp16 accounting
     (Rajbhandari et al. 2020 §3.1: 2 + 2 + 12 bytes per parameter)."""
     fp8_all_gather: bool = False
-    """Under fp8 training, FSDP gathers the blocks' linear weights in fp8, one byte each, cast
-    on the shard before the all-gather (torchtitan's `float8.enable_fsdp_float8_all_gather`,
-    off by default, with `precompute_float8_dynamic_scale_for_fsdp`); False: in bf16."""
+    """Under fp8 training, ZeRO's parameter all-gathers carry the blocks' linear weights in fp8,
+    one byte each: FSDP's, cast on the shard before the all-gather (torchtitan's
+    `float8.enable_fsdp_float8_all_gather`, off by default, with
+    `precompute_float8_dynamic_scale_for_fsdp`), and Megatron's distributed optimizer's and
+    FSDP's with fp8 parameters (`--fp8-param-gather`, off in Megatron-LM by default, on in
+    every Megatron-Bridge fp8 recipe: `fp8_param_gather = True` in its mixed-precision
+    presets); False: in bf16."""
     fp8_casts: Float8Casts = Float8Casts.TORCHAO
     """How the fp8 operands are made under fp8 training (`Float8Casts`)."""
 

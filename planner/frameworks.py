@@ -72,7 +72,7 @@ RUNTIMES: dict[Framework, Runtime] = {
     Framework.TORCHTITAN_ASYNC_TP: replace(_TORCHTITAN_COMPILED, tp_comm_overlap=True),
     Framework.MEGATRON: _MEGATRON,
     Framework.NEMO: replace(
-        _MEGATRON, tp_comm_overlap=True, ep_comm_overlap=True, fp32_grads=False
+        _MEGATRON, tp_comm_overlap=True, ep_comm_overlap=True, fp32_grads=False, fp8_all_gather=True
     ),
 }
 """Each framework's runtime."""
@@ -108,6 +108,7 @@ CONFIGURED_FIELDS = (
     "param_gather_overlap",
     "fp32_grads",
     "glu_keeps_input_only",
+    "fp8_all_gather",
 )
 """`Runtime` fields a Megatron configuration sets itself (`MODULE_RECOMPUTE`)."""
 

@@ -48,7 +48,11 @@ def torchtitan_view(item: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-_MEGATRON_DEST = {"fp8-format": "fp8", "num-experts": "num_moe_experts"}
+_MEGATRON_DEST = {
+    "fp8-format": "fp8",
+    "num-experts": "num_moe_experts",
+    "fp8-param-gather": "fp8_param",
+}
 """Megatron-LM flags whose TransformerConfig field is not the flag's name (arguments.py's
 `dest`, or `core_transformer_config_from_args`: `num_experts` -> `num_moe_experts`)."""
 _MEGATRON_TRAINING = {
@@ -160,6 +164,7 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
         "distributed_optimizer": ddp.use_distributed_optimizer,
         "dp_overlap": [ddp.overlap_grad_reduce, ddp.overlap_param_gather],
         "grad_reduce_in_fp32": ddp.grad_reduce_in_fp32,
+        "fp8_param": config.fp8_param,
         "fsdp_strategy": ddp.data_parallel_sharding_strategy if ddp.use_megatron_fsdp else None,
         "cpu_offload": opt.optimizer_cpu_offload,
         "microbatches": calc.get(),

@@ -75,6 +75,7 @@ _SWITCHES = (
     "overlap-param-gather",
     "grad-reduce-in-bf16",
     "no-bias-swiglu-fusion",
+    "fp8-param-gather",
 )
 """Flags without a value that `read` interprets (`--tp-comm-overlap` and
 `--overlap-moe-expert-parallel-comm`: the runtime, NeMo's preset where either is on,
@@ -254,6 +255,8 @@ def render(plan: Plan, s: Strategy) -> str:
     if t.precision == Precision.FP8:  # bf16, the blocks' linear layers in Transformer
         # Engine's fp8 with tensorwise current scaling (paraplan's fp8: cost/float8.py)
         args += [("bf16", None), ("fp8-format", "hybrid"), ("fp8-recipe", "tensorwise")]
+        if plan.train.runtime.fp8_all_gather:  # as priced (Megatron-LM's default: bf16)
+            args.append(("fp8-param-gather", None))
     elif t.precision != Precision.FP32:
         args.append((str(t.precision), None))
     if s.zero_stage == 1:
@@ -484,6 +487,7 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
             param_gather_overlap=params_overlap,
             fp32_grads="grad-reduce-in-bf16" not in args,
             glu_keeps_input_only="no-bias-swiglu-fusion" not in args,
+            fp8_all_gather=("fp8-param-gather" in args) if precision == Precision.FP8 else None,
         ),
     )
     return check_batch(setup)

@@ -41,7 +41,7 @@ class Gap:
 class RuntimeSays:
     """What a Megatron configuration sets of its runtime (`Runtime`'s fields of the same
     names): `--recompute-modules`, `--overlap-grad-reduce`, `--overlap-param-gather`,
-    `--grad-reduce-in-bf16`, `--no-bias-swiglu-fusion`."""
+    `--grad-reduce-in-bf16`, `--no-bias-swiglu-fusion`, `--fp8-param-gather`."""
 
     recompute_modules: tuple[RecomputeModule, ...]
     """What selective recompute redoes."""
@@ -54,10 +54,14 @@ class RuntimeSays:
     False: `--grad-reduce-in-bf16`."""
     glu_keeps_input_only: bool = True
     """The fused SwiGLU (Megatron-LM's default); False: `--no-bias-swiglu-fusion`."""
+    fp8_all_gather: bool | None = None
+    """Parameters gathered in fp8: `--fp8-param-gather` (Megatron-LM's default: bf16); None
+    outside fp8 training, where it means nothing (the runtime's own kept)."""
 
     def apply(self, runtime: Runtime) -> Runtime:
         """`runtime` with these settings (its fields of the same names)."""
-        return replace(runtime, **{f.name: getattr(self, f.name) for f in fields(self)})
+        said = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(runtime, **{k: v for k, v in said.items() if v is not None})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

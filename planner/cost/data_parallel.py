@@ -154,12 +154,17 @@ def fsdp_copy_bytes(unit_params: float, shard_ranks: int, t: TrainConfig, on_hos
     return total
 
 
-def gathered_bytes(t: TrainConfig, stage: Stage) -> float:
-    """Bytes per parameter ZeRO-3 all-gathers on `stage`, averaged over its units: the working
-    precision's, but one for the blocks' weights under fp8 with fp8 all-gathers
-    (`Runtime.fp8_all_gather`; the embedding and the head stay bf16, as does a block's few
-    norm weights)."""
-    if not (t.precision == Precision.FP8 and t.runtime.fp8_all_gather) or not stage.dense_params:
+def gathered_bytes(t: TrainConfig, stage: Stage, *, experts: bool = False) -> float:
+    """Bytes per parameter ZeRO all-gathers on `stage` (ZeRO-3's per unit, ZeRO-1/2's after
+    the step), averaged over its dense parameters (`experts`: over its experts', all in the
+    blocks): the working precision's, but one for the blocks' weights under fp8 with fp8
+    all-gathers (`Runtime.fp8_all_gather`; the embedding and the head stay bf16, as does a
+    block's few norm weights)."""
+    if not (t.precision == Precision.FP8 and t.runtime.fp8_all_gather):
+        return float(t.param_bytes)
+    if experts:
+        return 1.0
+    if not stage.dense_params:
         return float(t.param_bytes)
     in_blocks = min(1.0, stage.n_blocks * stage.max_block_params / stage.dense_params)
     return in_blocks * 1.0 + (1.0 - in_blocks) * t.param_bytes
@@ -208,7 +213,8 @@ def dp_comm(
     units = fsdp_units(stage, t)
     if fsdp is not None and fsdp.tensor_s and s.zero_stage == 3 and s.fsdp_wrapped:  # per tensor
         per_mb += fsdp.tensor_s * stage.param_tensors
-    for count, link in groups:
+    for (count, link), experts in zip(groups, (False, True), strict=True):
+        gathered = gathered_bytes(t, stage, experts=experts)
         if fsdp is not None and count and s.zero_stage == 3 and s.fsdp_wrapped:
             # FSDP2's hooks and copies, over one shard rank too: not hidden (`FsdpHost`)
             copies = fsdp_copy_bytes(count / units, link.size, t, fsdp.on_host)
@@ -217,7 +223,7 @@ def dp_comm(
             continue
         if s.zero_stage == 3:
             unit = count / units
-            ag = coll.all_gather(unit * gathered_bytes(t, stage), link)
+            ag = coll.all_gather(unit * gathered, link)
             rs = coll.reduce_scatter(unit * t.grad_bytes, link)
             if link is dense_link and links.replicate.size > 1:
                 rs += coll.all_reduce(unit * t.grad_bytes / link.size, links.replicate)
@@ -240,7 +246,7 @@ def dp_comm(
                 )
             per_mb += first + rs
             continue
-        ag = coll.all_gather(count * t.param_bytes, link)
+        ag = coll.all_gather(count * gathered, link)  # ZeRO-1/2's, after the step
         rs = coll.reduce_scatter(count * t.grad_bytes, link)
         # overlapped where the runtime overlaps them (`Runtime.grad_reduce_overlap`,
         # `param_gather_overlap`); else exposed after the backward / the optimizer step
