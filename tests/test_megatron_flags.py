@@ -173,3 +173,10 @@ def test_fp8_param_gather(tmp_path: Path) -> None:
             comm[(precision, fp8_gather)] = ev.evaluate(plan.strategy()).time.comm_s
     assert comm[(Precision.FP8, True)] < comm[(Precision.FP8, False)]
     assert comm[(Precision.BF16, True)] == comm[(Precision.BF16, False)]
+
+
+def test_fp8_param_gather_without_fp8_is_refused() -> None:
+    """Megatron-Core refuses fp8 parameters without fp8 training (`fp8_param must be used
+    together with fp8 mode`): so does the reader, naming the flag and the fix."""
+    with pytest.raises(ValueError, match="--fp8-param-gather needs fp8 training; add --fp8-format"):
+        read("--bf16 --seq-length 2048 --fp8-param-gather", world_size=8, source="a.args")

@@ -411,6 +411,8 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
     )
     if args.get("fp8-format") and precision == Precision.BF16:
         precision = Precision.FP8
+    if "fp8-param-gather" in args and not args.get("fp8-format"):  # as Megatron-Core refuses it
+        raise ValueError(f"{source}: --fp8-param-gather needs fp8 training; add --fp8-format")
     mbs = num("micro-batch-size", 1)
     etp = num("expert-tensor-parallel-size", tp)  # Megatron's default: tp
     if etp not in (1, tp):
