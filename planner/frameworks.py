@@ -44,7 +44,10 @@ class Framework(StrEnum):
     """NeMo's Megatron-Bridge performance recipes: `MEGATRON` with TP communication overlapped
     with the GEMMs (userbuffers, `tp_comm_overlap`) and, for MoE models, the experts'
     all-to-alls overlapped with another micro-batch's compute (`ep_comm_overlap`: the
-    recipes' `overlap_moe_expert_parallel_comm`, on for Qwen3 and DeepSeek-V3)."""
+    recipes' `overlap_moe_expert_parallel_comm`, on for Qwen3 and DeepSeek-V3), gradients
+    reduced in bf16 (`fp32_grads` off: the performance recipes' `grad_reduce_in_fp32 = False`)
+    and, under fp8, parameters gathered in fp8 (`fp8_all_gather`: the fp8 presets'
+    `fp8_param_gather = True`)."""
 
 
 _MEGATRON = Runtime(

@@ -203,7 +203,8 @@ def add_runtime_arg(parser: argparse.ArgumentParser, what: str) -> None:
         help="price for this framework's runtime (default paraplan, the executor's): "
         "torchtitan (eager), torchtitan-compile, torchtitan-async-tp (compiled, Async TP), "
         "megatron (Megatron-Core with Transformer Engine), nemo (megatron with TP "
-        f"communication overlap and MoE all-to-alls overlapped): {what}",
+        "communication overlap, MoE all-to-alls overlapped, bf16 gradients and fp8 parameter "
+        f"gathers, as its recipes set): {what}",
     )
 
 
