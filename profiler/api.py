@@ -281,6 +281,8 @@ def _layer(
         act_tp_bytes=st.saved_bytes / b - rep,
         act_replicated_bytes=rep,
         act_attn_core_bytes=st.attn_core_bytes / b,
+        act_norm_copy_bytes=st.norm_copy_bytes / b,
+        act_glu_copy_bytes=st.glu_copy_bytes / b,
         input_bytes=st.input_bytes / b,
         output_bytes=st.output_bytes / b,
         fwd_tmp_bytes=st.tmp_bytes(FWD) / b,

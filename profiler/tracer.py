@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .flops import is_attention_op, op_flops
+from .saved_copies import SavedCopies
 
 FWD, BWD = 0, 1
 
@@ -42,6 +43,10 @@ class SegmentStats:
     residual-path dropout masks, see docs/cost-model.md)."""
     attn_core_bytes: float = 0.0
     """Part of `saved_bytes` in s x s attention scores (selective recompute drops it)."""
+    norm_copy_bytes: float = 0.0
+    """Part of `replicated_bytes` its norms kept beyond their inputs (`saved_copies.py`)."""
+    glu_copy_bytes: float = 0.0
+    """Part of `saved_bytes` that is silu(gate) kept by a gated MLP's multiply."""
     attn_core_flops: list[float] = field(default_factory=lambda: [0.0, 0.0])
     """FLOPs of ops producing s x s scores or consuming them (QK^T, AV; fused attention), per
     phase (forward, backward)."""
@@ -197,6 +202,7 @@ class Tracer(TorchDispatchMode):
         self._seg_input: dict[int, int] = {}  # segment -> storage id of its input
         self._replicated_ids: set[int] = set()
         self._in_norm = 0  # depth inside normalization modules (what they save is replicated)
+        self._copies = SavedCopies()  # what fused kernels would not keep
         self._params: dict[int, tuple[int, bool]] = {}  # storage id -> (numel, is_expert)
         for name, p in model.named_parameters():  # a shared expert sees every token: dense
             routed = "expert" in name and "shared_expert" not in name
@@ -296,10 +302,14 @@ class Tracer(TorchDispatchMode):
         def enter(_m: nn.Module, args: tuple) -> None:
             mark(args)
             self._in_norm += 1
+            if self.phase == FWD:
+                self._copies.enter_norm(_tensors(args), self._saved_ids)
 
         def leave(_m: nn.Module, _a: tuple, out: Any) -> None:
             mark(out)
             self._in_norm -= 1
+            if self.phase == FWD:
+                self.stats[self.seg].norm_copy_bytes += self._copies.leave_norm()
 
         for m in model.modules():
             if "norm" in type(m).__name__.lower():
@@ -359,6 +369,7 @@ class Tracer(TorchDispatchMode):
         nbytes = st.nbytes()
         seg = self.stats[self.seg]
         seg.saved_bytes += nbytes
+        self._copies.saved(t, nbytes)
         is_mask = (
             t.dtype == torch.bool
             and t.numel() % max(1, self.hidden) == 0
@@ -408,6 +419,9 @@ class Tracer(TorchDispatchMode):
             seg.attn_core_flops[self.phase] += flops
         if _dispatched(func):
             seg.ops[self.phase] += 1
+        if self.phase == FWD:
+            ins, outs = _tensors((args, kwargs)), _tensors(out)
+            seg.glu_copy_bytes += self._copies.op(func, ins, outs, self._saved_ids)
         if not flops and _dispatched(func):
             _count_traffic(seg, self.phase, func, args, kwargs, out)
         new_bytes = sum(self._track(t) for t in _tensors(out))

@@ -184,3 +184,38 @@ def test_torch_compile_keeps_what_the_fused_kernels_keep() -> None:
     for name in (Framework.TORCHTITAN_COMPILE, Framework.TORCHTITAN_ASYNC_TP):
         assert RUNTIMES[name].norm_keeps_input_only and RUNTIMES[name].glu_keeps_input_only
     assert not RUNTIMES[Framework.TORCHTITAN].glu_keeps_input_only
+
+
+def test_traced_profiles_split_out_the_copies() -> None:
+    """A traced Hugging Face model carries the copies too, as its eager modules keep them: a
+    Llama's silu(gate) equals the spec's (s x ffn per block), its norms' copies are what
+    LlamaRMSNorm saves in bf16 beyond its input (the fp32 cast of x and the normalized
+    output, less the input a fused norm keeps, measured with saved-tensor hooks), and a
+    Mixtral's silu(gate) is one per routed copy (s x top_k x ffn), however the tokens route."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    import paraplan
+
+    seq = 64
+    traced = paraplan.model_profile("examples/configs/llama-tiny.json", seq_len=seq, source="trace")
+    assert traced.act_dtype_bytes == 2 and traced.hidden == H and traced.ffn == F
+    block = next(x for x in traced.layers if x.kind == LayerKind.BLOCK)
+    assert block.act_glu_copy_bytes == seq * F * 2
+    norm = LlamaRMSNorm(H).to(torch.bfloat16)
+    x = torch.randn(seq, H, dtype=torch.bfloat16, requires_grad=True)
+    sizes: dict[int, tuple[int, int]] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() != norm.weight.untyped_storage().data_ptr():
+            sizes[t.untyped_storage().data_ptr()] = (t.numel(), t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        norm(x)
+    big = sum(nbytes for numel, nbytes in sizes.values() if numel >= seq * H)
+    copy = big - seq * H * 2  # less the bf16 input a fused norm keeps
+    assert copy > 0 and block.act_norm_copy_bytes == 2 * copy
+    assert traced.layers[-1].act_norm_copy_bytes == copy  # the final norm
+    moe = paraplan.model_profile("examples/configs/mixtral-tiny.json", seq_len=seq, source="trace")
+    block = next(x for x in moe.layers if x.kind == LayerKind.BLOCK)
+    assert block.act_glu_copy_bytes == seq * moe.top_k * moe.ffn * 2
