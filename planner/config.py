@@ -120,6 +120,13 @@ class Runtime:
     param_gather_overlap: bool = True
     """ZeRO-1/2's gather of the updated parameters overlaps the next forward (Megatron-LM's
     `--overlap-param-gather`); False: gathered after the optimizer step, exposed."""
+    pp_comm_overlap: bool = False
+    """Under interleaved 1F1B, each pipeline send and receive runs asynchronously under the
+    next chunk's compute: Megatron-Core's `overlap_p2p_comm` (on by default for interleaved
+    schedules in Megatron-LM, `--no-overlap-p2p-communication` turns it off, and set by
+    Megatron-Bridge wherever virtual stages are used, `training/comm_overlap.py`). False:
+    each waits on the critical path (Megatron's other schedules batch each send with its
+    receive; paraplan's executor and torch's schedules)."""
     attention: AttentionKernel = AttentionKernel.SDPA
     """Fused attention kernel."""
     selective: SelectiveRecompute = SelectiveRecompute.ATTENTION_CORE

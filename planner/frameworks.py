@@ -56,6 +56,7 @@ _MEGATRON = Runtime(
     sp_saves_gathered_input=False,
     norm_keeps_input_only=True,
     glu_keeps_input_only=True,
+    pp_comm_overlap=True,
     torch_loss=False,
     fp8_casts=Float8Casts.TRANSFORMER_ENGINE,
 )
@@ -112,6 +113,7 @@ CONFIGURED_FIELDS = (
     "fp32_grads",
     "glu_keeps_input_only",
     "fp8_all_gather",
+    "pp_comm_overlap",
 )
 """`Runtime` fields a Megatron configuration sets itself (`MODULE_RECOMPUTE`)."""
 

@@ -64,7 +64,7 @@ _NEMO_RUNTIME = to_json(RUNTIMES[Framework.NEMO])
 
 _SINCE_V8 = ("ep_comm_overlap", "recompute_modules", "grad_reduce_overlap", "param_gather_overlap")
 """`train.runtime` keys a version-7 plan did not record."""
-_SINCE_V10 = ("norm_keeps_input_only", "glu_keeps_input_only")
+_SINCE_V10 = ("norm_keeps_input_only", "glu_keeps_input_only", "pp_comm_overlap")
 """`train.runtime` keys a version-9 plan did not record."""
 _V9_PRESETS = tuple(
     (

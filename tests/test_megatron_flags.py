@@ -180,3 +180,31 @@ def test_fp8_param_gather_without_fp8_is_refused() -> None:
     together with fp8 mode`): so does the reader, naming the flag and the fix."""
     with pytest.raises(ValueError, match="--fp8-param-gather needs fp8 training; add --fp8-format"):
         read("--bf16 --seq-length 2048 --fp8-param-gather", world_size=8, source="a.args")
+
+
+def test_interleaved_pipeline_sends_overlap_unless_told_not_to() -> None:
+    """Megatron-LM overlaps interleaved 1F1B's sends with compute unless
+    `--no-overlap-p2p-communication` (`overlap_p2p_comm`; it batches 1F1B's and waits):
+    with the flag the interleaved step is slower, by no more than its sends' whole time; 1F1B
+    prices the same either way."""
+    cluster = parse_cluster("32xh100")
+    profile = parse_model("llama3-8b").to_profile(seq_len=4096)
+    base = (
+        "--bf16 --seq-length 4096 --micro-batch-size 1 --global-batch-size 64 "
+        "--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 4 "
+        "--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather "
+    )
+    steps = {}
+    for vp in ("--num-virtual-stages-per-pipeline-rank 2 ", ""):
+        for name, flag in (("overlapped", ""), ("waited", "--no-overlap-p2p-communication")):
+            setup = read(base + vp + flag, world_size=32, source=f"{name}.args")
+            assert setup.runtime_says is not None
+            runtime = setup.runtime_says.apply(RUNTIMES[Framework.MEGATRON])
+            assert runtime.pp_comm_overlap == (name == "overlapped")
+            train = TrainConfig(global_batch=64, seq_len=4096, runtime=runtime)
+            plan = compare(name, setup, profile, cluster, train, top_k=0).yours
+            steps[(bool(vp), name)] = plan.predicted
+    slower = steps[(True, "waited")].step_time_s - steps[(True, "overlapped")].step_time_s
+    assert slower > 0
+    assert slower <= steps[(True, "waited")].time_breakdown.comm_s
+    assert steps[(False, "waited")].step_time_s == steps[(False, "overlapped")].step_time_s

@@ -76,6 +76,7 @@ _SWITCHES = (
     "grad-reduce-in-bf16",
     "no-bias-swiglu-fusion",
     "fp8-param-gather",
+    "no-overlap-p2p-communication",
 )
 """Flags without a value that `read` interprets (`--tp-comm-overlap` and
 `--overlap-moe-expert-parallel-comm`: the runtime, NeMo's preset where either is on,
@@ -489,6 +490,7 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
             param_gather_overlap=params_overlap,
             fp32_grads="grad-reduce-in-bf16" not in args,
             glu_keeps_input_only="no-bias-swiglu-fusion" not in args,
+            pp_comm_overlap="no-overlap-p2p-communication" not in args,
             fp8_all_gather=("fp8-param-gather" in args) if precision == Precision.FP8 else None,
         ),
     )

@@ -41,7 +41,8 @@ class Gap:
 class RuntimeSays:
     """What a Megatron configuration sets of its runtime (`Runtime`'s fields of the same
     names): `--recompute-modules`, `--overlap-grad-reduce`, `--overlap-param-gather`,
-    `--grad-reduce-in-bf16`, `--no-bias-swiglu-fusion`, `--fp8-param-gather`."""
+    `--grad-reduce-in-bf16`, `--no-bias-swiglu-fusion`, `--fp8-param-gather`,
+    `--no-overlap-p2p-communication`."""
 
     recompute_modules: tuple[RecomputeModule, ...]
     """What selective recompute redoes."""
@@ -54,6 +55,9 @@ class RuntimeSays:
     False: `--grad-reduce-in-bf16`."""
     glu_keeps_input_only: bool = True
     """The fused SwiGLU (Megatron-LM's default); False: `--no-bias-swiglu-fusion`."""
+    pp_comm_overlap: bool = True
+    """Interleaved 1F1B's sends under compute (Megatron-LM's default); False:
+    `--no-overlap-p2p-communication`."""
     fp8_all_gather: bool | None = None
     """Parameters gathered in fp8: `--fp8-param-gather` (Megatron-LM's default: bf16); None
     outside fp8 training, where it means nothing (the runtime's own kept)."""

@@ -124,9 +124,29 @@ def stage_core(
             a2a_s = hidden_behind(a2a_s, budget, contention)
         comm += a2a_s
         if s.pp > 1:  # activations forward and gradients backward, per chunk
-            comm += p2p_sends(stage, s.pp * s.virtual_stages) * p2p
+            sends = p2p_sends(stage, s.pp * s.virtual_stages)
+            if overlaps_p2p(s, train):
+                # Megatron-Core's `overlap_p2p_comm`: each send and receive is posted before
+                # the chunk that precedes its use and waited after it, so it runs under one
+                # chunk's forward (activations) or backward (gradients), slowing it
+                k = max(1, len(stage.chunks))
+                comm += sends / 2 * hidden_behind(p2p, c.fwd_s / k, contention)
+                comm += sends / 2 * hidden_behind(p2p, c.bwd_s / k, contention)
+            else:
+                comm += sends * p2p
         out.append(StageCore(stage=stage, compute=c, recompute_s=rc, comm_s=comm))
     return tuple(out)
+
+
+def overlaps_p2p(s: Strategy, train: TrainConfig) -> bool:
+    """Whether `s`'s pipeline sends run under compute (`Runtime.pp_comm_overlap`): Megatron-Core
+    overlaps them only in its interleaved schedule (Megatron-LM turns `overlap_p2p_comm` off
+    for the others; they batch each send with its receive and wait)."""
+    return (
+        train.runtime.pp_comm_overlap
+        and s.schedule == Schedule.INTERLEAVED_1F1B
+        and s.virtual_stages > 1
+    )
 
 
 def ep_overlap_applies(s: Strategy, microbatches: int, precision: Precision) -> bool:
@@ -193,6 +213,7 @@ class StageCores:
             s.micro_batch_size,
             s.recompute,
             lay,  # not the schedule: those of one layout share it (1F1B and ZB's merged, ...)
+            overlaps_p2p(s, self.train),  # but whether its sends hide (interleaved 1F1B's)
             s if per_layer else None,
             # all it reads of the links (mesh orders moving only dp groups share it)
             links.tp,
