@@ -8,6 +8,7 @@ Every problem is a ValueError naming the field by its JSON path, the rule and th
 
 from __future__ import annotations
 
+import functools
 import os
 import typing
 
@@ -66,15 +67,18 @@ _SINCE_V8 = ("ep_comm_overlap", "recompute_modules", "grad_reduce_overlap", "par
 """`train.runtime` keys a version-7 plan did not record."""
 _SINCE_V10 = ("norm_keeps_input_only", "glu_keeps_input_only", "pp_comm_overlap")
 """`train.runtime` keys a version-9 plan did not record."""
-_V9_PRESETS = tuple(
-    (
-        {k: v for k, v in to_json(known).items() if k not in _SINCE_V10 + CONFIGURED_FIELDS},
-        {k: to_json(known)[k] for k in _SINCE_V10},
-    )
-    for known in RUNTIMES.values()
-)
-"""Each framework's runtime as a version-9 plan recorded it, less what a configuration sets
-itself, and what it keeps of the fields version 10 added."""
+
+
+@functools.cache
+def _v9_presets() -> tuple[tuple[dict[str, typing.Any], dict[str, typing.Any]], ...]:
+    """Each framework's runtime as a version-9 plan recorded it, less what a configuration sets
+    itself, and what it keeps of the fields version 10 added."""
+    out = []
+    for known in RUNTIMES.values():
+        doc = to_json(known)
+        base = {k: v for k, v in doc.items() if k not in _SINCE_V10 + CONFIGURED_FIELDS}
+        out.append((base, {k: doc[k] for k in _SINCE_V10}))
+    return tuple(out)
 
 
 def upgrade(data: typing.Any) -> typing.Any:
@@ -96,7 +100,7 @@ def upgrade_v9(data: typing.Any) -> typing.Any:
     if isinstance(train, dict) and isinstance(train.get("runtime"), dict):
         runtime = train["runtime"]
         plain = {k: v for k, v in runtime.items() if k not in CONFIGURED_FIELDS}
-        fill = next((kept for base, kept in _V9_PRESETS if base == plain), None)
+        fill = next((kept for base, kept in _v9_presets() if base == plain), None)
         fill = fill or dict.fromkeys(_SINCE_V10, False)
         out["train"] = {**train, "runtime": {**fill, **runtime}}
     return out

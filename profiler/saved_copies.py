@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 _SILU = ("aten.silu.default", "aten.silu_.default")
 _MUL = ("aten.mul.Tensor",)
@@ -54,21 +55,24 @@ class SavedCopies:
         if self._norms and self._norms[-1].numel and t.numel() >= self._norms[-1].numel:
             self._norms[-1].saved_bytes += nbytes
 
-    def op(
-        self, func: Any, args: Iterable[torch.Tensor], out: Iterable[torch.Tensor], saved: set[int]
-    ) -> float:
-        """A forward op ran: silu's outputs are noted; a multiply of one (a gated MLP's
-        silu(gate) * up), which autograd saved for it, counts once. Returns the bytes counted."""
+    def op(self, func: Any, args: Any, out: Any, saved: set[int]) -> float:
+        """A forward op ran (`args`, `out`: its arguments and result, any nesting): silu's
+        outputs are noted; a multiply of one (a gated MLP's silu(gate) * up), which autograd
+        saved for it, counts once. Returns the bytes counted. Other ops cost a name check."""
         name = str(func)
         if name in _SILU:
-            self._silu.update(id(t.untyped_storage()) for t in out)
+            self._silu.update(id(t.untyped_storage()) for t in _tensors(out))
             return 0.0
         if name not in _MUL:
             return 0.0
         found = 0.0
-        for t in args:
+        for t in _tensors(args):
             key = id(t.untyped_storage())
             if key in self._silu and key in saved and key not in self._counted:
                 self._counted.add(key)
                 found += t.untyped_storage().nbytes()
         return found
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]

@@ -420,8 +420,7 @@ class Tracer(TorchDispatchMode):
         if _dispatched(func):
             seg.ops[self.phase] += 1
         if self.phase == FWD:
-            ins, outs = _tensors((args, kwargs)), _tensors(out)
-            seg.glu_copy_bytes += self._copies.op(func, ins, outs, self._saved_ids)
+            seg.glu_copy_bytes += self._copies.op(func, (args, kwargs), out, self._saved_ids)
         if not flops and _dispatched(func):
             _count_traffic(seg, self.phase, func, args, kwargs, out)
         new_bytes = sum(self._track(t) for t in _tensors(out))

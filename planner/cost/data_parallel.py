@@ -214,13 +214,13 @@ def dp_comm(
     if fsdp is not None and fsdp.tensor_s and s.zero_stage == 3 and s.fsdp_wrapped:  # per tensor
         per_mb += fsdp.tensor_s * stage.param_tensors
     for (count, link), experts in zip(groups, (False, True), strict=True):
-        gathered = gathered_bytes(t, stage, experts=experts)
         if fsdp is not None and count and s.zero_stage == 3 and s.fsdp_wrapped:
             # FSDP2's hooks and copies, over one shard rank too: not hidden (`FsdpHost`)
             copies = fsdp_copy_bytes(count / units, link.size, t, fsdp.on_host)
             per_mb += units * (fsdp.unit_s + copies * fsdp.copy_s_per_byte)
         if not count or link.size <= 1:
             continue
+        gathered = gathered_bytes(t, stage, experts=experts)
         if s.zero_stage == 3:
             unit = count / units
             ag = coll.all_gather(unit * gathered, link)
