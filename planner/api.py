@@ -13,6 +13,7 @@ from .cost.count_split import CountSplit
 from .cost.evaluate import Estimate, Evaluator
 from .cost.float8 import fp8_problem
 from .cost.layout import StageSplit
+from .cost.recompute_pattern import RecomputePattern
 from .framework_pins import framework_pins, refuse_framework_cluster
 from .frameworks import is_own, space_of
 from .limits import check_planning
@@ -92,6 +93,7 @@ def make_plan(
     consent: Consent = NO_CONSENT,
     within_framework: bool = True,
     split: StageSplit | CountSplit = StageSplit.BALANCED,
+    pattern: RecomputePattern | None = None,
 ) -> PlanOutcome:
     """Search the space and build the plan (only strategies the executor runs, unless
     `any_engine` or `train.runtime` is another framework's (`frameworks.py`): then any
@@ -101,7 +103,8 @@ def make_plan(
     infeasible). A search for another framework's runtime keeps to what it runs (`frameworks.
     FrameworkSpace`) unless not `within_framework` (a trainer's own configuration, pinned).
     `split`: how the blocks are split over pipeline chunks (by cost; a trainer configuration's
-    own split by count, `cost/count_split.py`)."""
+    own split by count, `cost/count_split.py`); `pattern`: the blocks a trainer configuration
+    recomputes, priced for `per_layer` in place of the solver's choice (`recompute_pattern.py`)."""
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be >= 0")
     check_planning(profile, cluster, train, pins)  # every count in bounds before any search
@@ -112,11 +115,11 @@ def make_plan(
         refuse_framework_cluster(cluster, train.runtime)
         pins = framework_pins(pins, train.runtime, consent)
     pins = host_offload_pins(cluster, pins)
-    ev = Evaluator(profile, cluster, train, split)
+    ev = Evaluator(profile, cluster, train, split, pattern)
     space = space_of(train.runtime) if within_framework else None  # what it runs
     search = Search(ev, pins, runnable_only=own and not any_engine, consent=consent, space=space)
     result = search.run(top_k=top_k, progress=progress)
-    ctx = PlanContext(profile=profile, cluster=cluster, train=train, split=split)
+    ctx = PlanContext(profile=profile, cluster=cluster, train=train, split=split, pattern=pattern)
     if result.best is not None:
         return PlanOutcome(plan=build_plan(ctx, result.best, result.ranked[1:]), result=result)
     least = result.min_memory

@@ -9,6 +9,7 @@ from .config import TrainConfig
 from .cost.count_split import CountSplit
 from .cost.evaluate import Estimate, Evaluator
 from .cost.layout import StageSplit
+from .cost.recompute_pattern import RecomputePattern
 from .model import LayerKind, ModelProfile
 from .options import hidden_costs
 from .plan import (
@@ -95,13 +96,15 @@ class PlanContext:
     """The training configuration."""
     split: StageSplit | CountSplit = StageSplit.BALANCED
     """How the blocks are split over pipeline chunks (`Evaluator`'s)."""
+    pattern: RecomputePattern | None = None
+    """A trainer's own blocks to recompute under `per_layer` (`Evaluator`'s)."""
 
 
 def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, ...]) -> Plan:
     """The plan for `chosen`, listing `runners_up` with why each lost."""
     p, c, t = ctx.profile, ctx.cluster, ctx.train
     s = chosen.strategy
-    ev = Evaluator(p, c, t, ctx.split)
+    ev = Evaluator(p, c, t, ctx.split, ctx.pattern)
     chunks = ev.stage_model.chunks(ev.stage_model.layout_of(s))
     stages = tuple(
         StagePlan(

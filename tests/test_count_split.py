@@ -12,7 +12,7 @@ import pytest
 
 from paraplan.cli import main
 from paraplan.export.judge import _difference, compare, read_config
-from paraplan.export.megatron import _layout_blocks
+from paraplan.export.megatron_read import _layout_blocks
 from paraplan.export.setup import TrainerSetup
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import TrainConfig

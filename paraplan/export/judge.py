@@ -76,7 +76,14 @@ def compare(
     split = setup.split or StageSplit.BALANCED  # the trainer's own split of the blocks
     try:
         yours = make_plan(
-            profile, cluster, train, pins=setup.pins(), top_k=0, any_engine=True, split=split
+            profile,
+            cluster,
+            train,
+            pins=setup.pins(),
+            top_k=0,
+            any_engine=True,
+            split=split,
+            pattern=setup.pattern,
         ).plan
     except NoFeasiblePlanError:
         raise
@@ -90,6 +97,7 @@ def compare(
             any_engine=True,
             within_framework=False,
             split=split,
+            pattern=setup.pattern,
         ).plan
     try:
         best: Plan | None = make_plan(
@@ -237,6 +245,10 @@ def run_from_config(
         runtime = setup.runtime_says.apply(runtime)
     refuse_framework_cluster(cluster, runtime)  # an explicit GPU trainer's --runtime on CPUs
     profile, batch = read_model(args, [])
+    if setup.model_says is not None:  # a configuration priced on its own model only
+        problem = setup.model_says.mismatch(profile)
+        if problem is not None:
+            raise ValueError(f"{args.from_config}: {problem}")
     split = setup.split
     if split is not None:  # the trainer's own split of the blocks, checked before a search
         s = setup.strategy

@@ -8,7 +8,9 @@ from enum import StrEnum
 
 from ..planner.config import Precision, RecomputeModule, Runtime
 from ..planner.cost.count_split import CountSplit
+from ..planner.cost.recompute_pattern import RecomputePattern
 from ..planner.frameworks import Framework
+from ..planner.model import ModelProfile
 from ..planner.pins import Pins
 from ..planner.plan import Plan
 from ..planner.strategy import Recompute, Schedule, Strategy
@@ -68,6 +70,57 @@ class RuntimeSays:
         return replace(runtime, **{k: v for k, v in said.items() if v is not None})
 
 
+@dataclass(frozen=True, slots=True)
+class Stated:
+    """One size as a configuration states it."""
+
+    value: int
+    """The size."""
+    flag: str
+    """How the configuration names it (e.g. ``--num-layers``)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSays:
+    """The model's sizes as a trainer configuration states them (None: not stated), checked
+    against the model planned (`mismatch`): a configuration judged on another model than its
+    own would be priced for shapes it never runs."""
+
+    blocks: Stated | None = None
+    """Transformer blocks (Megatron's `--num-layers`)."""
+    hidden: Stated | None = None
+    """Hidden size (`--hidden-size`)."""
+    heads: Stated | None = None
+    """Attention heads (`--num-attention-heads`)."""
+    kv_heads: Stated | None = None
+    """Key/value heads (`--num-query-groups` under `--group-query-attention`)."""
+    ffn: Stated | None = None
+    """A dense MLP's hidden size (`--ffn-hidden-size`)."""
+    experts: Stated | None = None
+    """Routed experts per MoE block (`--num-experts`)."""
+
+    def mismatch(self, profile: ModelProfile) -> str | None:
+        """The first size that differs from `profile`'s, in words naming both values and the
+        configuration's flag; None when all agree."""
+        ours = {
+            "blocks": profile.num_blocks,
+            "hidden": profile.hidden,
+            "heads": profile.heads,
+            "kv_heads": profile.kv_heads,
+            "ffn": None if profile.experts else profile.ffn,  # experts: a size of their own
+            "experts": profile.experts,
+        }
+        for f in fields(self):
+            said: Stated | None = getattr(self, f.name)
+            have = ours[f.name]
+            if said is not None and have is not None and said.value != have:
+                return (
+                    f"{said.flag} {said.value} but {profile.name} has {have}: the configuration "
+                    f"describes another model; plan its model (--model) or fix {said.flag}"
+                )
+        return None
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainerSetup:
     """What a trainer configuration says, in the planner's terms."""
@@ -95,6 +148,12 @@ class TrainerSetup:
     """How the trainer splits the blocks over the pipeline chunks where the configuration
     fixes it by count (Megatron-Core's rules, a layout, torchtitan's module lists); None: as
     paraplan's plan would, by cost."""
+    model_says: ModelSays | None = None
+    """The model's sizes the configuration states (checked against the model planned)."""
+    pattern: RecomputePattern | None = None
+    """The blocks the configuration fully recomputes where it names them by a rule (then
+    `strategy.recompute` is `per_layer`, priced with these blocks); None: its recompute is
+    uniform."""
 
     @property
     def num_microbatches(self) -> int:

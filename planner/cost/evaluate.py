@@ -32,6 +32,7 @@ from .memory import MemoryBreakdown, in_flight_microbatches
 from .mixed_precision import autocast_held_bytes, autocast_s
 from .options import OptionModel, has_options, option_problem
 from .per_layer import PerLayerRecompute
+from .recompute_pattern import RecomputePattern
 from .rules import Assignment, ProblemShape, Violation, violation
 from .stage_core import StageCore, StageCores
 from .stages import Policy, StageActivations, StageModel, StaticMemory
@@ -46,6 +47,7 @@ class Evaluator:
         cluster: Cluster,
         train: TrainConfig,
         split: StageSplit | CountSplit = StageSplit.BALANCED,
+        pattern: RecomputePattern | None = None,
     ) -> None:
         if profile.seq_len != train.seq_len:
             raise ValueError(
@@ -75,7 +77,8 @@ class Evaluator:
         """Blocks with experts (their MLP has no TP collectives when the experts fold over TP)."""
         self.shape = ProblemShape.of(profile, cluster, train)
         """What the structural rules read (see `violation`)."""
-        self.per_layer = PerLayerRecompute(self.stage_model)
+        self.per_layer = PerLayerRecompute(self.stage_model, pattern)
+        """Per-layer policies: solved, or a trainer's `pattern` for `per_layer` strategies."""
         self.options = OptionModel(self.stage_model, train, self.acc)
         """PowerSGD, parameter/activation offload and asynchronous pipeline terms."""
         ddp_last = ddp_last_bucket_bytes(profile.layers, train.grad_bytes)

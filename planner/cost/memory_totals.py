@@ -29,12 +29,13 @@ def memory_totals(
     recompute) choice, computed together (with `params_follow`, ZeRO-3's optimizer offload
     offloads the parameters too, as `search_blocks.Block` builds it). A `per_layer` choice
     is None (left to the caller, as it needs the recompute solver) unless `none` fits with
-    the same sharding, which makes it that strategy. With `fit_only`, a total that does
-    not fit may be a lower bound on it (still above the capacity): a split-backward
-    schedule's in-flight counts (a replay) are then read only for the choices that fit
-    with `MIN_SPLIT_IN_FLIGHT` micro-batches in flight. With `statics`, each choice's
-    `ev.static_totals` are appended to it (for `per_layer`, those of its layout, recompute
-    none's), or None where its total does not add them up (options, single pass)."""
+    the same sharding, which makes it that strategy (not under a trainer's recompute
+    pattern). With `fit_only`, a total that does not fit may be a lower bound on it (still
+    above the capacity): a split-backward schedule's in-flight counts (a replay) are then
+    read only for the choices that fit with `MIN_SPLIT_IN_FLIGHT` micro-batches in flight.
+    With `statics`, each choice's `ev.static_totals` are appended to it (for `per_layer`,
+    those of its layout, recompute none's), or None where its total does not add them up
+    (options, single pass)."""
     sm, per_layer = ev.stage_model, Recompute.PER_LAYER
 
     def follows(zero: int, off: bool) -> bool:
@@ -70,8 +71,10 @@ def memory_totals(
         if rc == per_layer:
             plain, static = nones.get((sp, zero, off), (None, None))
             # `none` fits: the solver keeps everything, so this is that strategy (or one
-            # recomputing more where `none` fits only by the single-pass timeline).
-            out.append(plain if plain is not None and plain <= cap else None)
+            # recomputing more where `none` fits only by the single-pass timeline); not so
+            # for a trainer's own pattern, which recomputes its blocks whatever fits
+            solved = ev.per_layer.pattern is None
+            out.append(plain if solved and plain is not None and plain <= cap else None)
             if statics is not None:  # its layout is none's
                 statics.append(static)
             continue

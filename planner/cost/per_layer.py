@@ -31,6 +31,7 @@ from .recompute import (
     relaxation_fits,
     solve_stage,
 )
+from .recompute_pattern import RecomputePattern
 from .stages import StageCompute, StageModel
 
 
@@ -54,8 +55,11 @@ class _StageParts:
 class PerLayerRecompute:
     """The per-layer recompute policies of one evaluator's strategies."""
 
-    def __init__(self, stage_model: StageModel) -> None:
+    def __init__(self, stage_model: StageModel, pattern: RecomputePattern | None = None) -> None:
         self.sm = stage_model
+        self.pattern = pattern
+        """A trainer configuration's own blocks to recompute, priced for `per_layer` in place of
+        the solver's choice (`recompute_pattern.py`); None: solved."""
         self._solved = memo_method(self, PerLayerRecompute._solved_uncached)
         self._layer_choices = memo_method(self, PerLayerRecompute._layer_choices_uncached)
         self._stage_rc = memo_method(self, PerLayerRecompute._stage_rc_uncached)
@@ -101,12 +105,14 @@ class PerLayerRecompute:
         return tuple(out)
 
     def _solved_uncached(self, key: Strategy) -> tuple[Recompute, ...]:
-        """Per-layer policies of a `per_layer` strategy. Each distinct stage is solved for its
-        budget (capacity less static memory and pipeline buffers) with its in-flight
-        micro-batches; stages that look alike copy the first one's choice, which holds the
-        most micro-batches, so they fit too and take no longer. A stage nothing fits takes the
-        least-memory uniform policy."""
+        """Per-layer policies of a `per_layer` strategy (the pattern's, when given). Each
+        distinct stage is solved for its budget (capacity less static memory and pipeline
+        buffers) with its in-flight micro-batches; stages that look alike copy the first one's
+        choice, which holds the most micro-batches, so they fit too and take no longer. A
+        stage nothing fits takes the least-memory uniform policy."""
         sm = self.sm
+        if self.pattern is not None:  # the trainer's own choice, as it runs it
+            return self.pattern.policies(sm.profile, sm.chunks(sm.layout_of(key)))
         solved: list[tuple[Recompute, ...]] = []
         for problem in self._problems(key):
             picks = self._solve_stage(problem)

@@ -1,0 +1,371 @@
+"""Megatron-LM argument files read back in the planner's terms (`read`): the flags of
+Megatron-LM's `megatron/training/arguments.py` (checked at the commit named in docs/export.md)
+that change a step's time or memory, each priced, refused as Megatron-Core refuses it, or
+named in the notes when paraplan does not price it.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable
+
+from ..planner.config import Precision, RecomputeModule
+from ..planner.cost.count_split import CountSplit
+from ..planner.cost.recompute_pattern import PatternRule, RecomputePattern
+from ..planner.frameworks import Framework
+from ..planner.strategy import Recompute, Schedule, Strategy
+from .setup import ModelSays, RuntimeSays, Stated, Target, TrainerSetup, check_batch
+
+_FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+"""Megatron-FSDP `--data-parallel-sharding-strategy` per ZeRO stage."""
+_VALUE_FLAGS = (
+    "tensor-model-parallel-size",
+    "pipeline-model-parallel-size",
+    "num-virtual-stages-per-pipeline-rank",
+    "num-layers-per-virtual-pipeline-stage",
+    "context-parallel-size",
+    "expert-model-parallel-size",
+    "expert-tensor-parallel-size",
+    "moe-token-dispatcher-type",
+    "micro-batch-size",
+    "global-batch-size",
+    "seq-length",
+    "recompute-granularity",
+    "recompute-method",
+    "recompute-num-layers",
+    "data-parallel-sharding-strategy",
+    "num-layers",
+    "optimizer-offload-fraction",
+    "fp8-format",
+    "fp8-recipe",
+    "pipeline-model-parallel-layout",
+    "recompute-modules",
+    "cp-comm-type",
+    "decoder-first-pipeline-num-layers",
+    "decoder-last-pipeline-num-layers",
+    "hidden-size",
+    "num-attention-heads",
+    "num-query-groups",
+    "ffn-hidden-size",
+    "num-experts",
+    "cpu-offloading-num-layers",
+    "attention-backend",
+    "transformer-impl",
+)
+"""Flags with a value that `read` interprets."""
+_SWITCHES = (
+    "sequence-parallel",
+    "bf16",
+    "fp16",
+    "use-distributed-optimizer",
+    "use-megatron-fsdp",
+    "optimizer-cpu-offload",
+    "tp-comm-overlap",
+    "overlap-moe-expert-parallel-comm",
+    "delay-wgrad-compute",
+    "account-for-embedding-in-pipeline-split",
+    "account-for-loss-in-pipeline-split",
+    "moe-grouped-gemm",
+    "overlap-grad-reduce",
+    "overlap-param-gather",
+    "grad-reduce-in-bf16",
+    "no-bias-swiglu-fusion",
+    "fp8-param-gather",
+    "no-overlap-p2p-communication",
+    "recompute-activations",
+    "group-query-attention",
+    "fine-grained-activation-offloading",
+)
+"""Flags without a value that `read` interprets (`--tp-comm-overlap` and
+`--overlap-moe-expert-parallel-comm`: the runtime, NeMo's preset where either is on,
+Megatron-LM's where neither is)."""
+_LIST_FLAGS = ("recompute-modules",)
+"""Flags that take a list of words (Megatron-LM's ``nargs="*"``)."""
+_CORE = (RecomputeModule.CORE_ATTN,)
+"""Megatron-Core's default `recompute_modules`: the attention core."""
+
+
+def _layout_chunks(layout: str) -> int:
+    """Chunks of a `--pipeline-model-parallel-layout` string."""
+    return len(_layout_blocks(layout))
+
+
+def _layout_blocks(layout: str) -> tuple[int, ...]:
+    """Blocks ("t") of each chunk of a `--pipeline-model-parallel-layout` string in model
+    order, its repetitions unrolled as megatron-core's `PipelineParallelLayerLayout.
+    parse_str_to_list` does."""
+    text = layout.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
+    return tuple(part.count("t") for part in text.split("|"))
+
+
+def _count_split(args: dict[str, str | None], num: Callable[[str, int], int]) -> CountSplit:
+    """How Megatron-Core splits the blocks over the pipeline chunks under these arguments:
+    the layout's chunks where one is given, else by count (`cost/count_split.py`)."""
+    layout = args.get("pipeline-model-parallel-layout")
+    if layout:
+        return CountSplit(chunk_blocks=_layout_blocks(layout))
+    first, last = "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers"
+    for key in (first, last):
+        if key in args and num(key, 0) < 0:
+            raise ValueError(f"--{key} {args[key]}: give 0 or more blocks")
+    return CountSplit(
+        first_stage_blocks=num(first, 0) if first in args else None,
+        last_stage_blocks=num(last, 0) if last in args else None,
+        embedding_as_layer="account-for-embedding-in-pipeline-split" in args,
+        loss_as_layer="account-for-loss-in-pipeline-split" in args,
+    )
+
+
+def _model_says(args: dict[str, str | None], num: Callable[[str, int], int]) -> ModelSays:
+    """The model sizes the arguments state (Megatron-LM takes `--num-query-groups` only under
+    `--group-query-attention`: `argument_utils.core_transformer_config_from_args`)."""
+
+    def stated(key: str) -> Stated | None:
+        return Stated(num(key, 0), f"--{key}") if key in args else None
+
+    gqa = "group-query-attention" in args
+    return ModelSays(
+        blocks=stated("num-layers"),
+        hidden=stated("hidden-size"),
+        heads=stated("num-attention-heads"),
+        kv_heads=stated("num-query-groups") if gqa else None,
+        ffn=stated("ffn-hidden-size"),
+        experts=stated("num-experts"),
+    )
+
+
+_UNPRICED_VALUES = {
+    "attention-backend": (("unfused", "local"), "priced as a fused attention kernel"),
+    "transformer-impl": (("local",), "priced as Transformer Engine's layers"),
+}
+"""Values of Megatron-LM flags that change the step but that paraplan does not price: the
+values, and what is priced instead."""
+
+
+def _unpriced(
+    args: dict[str, str | None], num: Callable[[str, int], int], source: str
+) -> list[str]:
+    """Notes on what the arguments set that paraplan does not price; ValueError where
+    Megatron-Core refuses the combination (`TransformerConfig.__post_init__`)."""
+    notes = []
+    offload = num("cpu-offloading-num-layers", 0)
+    if offload > 0:  # Megatron-LM turns `cpu_offloading` on with it (arguments.py)
+        recomputes = args.get("recompute-granularity") or "recompute-activations" in args
+        if num("pipeline-model-parallel-size", 1) > 1 or recomputes:
+            raise ValueError(
+                f"{source}: --cpu-offloading-num-layers {offload} with pipeline parallelism or "
+                "recomputation: Megatron-Core refuses both; leave one out"
+            )
+        notes.append(
+            f"--cpu-offloading-num-layers {offload} not priced: those layers' activations are "
+            "counted as kept on the GPU, and their copies to the host as free"
+        )
+    if "fine-grained-activation-offloading" in args:
+        notes.append("--fine-grained-activation-offloading not priced: activations kept")
+    for key, (values, instead) in _UNPRICED_VALUES.items():
+        if args.get(key) in values:
+            notes.append(f"--{key} {args[key]} not priced: {instead}")
+    if args.get("recompute-method") == "uniform" and num("recompute-num-layers", 1) > 1:
+        notes.append(
+            f"--recompute-method uniform --recompute-num-layers {args['recompute-num-layers']}: "
+            "priced as every block keeping its input (Megatron keeps one input per group)"
+        )
+    return notes
+
+
+def parse_args(text: str) -> dict[str, str | None]:
+    """An argument file (shell words; ``#`` comments, backslash line ends) as flag -> value
+    (None for a switch). Raises ValueError on a stray value or a repeated flag."""
+    words = shlex.split(re.sub(r"\\\r?\n", " ", text), comments=True)  # line continuations
+    out: dict[str, str | None] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if not word.startswith("--"):
+            i += 1  # a command word (torchrun, pretrain_gpt.py) or another tool's value
+            continue
+        key, eq, value = word[2:].partition("=")
+        key = key.replace("_", "-")
+        if key in _LIST_FLAGS and not eq:  # nargs="*": every word up to the next flag
+            j = i + 1
+            while j < len(words) and not words[j].startswith("--"):
+                j += 1
+            value, i = " ".join(words[i + 1 : j]), j - 1
+        elif not eq and i + 1 < len(words) and not words[i + 1].startswith("--"):
+            value, i = words[i + 1], i + 1
+        if key in out:
+            raise ValueError(f"Megatron arguments: --{key} given twice")
+        out[key] = value if (eq or value) else None
+        i += 1
+    return out
+
+
+def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
+    """A Megatron-LM argument file in the planner's terms, on `world_size` GPUs."""
+    args = parse_args(text)
+    notes: list[str] = []
+
+    def num(key: str, default: int) -> int:
+        raw = args.get(key)
+        if raw is None:
+            return default
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{source}: --{key} {raw!r} must be an integer") from None
+
+    for key in _SWITCHES:
+        if args.get(key) not in (None, "true", "True"):
+            raise ValueError(f"{source}: --{key} takes no value (got {args[key]!r})")
+    tp, pp = num("tensor-model-parallel-size", 1), num("pipeline-model-parallel-size", 1)
+    cp, ep = num("context-parallel-size", 1), num("expert-model-parallel-size", 1)
+    if min(tp, pp, cp, ep) < 1 or world_size % (tp * pp * cp):
+        raise ValueError(
+            f"{source}: tp {tp} x pp {pp} x cp {cp} does not divide the cluster's {world_size} "
+            "GPUs; fix the degrees or give the matching --cluster"
+        )
+    dp = world_size // (tp * pp * cp)
+    vstages = num("num-virtual-stages-per-pipeline-rank", 1)
+    if args.get("pipeline-model-parallel-layout"):  # chunks = pp x virtual stages
+        vstages = max(1, _layout_chunks(str(args["pipeline-model-parallel-layout"])) // pp)
+    if "num-layers-per-virtual-pipeline-stage" in args:
+        per = num("num-layers-per-virtual-pipeline-stage", 1)
+        vstages = num("num-layers", 0) // (pp * per)
+        if vstages < 1:
+            raise ValueError(
+                f"{source}: --num-layers-per-virtual-pipeline-stage needs --num-layers"
+            )
+    fsdp = "use-megatron-fsdp" in args
+    strategy_name = args.get("data-parallel-sharding-strategy") or "optim_grads_params"
+    zero = 0
+    if fsdp:
+        found = [z for z, n in _FSDP_STRATEGY.items() if n == strategy_name]
+        zero = found[0] if found else 1 if strategy_name == "optim" else 0
+    elif "use-distributed-optimizer" in args:
+        zero = 1
+    recompute, modules, pattern = Recompute.NONE, _CORE, None
+    granularity = args.get("recompute-granularity")
+    if "recompute-activations" in args:  # Megatron-LM: selective (arguments.py, validate_args)
+        granularity = "selective"
+    if granularity == "selective":
+        recompute = Recompute.SELECTIVE
+        given = "recompute-modules" in args  # given empty (nargs="*"): nothing recomputed
+        named = str(args.get("recompute-modules") or "").split() if given else ["core_attn"]
+        unpriced = [m for m in named if m not in set(RecomputeModule)]
+        if unpriced:
+            notes.append(
+                f"--recompute-modules {' '.join(unpriced)} not priced (paraplan prices "
+                f"{', '.join(RecomputeModule)}): their memory is counted as kept"
+            )
+        modules = tuple(RecomputeModule(m) for m in named if m not in unpriced)
+        if RecomputeModule.MOE_ACT in modules and "moe-grouped-gemm" not in args:
+            raise ValueError(
+                f"{source}: --recompute-modules moe_act needs --moe-grouped-gemm (Megatron-Core "
+                "refuses it otherwise); add --moe-grouped-gemm or leave moe_act out"
+            )
+    elif granularity == "full":
+        method, layers = args.get("recompute-method"), num("recompute-num-layers", 1)
+        per_chunk = num("num-layers", 0) // (pp * vstages)
+        recompute = Recompute.FULL
+        if method == "block" and layers < per_chunk:
+            recompute = Recompute.PER_LAYER
+            pattern = RecomputePattern(PatternRule.FIRST_OF_CHUNK, layers)
+            notes.append(f"--recompute-method block: {pattern.describe()}")
+    elif granularity is not None:
+        raise ValueError(
+            f"{source}: --recompute-granularity {granularity!r}: use full or selective"
+        )
+    precision = (
+        Precision.BF16 if "bf16" in args else Precision.FP16 if "fp16" in args else Precision.FP32
+    )
+    if args.get("fp8-format") and precision == Precision.BF16:
+        precision = Precision.FP8
+    if "fp8-param-gather" in args and not args.get("fp8-format"):  # as Megatron-Core refuses it
+        raise ValueError(f"{source}: --fp8-param-gather needs fp8 training; add --fp8-format")
+    mbs = num("micro-batch-size", 1)
+    etp = num("expert-tensor-parallel-size", tp)  # Megatron's default: tp
+    if etp not in (1, tp):
+        raise ValueError(
+            f"{source}: --expert-tensor-parallel-size {etp} has no paraplan model: use 1 "
+            f"(experts whole, folded over TP) or the TP size {tp}"
+        )
+    strategy = Strategy(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=ep,
+        expert_tp=1 if etp == 1 and tp > 1 else None,
+        zero_stage=zero,
+        offload_optimizer="optimizer-cpu-offload" in args and zero > 0,
+        sequence_parallel="sequence-parallel" in args and tp > 1,
+        schedule=(
+            Schedule.NONE
+            if pp == 1
+            else Schedule.INTERLEAVED_1F1B
+            if vstages > 1
+            else Schedule.ONE_F_ONE_B
+        ),
+        virtual_stages=vstages if pp > 1 else 1,
+        micro_batch_size=mbs,
+        recompute=recompute,
+    )
+    if "seq-length" not in args:
+        raise ValueError(f"{source}: --seq-length is missing; Megatron needs it")
+    dispatcher = args.get("moe-token-dispatcher-type") or "allgather"  # Megatron-LM's default
+    if ep > 1 and dispatcher not in ("alltoall", "flex"):
+        notes.append(
+            f"the {dispatcher} token dispatcher is priced as all-to-all dispatch (paraplan "
+            "prices expert parallelism's tokens by all-to-all)"
+        )
+    cp_comm = args.get("cp-comm-type") or "p2p"  # Megatron-Core's default: the ring
+    if cp > 1 and cp_comm != "p2p":
+        notes.append(
+            f"--cp-comm-type {cp_comm} priced as p2p (paraplan prices context parallelism as "
+            "ring attention, K/V passed around the ring under the attention compute)"
+        )
+    split = _count_split(args, num) if pp > 1 else None
+    if split is not None:  # what the pipeline stages hold, as Megatron-Core builds them
+        notes.append(f"blocks over the pipeline chunks: {split.describe()}")
+    # data-parallel overlap, where there is data-parallel traffic (Megatron-LM's default: off)
+    grads_overlap = "overlap-grad-reduce" in args or dp * cp == 1
+    params_overlap = "overlap-param-gather" in args or dp * cp == 1 or zero == 0
+    for flag, on in (
+        ("overlap-grad-reduce", grads_overlap),
+        ("overlap-param-gather", params_overlap),
+    ):
+        if not on:
+            notes.append(f"without --{flag} its data-parallel traffic is priced exposed")
+    ep_overlap = "overlap-moe-expert-parallel-comm" in args
+    overlaps = "tp-comm-overlap" in args or ep_overlap
+    if ep > 1 and overlaps and ("tp-comm-overlap" in args) != ep_overlap and tp > 1:
+        notes.append(
+            "one of --tp-comm-overlap and --overlap-moe-expert-parallel-comm is priced as "
+            "NeMo's runtime, which overlaps both"
+        )
+    notes += _unpriced(args, num, source)
+    setup = TrainerSetup(
+        target=Target.MEGATRON,
+        strategy=strategy,
+        global_batch=num("global-batch-size", mbs * dp),
+        seq_len=num("seq-length", 0),
+        precision=precision,
+        notes=tuple(notes),
+        runtime=Framework.NEMO if overlaps else Framework.MEGATRON,
+        split=split,
+        pattern=pattern,
+        model_says=_model_says(args, num),
+        runtime_says=RuntimeSays(
+            recompute_modules=modules if recompute == Recompute.SELECTIVE else _CORE,
+            grad_reduce_overlap=grads_overlap,
+            param_gather_overlap=params_overlap,
+            fp32_grads="grad-reduce-in-bf16" not in args,
+            glu_keeps_input_only="no-bias-swiglu-fusion" not in args,
+            pp_comm_overlap="no-overlap-p2p-communication" not in args,
+            fp8_all_gather=("fp8-param-gather" in args) if precision == Precision.FP8 else None,
+        ),
+    )
+    return check_batch(setup)
