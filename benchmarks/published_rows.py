@@ -191,8 +191,10 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
             )
         return runtime
     if rid.startswith("torchtitan"):
-        # torchtitan's "selective" is per-operator SAC (`selective_ac_option = "op"`, its
-        # default and what every torchtitan row here states or implies). Async TP is a
+        # torchtitan's "selective" is per-operator SAC (`selective_ac_option = "op"`, as its
+        # shipped Llama 3 configs set it, train_configs/llama3_8b.toml of Oct 2024; the job
+        # config's own default, "2", is every 2nd block: every row here states or implies
+        # "op"). Async TP is a
         # torch.compile pass (torchtitan refuses `enable_async_tensor_parallel` without
         # compile), so a run quoted with it is compiled and overlaps its TP collectives.
         async_tp = "asynctp" in str(row.get("quote", "")).lower().replace(" ", "")
