@@ -5,6 +5,7 @@ its model sizes and its activation offload."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from paraplan.cli import main
 from paraplan.export.judge import compare, read_config
 from paraplan.export.megatron import block_pattern
-from paraplan.export.torchtitan import read_toml, render
+from paraplan.export.torchtitan import read_registry, read_toml, render
 from paraplan.planner.api import make_plan
 from paraplan.planner.cluster import parse_cluster
 from paraplan.planner.config import RecomputeModule, TrainConfig
@@ -228,9 +229,12 @@ def test_megatron_model_sizes_are_checked(tmp_path: Path, capsys: pytest.Capture
     counted only under `--group-query-attention`."""
     base = ["plan", "--model", "llama3-8b", "--model-source", "spec", "--cluster", "16xh100"]
     for args, wrong in (
-        ("--num-layers 40", "--num-layers 40 but"),  # overrides the 32 of `_megatron`
-        ("--group-query-attention --num-query-groups 4", "--num-query-groups 4 but"),
-        ("--ffn-hidden-size 11008", "--ffn-hidden-size 11008 but"),
+        ("--num-layers 40", "--num-layers gives blocks 40, but"),  # overrides the 32 of `_megatron`
+        (
+            "--group-query-attention --num-query-groups 4",
+            "--num-query-groups gives key/value heads 4, but",
+        ),
+        ("--ffn-hidden-size 11008", "--ffn-hidden-size gives MLP size 11008, but"),
     ):
         text = _megatron(tmp_path, "").read_text().replace("--num-layers 32 ", "")
         extra = args if "num-layers" in args else f"--num-layers 32 {args}"
@@ -258,3 +262,31 @@ def test_megatron_activation_offload(tmp_path: Path) -> None:
     )
     setup = read_config(str(one), world_size=16)
     assert any("--cpu-offloading-num-layers 4 not priced" in n for n in setup.notes)
+
+
+def test_torchtitan_model_flavor_is_checked(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """torchtitan <= 0.2's `[model] flavor` names Llama 3's sizes (its `llama3_args`): "70B"
+    judged on Llama 3 8B is refused (exit 2, one line); "8B" passes; a flavor paraplan does
+    not know is not checked."""
+    base = ["plan", "--model", "llama3-8b", "--model-source", "spec", "--cluster", "8xh100"]
+    for flavor, code in (("70B", 2), ("8B", 0), ("mine", 0)):
+        path = tmp_path / "job.toml"
+        path.write_text(f'[model]\nname = "llama3"\nflavor = "{flavor}"\n' + _toml(""))
+        assert main([*base, "--from-config", str(path), "--no-progress"]) == code
+        err = capsys.readouterr().err.strip()
+        if code:
+            assert '[model] flavor "70B" gives blocks 80, but llama3-8b has 32' in err
+            assert len(err.splitlines()) == 1
+    assert read_toml(_toml(""), world_size=8, source="x").model_says is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None, reason="needs torchtitan")
+def test_torchtitan_registry_model_is_checked() -> None:
+    """A configuration from torchtitan's registry states its model's blocks and hidden size, as
+    torchtitan builds its model config (`config.model_spec.model`)."""
+    setup = read_registry("llama3.llama3_8b", world_size=8)
+    assert setup.model_says is not None
+    assert setup.model_says.mismatch(profile()) is None  # Llama 3 8B
+    big = parse_model("llama3-70b").to_profile(SEQ, act_bytes=2)
+    said = setup.model_says.mismatch(big)
+    assert said is not None and said.startswith("its model gives blocks 32, but")

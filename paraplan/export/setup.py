@@ -110,13 +110,17 @@ class ModelSays:
             "ffn": None if profile.experts else profile.ffn,  # experts: a size of their own
             "experts": profile.experts,
         }
+        nouns = {"blocks": "blocks", "hidden": "hidden size", "heads": "attention heads"}
+        nouns |= {"kv_heads": "key/value heads", "ffn": "MLP size", "experts": "experts"}
         for f in fields(self):
             said: Stated | None = getattr(self, f.name)
             have = ours[f.name]
             if said is not None and have is not None and said.value != have:
+                fix = f" (or fix {said.flag})" if said.flag[:1] in "-[" else ""
                 return (
-                    f"{said.flag} {said.value} but {profile.name} has {have}: the configuration "
-                    f"describes another model; plan its model (--model) or fix {said.flag}"
+                    f"{said.flag} gives {nouns[f.name]} {said.value}, but {profile.name} has "
+                    f"{have}: the configuration is for another model; plan its model with "
+                    f"--model{fix}"
                 )
         return None
 

@@ -12,7 +12,7 @@ from ..planner.cost.count_split import CountSplit
 from ..planner.cost.recompute_pattern import PatternRule, RecomputePattern
 from ..planner.frameworks import torchtitan_framework
 from ..planner.strategy import Recompute, Schedule, Strategy
-from .setup import Target, TrainerSetup, check_batch
+from .setup import ModelSays, Stated, Target, TrainerSetup, check_batch
 
 SCHEDULE_NAMES = {
     Schedule.GPIPE: "GPipe",
@@ -37,6 +37,27 @@ RECOMPUTE_MODES = {
 }
 """Our uniform recompute policies by torchtitan's activation-checkpoint mode (<= 0.2: `mode`;
 >= 0.3: the `activation-checkpoint:<mode>` subcommand)."""
+
+
+_LLAMA3_FLAVORS = {
+    "debugmodel": (6, 256, 16, 16),
+    "8B": (32, 4096, 32, 8),
+    "70B": (80, 8192, 64, 8),
+    "405B": (126, 16384, 128, 8),
+}
+"""torchtitan <= 0.2's Llama 3 flavors (`[model] name = "llama3"`): blocks, hidden size, heads
+and key/value heads (`llama3_args`, torchtitan/models/llama3/__init__.py, v0.2.0)."""
+
+
+def _flavor_says(model: dict[str, Any]) -> ModelSays | None:
+    """The sizes a TOML's `[model]` flavor names, where paraplan knows the flavor."""
+    name, flavor = str(model.get("name", "")), str(model.get("flavor", ""))
+    sizes = _LLAMA3_FLAVORS.get(flavor) if name == "llama3" else None
+    if sizes is None:
+        return None
+    flag = f'[model] flavor "{flavor}"'
+    blocks, hidden, heads, kv_heads = (Stated(n, flag) for n in sizes)
+    return ModelSays(blocks=blocks, hidden=hidden, heads=heads, kv_heads=kv_heads)
 
 
 def read_toml(text: str, *, world_size: int, source: str) -> TrainerSetup:
@@ -70,6 +91,7 @@ def read_toml(text: str, *, world_size: int, source: str) -> TrainerSetup:
         compiled=compiled,
         async_tp=async_tp,
         pattern=pattern,
+        model_says=_flavor_says(model),
     )
 
 
@@ -140,6 +162,13 @@ def read_registry(name: str, *, world_size: int) -> TrainerSetup:
     fp8 = "Float8" in repr(getattr(getattr(config, "model_spec", None), "model", None))
     compiled = bool(getattr(getattr(config, "compile", None), "enable", False))
     async_tp = bool(getattr(config.compile, "enable_async_tensor_parallel", False))
+    built = getattr(getattr(config, "model_spec", None), "model", None)  # the model's config
+    flag = "its model"
+    layers, dim = getattr(built, "layers", None), getattr(built, "dim", None)
+    says = ModelSays(
+        blocks=Stated(len(layers), flag) if isinstance(layers, list | tuple) else None,
+        hidden=Stated(dim, flag) if isinstance(dim, int) else None,
+    )
     return from_values(
         par,
         tr,
@@ -149,6 +178,7 @@ def read_registry(name: str, *, world_size: int) -> TrainerSetup:
         fp8=fp8,
         compiled=compiled,
         async_tp=async_tp,
+        model_says=says,
     )
 
 
@@ -168,6 +198,7 @@ def from_values(
     compiled: bool = False,
     async_tp: bool = False,
     pattern: RecomputePattern | None = None,
+    model_says: ModelSays | None = None,
 ) -> TrainerSetup:
     """torchtitan's parallelism/training/activation-checkpoint values (its defaults where a
     key is absent) in the planner's terms; `fp8`: Float8 linear layers are on; `compiled`:
@@ -275,5 +306,6 @@ def from_values(
         runtime=torchtitan_framework(compiled=compiled, async_tp=async_tp),
         split=CountSplit.of_torchtitan(par) if pp > 1 else None,
         pattern=pattern,
+        model_says=model_says,
     )
     return check_batch(setup)
