@@ -290,3 +290,22 @@ def test_torchtitan_registry_model_is_checked() -> None:
     big = parse_model("llama3-70b").to_profile(SEQ, act_bytes=2)
     said = setup.model_says.mismatch(big)
     assert said is not None and said.startswith("its model gives blocks 32, but")
+
+
+def test_deepspeed_checkpoint_options_are_named() -> None:
+    """deepspeed.checkpointing's host copies and TP partitioning change what a checkpoint
+    holds on the GPU; paraplan prices neither, and says so."""
+    from paraplan.export.deepspeed import read as read_deepspeed
+
+    doc = (
+        '{"train_micro_batch_size_per_gpu": 1, "tensor_parallel": {"autotp_size": 2}, '
+        '"bf16": {"enabled": true}, "activation_checkpointing": '
+        '{"partition_activations": true, "cpu_checkpointing": true}}'
+    )
+    notes = "\n".join(read_deepspeed(doc, world_size=8, source="ds.json").notes)
+    assert "cpu_checkpointing not priced" in notes
+    assert "every one of the 2 tensor-parallel ranks" in notes
+    plain = doc.replace('true, "cpu', 'false, "cpu').replace(
+        '"cpu_checkpointing": true', '"cpu_checkpointing": false'
+    )
+    assert read_deepspeed(plain, world_size=8, source="ds.json").notes == ()

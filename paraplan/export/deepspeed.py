@@ -180,6 +180,18 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
         )
     interval = doc.get("pipeline", {}).get("activation_checkpoint_interval", 0)
     checkpointing = "activation_checkpointing" in doc or (pp > 1 and interval > 0)
+    ac = doc.get("activation_checkpointing", {})
+    if isinstance(ac, dict) and checkpointing:  # deepspeed.checkpointing's options
+        if ac.get("cpu_checkpointing"):
+            notes.append(
+                "activation_checkpointing.cpu_checkpointing not priced: the checkpoints are "
+                "counted as kept on the GPU, and their copies to the host as free"
+            )
+        if ac.get("partition_activations") and tp > 1:
+            notes.append(
+                "activation_checkpointing.partition_activations not priced: each checkpoint is "
+                f"counted whole on every one of the {tp} tensor-parallel ranks"
+            )
     if "sequence_parallel_size" in doc:
         notes.append("Ulysses sequence_parallel_size is not priced by paraplan; left out")
     precision = (
