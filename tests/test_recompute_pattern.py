@@ -242,6 +242,10 @@ def test_megatron_model_sizes_are_checked(tmp_path: Path, capsys: pytest.Capture
         assert main([*base, "--from-config", str(tmp_path / "bad.sh"), "--no-progress"]) == 2
         err = capsys.readouterr().err.strip()
         assert wrong in err and "llama3-8b has" in err and len(err.splitlines()) == 1
+    # a configuration stating its model without --num-experts builds a dense one
+    dense = read_config(str(_megatron(tmp_path, "")), world_size=16).model_says
+    moe = parse_model("mixtral-8x7b").to_profile(SEQ, act_bytes=2)
+    assert dense is not None and "no --num-experts gives experts 0" in str(dense.mismatch(moe))
     good = _megatron(
         tmp_path, "--group-query-attention --num-query-groups 8 --ffn-hidden-size 14336"
     )

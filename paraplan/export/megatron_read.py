@@ -133,7 +133,9 @@ def _model_says(args: dict[str, str | None], num: Callable[[str, int], int]) -> 
         heads=stated("num-attention-heads"),
         kv_heads=stated("num-query-groups") if gqa else None,
         ffn=stated("ffn-hidden-size"),
-        experts=stated("num-experts"),
+        # a configuration stating its model without --num-experts builds a dense one
+        experts=stated("num-experts")
+        or (Stated(0, "no --num-experts") if "num-layers" in args else None),
     )
 
 
