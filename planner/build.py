@@ -146,6 +146,10 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
             experts=p.experts,
             module_digest=p.module_digest,
             head_dim=p.head_dim,
+            ffn=p.ffn,
+            gated_mlp=p.gated_mlp,
+            top_k=p.top_k if p.experts else 0,
+            tied_embeddings=p.tied_embeddings,
         ),
         cluster=ClusterInfo(
             name=c.name,

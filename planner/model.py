@@ -200,6 +200,13 @@ class ModelProfile:
             raise ValueError(f"model {self.name!r}: the chain has no blocks; add at least one")
 
     @property
+    def gated_mlp(self) -> bool:
+        """Whether its blocks' MLP is gated (SwiGLU): an eager gated MLP keeps silu(gate)
+        (`LayerCost.act_glu_copy_bytes`, filled by the spec for SwiGLU and by the tracer where
+        a multiply saves a silu's output; a gate through another activation is not told)."""
+        return any(x.act_glu_copy_bytes > 0 for x in self.layers if x.kind == LayerKind.BLOCK)
+
+    @property
     def head_size(self) -> int:
         """Width of each attention head (`head_dim`, or hidden / heads)."""
         return self.head_dim or self.hidden // max(1, self.heads)

@@ -17,7 +17,7 @@ from .cost.memory import MemoryBreakdown
 from .jsonio import to_json
 from .strategy import MeshAxis, Recompute, Schedule, Strategy
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 """Bumped on any incompatible change of the plan JSON (9: `Runtime.recompute_modules`; 8:
 `parallelism.expert_tp` and `Runtime.ep_comm_overlap`; 7: `ModelInfo.head_dim` and
 `TrainInfo.runtime`; 6: `Predicted.model_flops_per_s_per_gpu`; 5: PowerSGD, offload and
@@ -64,6 +64,15 @@ class ModelInfo:
     analytic spec); the executor refuses a module whose digest differs."""
     head_dim: int = 0
     """Width of each attention head when set apart from hidden / heads (0: hidden / heads)."""
+    ffn: int = 0
+    """MLP hidden size, each expert's in a MoE block (0: not recorded, plans before version
+    11; then neither are the three fields below)."""
+    gated_mlp: bool = False
+    """A gated MLP (SwiGLU: `ModelProfile.gated_mlp`), Megatron's `--swiglu`."""
+    top_k: int = 0
+    """Experts each token is routed to (0 for dense)."""
+    tied_embeddings: bool = False
+    """The embedding and the head share one weight."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -82,9 +82,26 @@ def _v9_presets() -> tuple[tuple[dict[str, typing.Any], dict[str, typing.Any]], 
 
 
 def upgrade(data: typing.Any) -> typing.Any:
-    """A version-4 to -9 plan document as the current version (`upgrade_v4` to `upgrade_v9`);
-    anything else unchanged (the schema then says what is wrong)."""
-    return upgrade_v9(upgrade_v8(upgrade_v7(upgrade_v6(upgrade_v5(upgrade_v4(data))))))
+    """A version-4 to -10 plan document as the current version (`upgrade_v4` to
+    `upgrade_v10`); anything else unchanged (the schema then says what is wrong)."""
+    older = upgrade_v8(upgrade_v7(upgrade_v6(upgrade_v5(upgrade_v4(data)))))
+    return upgrade_v10(upgrade_v9(older))
+
+
+_SINCE_V11 = {"ffn": 0, "gated_mlp": False, "top_k": 0, "tied_embeddings": False}
+"""`model` keys a version-10 plan did not record (ffn 0: not recorded)."""
+
+
+def upgrade_v10(data: typing.Any) -> typing.Any:
+    """A version-10 plan document as version 11: its model's MLP and routing not recorded
+    (`ModelInfo.ffn` 0; an export then writes the sizes it wrote before); anything else
+    unchanged."""
+    if not isinstance(data, dict) or data.get("schema_version") != 10:
+        return data
+    out = dict(data, schema_version=11)
+    if isinstance(out.get("model"), dict):
+        out["model"] = {**_SINCE_V11, **out["model"]}
+    return out
 
 
 def upgrade_v9(data: typing.Any) -> typing.Any:
@@ -204,7 +221,7 @@ def upgrade_v4(data: typing.Any) -> typing.Any:
 
 def plan_from_dict(data: typing.Any) -> Plan:
     """Validate a parsed plan document and build the `Plan` (ValueError on any problem);
-    version-4 to -7 documents are read as the current version (`upgrade`)."""
+    version-4 to -10 documents are read as the current version (`upgrade`)."""
     data = upgrade(data)
     if isinstance(data, dict) and data.get("schema_version") not in (None, SCHEMA_VERSION):
         raise ValueError(

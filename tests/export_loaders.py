@@ -52,6 +52,7 @@ _MEGATRON_DEST = {
     "fp8-format": "fp8",
     "num-experts": "num_moe_experts",
     "fp8-param-gather": "fp8_param",
+    "swiglu": "gated_linear_unit",
 }
 """Megatron-LM flags whose TransformerConfig field is not the flag's name (arguments.py's
 `dest`, or `core_transformer_config_from_args`: `num_experts` -> `num_moe_experts`)."""
@@ -72,6 +73,7 @@ _MEGATRON_TRAINING = {
     "overlap-param-gather",
     "grad-reduce-in-bf16",
     "num-virtual-stages-per-pipeline-rank",
+    "untie-embeddings-and-output-weights",
 }
 """Megatron-LM training arguments (megatron/training/arguments.py) that are not
 TransformerConfig fields; they go to megatron-core's other configs below."""
@@ -149,6 +151,10 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
     return {
         "tp": config.tensor_model_parallel_size,
         "kv_channels": config.kv_channels,
+        "ffn": config.ffn_hidden_size,
+        "gated": config.gated_linear_unit,
+        "top_k": config.moe_router_topk if config.num_moe_experts else 0,
+        "untied": "untie-embeddings-and-output-weights" in args,
         "pp": config.pipeline_model_parallel_size,
         "cp": config.context_parallel_size,
         "vpp": config.virtual_pipeline_model_parallel_size,

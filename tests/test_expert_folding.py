@@ -162,6 +162,8 @@ def test_a_folded_plan_round_trips_through_json_and_the_trainers(tmp_path: Path)
     assert (view["tp"], view["ep"], view["etp"]) == (4, 8, 1)
     assert view["dispatcher"] == "alltoall"  # what is priced (Megatron-LM's default: allgather)
     assert view["ep_overlap"] == [False, False]  # Megatron's runtime does not overlap them
+    # the model as planned: each expert's MLP, and 2 experts per token (Megatron's default)
+    assert (view["ffn"], view["top_k"]) == (plan.model.ffn, plan.model.top_k) == (4096, 2)
     back = read_megatron(text, world_size=16, source="m.args")
     assert (back.strategy.ep, back.strategy.expert_tp, back.strategy.tp) == (8, 1, 4)
     assert not back.notes
@@ -266,3 +268,23 @@ def test_a_version_7_nemo_plan_stays_nemo_s() -> None:
     back = plan_from_dict(doc).train.runtime
     assert back == dataclasses.replace(RUNTIMES[Framework.NEMO], fp32_grads=True)
     assert framework_of(back) == Framework.NEMO
+
+
+def test_megatron_export_routes_as_planned(tmp_path: Path) -> None:
+    """A model routing each token to 4 experts: the export says so (Megatron-Core routes to 2
+    unless told), megatron-core's config reads it, and the reader checks it against the model
+    (a configuration routing to 2 describes another model)."""
+    moe4 = MOE.replace("top_k=2", "top_k=4")
+    plan = paraplan.plan(moe4, "16xh100", global_batch=32, seq_len=2048, runtime="megatron").plan
+    profile = parse_model(moe4).to_profile(2048, act_bytes=2)
+    text = export_plan(plan, Target.MEGATRON, Costing(profile, parse_cluster("16xh100"), plan)).text
+    assert "--moe-router-topk 4" in text and plan.model.top_k == 4
+    args = tmp_path / "m.args"
+    args.write_text(text)
+    (view,) = run_loaders("megatron", [{"path": str(args), "world_size": 16}])
+    assert view["top_k"] == 4
+    back = read_megatron(text, world_size=16, source="m.args")
+    assert back.model_says is not None and back.model_says.mismatch(profile) is None
+    two = read_megatron(text.replace("--moe-router-topk 4", ""), world_size=16, source="m.args")
+    assert two.model_says is not None
+    assert "no --moe-router-topk gives experts per token 2" in str(two.model_says.mismatch(profile))

@@ -60,6 +60,10 @@ def test_round_trip(target: Target, tmp_path: Path) -> None:
         want = exported.approximation.strategy if exported.approximation else plan_strategy(plan)
         nmb = plan.train.global_batch // (want.dp * want.micro_batch_size)
         _check_view(target, view, want, plan.train.global_batch, nmb)
+        if target == Target.MEGATRON:  # the model as planned: Llama 3 8B's SwiGLU MLP
+            m = plan.model
+            assert (view["ffn"], view["gated"], view["untied"]) == (14336, True, True)
+            assert (m.ffn, m.gated_mlp, m.tied_embeddings) == (14336, True, False)
         back = read_config(str(path), world_size=want.world_size)
         # the same degrees, sharding, schedule, batch split and precision
         assert back.strategy == want, name

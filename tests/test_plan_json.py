@@ -39,8 +39,8 @@ def test_round_trip_is_exact(plan: Plan, tmp_path: Path) -> None:
 def test_required_fields_present(plan: Plan) -> None:
     d = plan.to_dict()
     assert (
-        d["schema_version"] == 10
-    )  # v10: fused norms/SwiGLU; v9: recompute modules; v8: experts TP
+        d["schema_version"] == 11
+    )  # v11: the model's MLP and routing; v10: fused norms/SwiGLU; v9: recompute modules
     assert set(d["parallelism"]) >= {
         "dp",
         "tp",
@@ -114,3 +114,23 @@ def test_failed_write_leaves_old_file(plan: Plan, tmp_path: Path, monkeypatch) -
         save_plan(plan, path)
     assert path.read_text() == "previous"
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]  # the temporary is removed
+
+
+def test_a_version_10_plan_reads_without_its_mlp(plan: Plan) -> None:
+    """Version 10 did not record the model's MLP and routing: such a plan reads as version 11
+    with them not recorded (`ffn` 0), and its Megatron export writes what it wrote then (the
+    sizes) rather than a guess; a current plan writes the MLP it was planned with."""
+    from paraplan.export.megatron import render
+    from paraplan.planner.plan_io import plan_from_dict
+
+    doc = json.loads(json.dumps(plan.to_dict()))
+    doc["schema_version"] = 10
+    for key in ("ffn", "gated_mlp", "top_k", "tied_embeddings"):
+        del doc["model"][key]
+    old = plan_from_dict(doc)
+    assert (old.model.ffn, old.model.gated_mlp, old.model.top_k) == (0, False, 0)
+    assert old.predicted == plan.predicted and old.parallelism == plan.parallelism
+    assert "--ffn-hidden-size" not in render(old, old.strategy())
+    assert plan.model.ffn > 0 and f"--ffn-hidden-size {plan.model.ffn}" in render(
+        plan, plan.strategy()
+    )

@@ -125,8 +125,16 @@ def render(plan: Plan, s: Strategy) -> str:
         args.append(("kv-channels", m.head_dim))
     if m.kv_heads != m.heads:
         args += [("group-query-attention", None), ("num-query-groups", m.kv_heads)]
+    if m.ffn:  # the MLP as planned (Megatron's default: 4 x hidden, GELU, tied embeddings)
+        args.append(("ffn-hidden-size", m.ffn))  # each expert's too, unless told otherwise
+        if m.gated_mlp:
+            args.append(("swiglu", None))
+        if not m.tied_embeddings:
+            args.append(("untie-embeddings-and-output-weights", None))
     if m.experts:  # the experts' GEMMs grouped, as priced (Megatron's default runs them in turn)
         args += [("num-experts", m.experts), ("moe-grouped-gemm", None)]
+        if m.top_k:  # Megatron-Core's default routes each token to 2
+            args.append(("moe-router-topk", m.top_k))
     args += [
         ("seq-length", t.seq_len),
         ("max-position-embeddings", t.seq_len),
@@ -201,6 +209,9 @@ def render(plan: Plan, s: Strategy) -> str:
         f"# Megatron-LM pretrain_gpt.py arguments written by {plan.generator} for {m.name} on "
         f"{plan.cluster.name} ({plan.cluster.num_gpus} GPUs): {plan.short()}",
         "# use: torchrun ... pretrain_gpt.py $(grep -v '^#' THIS_FILE) <data, tokenizer, lr...>",
+        "# the model's sizes, MLP and routing are written; add its normalization, positions and "
+        "biases (a Llama: --normalization RMSNorm --position-embedding-type rope "
+        "--disable-bias-linear)",
     ]
     lines += [f"--{k}" if v is None else f"--{k} {v}" for k, v in args]
     return "\n".join(lines) + "\n"

@@ -48,7 +48,9 @@ _VALUE_FLAGS = (
     "num-attention-heads",
     "num-query-groups",
     "ffn-hidden-size",
+    "moe-ffn-hidden-size",
     "num-experts",
+    "moe-router-topk",
     "cpu-offloading-num-layers",
     "attention-backend",
     "transformer-impl",
@@ -76,6 +78,8 @@ _SWITCHES = (
     "recompute-activations",
     "group-query-attention",
     "fine-grained-activation-offloading",
+    "swiglu",
+    "untie-embeddings-and-output-weights",
 )
 """Flags without a value that `read` interprets (`--tp-comm-overlap` and
 `--overlap-moe-expert-parallel-comm`: the runtime, NeMo's preset where either is on,
@@ -132,10 +136,14 @@ def _model_says(args: dict[str, str | None], num: Callable[[str, int], int]) -> 
         hidden=stated("hidden-size"),
         heads=stated("num-attention-heads"),
         kv_heads=stated("num-query-groups") if gqa else None,
-        ffn=stated("ffn-hidden-size"),
+        # each expert's MLP: --moe-ffn-hidden-size, else --ffn-hidden-size (Megatron-Core)
+        ffn=(stated("moe-ffn-hidden-size") if "num-experts" in args else None)
+        or stated("ffn-hidden-size"),
         # a configuration stating its model without --num-experts builds a dense one
         experts=stated("num-experts")
         or (Stated(0, "no --num-experts") if "num-layers" in args else None),
+        top_k=stated("moe-router-topk")  # Megatron-Core's default: 2
+        or (Stated(2, "no --moe-router-topk") if "num-experts" in args else None),
     )
 
 

@@ -95,9 +95,12 @@ class ModelSays:
     kv_heads: Stated | None = None
     """Key/value heads (`--num-query-groups` under `--group-query-attention`)."""
     ffn: Stated | None = None
-    """A dense MLP's hidden size (`--ffn-hidden-size`)."""
+    """The MLP's hidden size, each expert's in a MoE block (`--ffn-hidden-size`,
+    `--moe-ffn-hidden-size`)."""
     experts: Stated | None = None
     """Routed experts per MoE block (`--num-experts`)."""
+    top_k: Stated | None = None
+    """Experts each token is routed to (`--moe-router-topk`)."""
 
     def mismatch(self, profile: ModelProfile) -> str | None:
         """The first size that differs from `profile`'s, in words naming both values and the
@@ -107,11 +110,13 @@ class ModelSays:
             "hidden": profile.hidden,
             "heads": profile.heads,
             "kv_heads": profile.kv_heads,
-            "ffn": None if profile.experts else profile.ffn,  # experts: a size of their own
+            "ffn": profile.ffn,  # each expert's in a MoE block
             "experts": profile.experts,
+            "top_k": profile.top_k if profile.experts else None,
         }
         nouns = {"blocks": "blocks", "hidden": "hidden size", "heads": "attention heads"}
         nouns |= {"kv_heads": "key/value heads", "ffn": "MLP size", "experts": "experts"}
+        nouns |= {"top_k": "experts per token"}
         for f in fields(self):
             said: Stated | None = getattr(self, f.name)
             have = ours[f.name]
