@@ -203,6 +203,10 @@ def test_megatron_recompute_activations_is_selective(tmp_path: Path) -> None:
     assert setup.runtime_says.recompute_modules == (RecomputeModule.CORE_ATTN,)
     same = read_config(str(_megatron(tmp_path, "--recompute-granularity selective")), world_size=16)
     assert same.strategy == setup.strategy and same.runtime_says == setup.runtime_says
+    # Megatron-LM before 2022 (the 2021 runs' scripts): every layer recomputed, noted
+    old = read_config(str(_megatron(tmp_path, "--checkpoint-activations")), world_size=16)
+    assert old.strategy.recompute == Recompute.FULL
+    assert any("--checkpoint-activations" in n for n in old.notes)
 
 
 def test_megatron_block_method_is_priced_and_written_back(tmp_path: Path) -> None:

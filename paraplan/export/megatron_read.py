@@ -80,6 +80,7 @@ _SWITCHES = (
     "fine-grained-activation-offloading",
     "swiglu",
     "untie-embeddings-and-output-weights",
+    "checkpoint-activations",
 )
 """Flags without a value that `read` interprets (`--tp-comm-overlap` and
 `--overlap-moe-expert-parallel-comm`: the runtime, NeMo's preset where either is on,
@@ -260,6 +261,12 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
     granularity = args.get("recompute-granularity")
     if "recompute-activations" in args:  # Megatron-LM: selective (arguments.py, validate_args)
         granularity = "selective"
+    elif "checkpoint-activations" in args and granularity is None:
+        granularity = "full"  # every layer (Megatron-LM before 2022; today's refuses the flag)
+        notes.append(
+            "--checkpoint-activations (Megatron-LM before 2022: every layer recomputed) read as "
+            "--recompute-granularity full; today's Megatron-LM refuses it"
+        )
     if granularity == "selective":
         recompute = Recompute.SELECTIVE
         given = "recompute-modules" in args  # given empty (nargs="*"): nothing recomputed
