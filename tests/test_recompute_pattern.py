@@ -317,3 +317,82 @@ def test_deepspeed_checkpoint_options_are_named() -> None:
         '"cpu_checkpointing": true', '"cpu_checkpointing": false'
     )
     assert read_deepspeed(plain, world_size=8, source="ds.json").notes == ()
+
+
+_SCRIPT = r"""#!/bin/bash
+# shaped like Megatron-LM's examples/llama/train_llama3_8b_h100_fp8.sh
+CHECKPOINT_PATH=${1:-"checkpoints/llama3_8b_fp8"}
+export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
+TP_SIZE=2
+NUM_LAYERS=32
+DTYPE="fp8"
+SEQ_LENGTH=4096
+MODEL_ARGS=(
+    --num-layers $NUM_LAYERS
+    --hidden-size 4096
+    --ffn-hidden-size 14336
+    --num-attention-heads 32
+    --group-query-attention
+    --num-query-groups 8
+    --seq-length ${SEQ_LENGTH}
+    --swiglu
+    --untie-embeddings-and-output-weights
+)
+TRAINING_ARGS=(
+    --micro-batch-size 1
+    --global-batch-size 64
+    --bf16
+)
+DTYPE_ARGS=()
+if [[ "$DTYPE" == "fp8" ]]; then
+    DTYPE_ARGS+=(
+        "--fp8-format hybrid"
+        "--fp8-param-gather"
+    )
+fi
+PARALLEL_ARGS=(
+    --tensor-model-parallel-size $TP_SIZE
+    # --pipeline-model-parallel-size 4
+    --sequence-parallel  # with TP
+)
+if [[ -z "$DATA" ]]; then
+    DATA_ARGS=("--mock-data" "--data-cache-path ${CHECKPOINT_PATH}/cache")
+else
+    DATA_ARGS=("--data-path $DATA" "--data-cache-path ${CHECKPOINT_PATH}/cache")
+fi
+torchrun --nproc_per_node 8 pretrain_gpt.py ${MODEL_ARGS[@]} ${TRAINING_ARGS[@]} \
+    ${DTYPE_ARGS[@]} ${PARALLEL_ARGS[@]} ${DATA_ARGS[@]} --save "$CHECKPOINT_PATH"
+"""
+
+
+def test_megatron_launch_script_is_read() -> None:
+    """A launch script as Megatron-LM's examples write them (variables, arrays, quoted
+    "--flag value" words, a flag repeated in both branches of an if, comments after a switch)
+    reads as its command line: before, its first repeated data flag stopped it."""
+    from paraplan.export.megatron_read import parse_args
+
+    args = parse_args(_SCRIPT)
+    assert args["num-layers"] == "32" and args["seq-length"] == "4096"
+    assert args["tensor-model-parallel-size"] == "2" and "pipeline-model-parallel-size" not in args
+    assert args["fp8-format"] == "hybrid" and args["fp8-param-gather"] is None
+    assert args["sequence-parallel"] is None and args["swiglu"] is None
+    assert args["data-cache-path"] == "checkpoints/llama3_8b_fp8/cache"
+    assert args["save"] == "checkpoints/llama3_8b_fp8"
+    setup = read_config_text(_SCRIPT, world_size=8)
+    assert (setup.strategy.tp, setup.strategy.dp, setup.strategy.sequence_parallel) == (2, 4, True)
+    assert str(setup.precision) == "fp8" and setup.runtime_says is not None
+    assert setup.runtime_says.fp8_all_gather is True
+    assert setup.model_says is not None and setup.model_says.mismatch(profile()) is None
+    # a flag paraplan reads, set otherwise in each branch: which one runs is not known
+    two = _SCRIPT.replace('("--mock-data"', '("--micro-batch-size 2" "--mock-data"')
+    with pytest.raises(ValueError, match="--micro-batch-size given twice, as '1' and '2'"):
+        parse_args(two)
+    unset = _SCRIPT.replace("NUM_LAYERS=32\n", "")
+    with pytest.raises(ValueError, match="a shell variable the file does not set"):
+        read_config_text(unset, world_size=8)
+
+
+def read_config_text(text: str, *, world_size: int):
+    from paraplan.export.megatron import read
+
+    return read(text, world_size=world_size, source="train.sh")

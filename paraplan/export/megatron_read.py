@@ -86,6 +86,8 @@ _SWITCHES = (
 `--overlap-moe-expert-parallel-comm`: the runtime, NeMo's preset where either is on,
 Megatron-LM's where neither is)."""
 _LIST_FLAGS = ("recompute-modules",)
+_READ = frozenset((*_VALUE_FLAGS, *_SWITCHES))
+"""Every flag `read` interprets."""
 """Flags that take a list of words (Megatron-LM's ``nargs="*"``)."""
 _CORE = (RecomputeModule.CORE_ATTN,)
 """Megatron-Core's default `recompute_modules`: the attention core."""
@@ -187,10 +189,99 @@ def _unpriced(
     return notes
 
 
+_SHELL_SYNTAX = frozenset(
+    [
+        "(",
+        ")",
+        "{",
+        "}",
+        "[[",
+        "]]",
+        "[",
+        "]",
+        "if",
+        "then",
+        "else",
+        "elif",
+        "fi",
+        "do",
+        "done",
+        "for",
+        "while",
+        "case",
+        "esac",
+        "in",
+        "||",
+        "&&",
+        ";",
+        "!",
+        "export",
+        "local",
+        "declare",
+        "readonly",
+        "set",
+    ]
+)
+"""Words of a launch script that are shell syntax, never a flag's value."""
+_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\+?=(.*)$", re.S)
+_VARIABLE = re.compile(
+    r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)"
+)
+
+
+def _expand(word: str, env: dict[str, str]) -> str:
+    """`word` with the script's variables put in: `$NAME`, `${NAME}`, `${NAME:-default}` (a
+    positional `${1:-default}` takes its default); a variable the script does not set stays
+    as written (an interpreted flag then says so)."""
+
+    def value(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(3)
+        if name in env:
+            return env[name]
+        if m.group(2) is not None:
+            return _expand(m.group(2), env)
+        return m.group(0)
+
+    return _VARIABLE.sub(value, word)
+
+
+def _script_words(text: str) -> list[str]:
+    """A launch script's words as a command line would see them: line continuations joined,
+    comments dropped, shell syntax and array brackets left out, simple assignments
+    (`NAME=value`, `export NAME=${NAME:-value}`) put into later words, and a quoted
+    ``"--flag value"`` split in two. Conditions are not evaluated: the flags of every branch
+    are read."""
+    words = shlex.split(re.sub(r"\\\r?\n", " ", text), comments=True)
+    env: dict[str, str] = {}
+    out: list[str] = []
+    for word in words:
+        if (
+            word in _SHELL_SYNTAX
+            or word.endswith("=(")
+            or (word.startswith("${") and "[@]" in word)
+        ):
+            continue  # `MODEL_ARGS=(`, `)`, `${MODEL_ARGS[@]}`
+        assigned = None if word.startswith("-") else _ASSIGNMENT.match(word)
+        if assigned is not None:
+            if not assigned.group(2).startswith("("):
+                env[assigned.group(1)] = _expand(assigned.group(2), env)
+                continue
+            word = assigned.group(2)  # `NAME=("--flag value"`: the array's first element
+        word = _expand(word.strip("()"), env)
+        if word.startswith("--") and " " in word:  # "--fp8-format hybrid" in an array
+            flag, _, rest = word.partition(" ")
+            out += [flag, rest.strip()]
+        elif word:
+            out.append(word)
+    return out
+
+
 def parse_args(text: str) -> dict[str, str | None]:
-    """An argument file (shell words; ``#`` comments, backslash line ends) as flag -> value
-    (None for a switch). Raises ValueError on a stray value or a repeated flag."""
-    words = shlex.split(re.sub(r"\\\r?\n", " ", text), comments=True)  # line continuations
+    """An argument file or launch script (shell words: ``#`` comments, backslash line ends,
+    arrays and simple variables, `_script_words`) as flag -> value (None for a switch).
+    Raises ValueError on a stray value or a flag paraplan reads given twice with two values
+    (e.g. in both branches of an ``if``)."""
+    words = _script_words(text)
     out: dict[str, str | None] = {}
     i = 0
     while i < len(words):
@@ -205,11 +296,20 @@ def parse_args(text: str) -> dict[str, str | None]:
             while j < len(words) and not words[j].startswith("--"):
                 j += 1
             value, i = " ".join(words[i + 1 : j]), j - 1
-        elif not eq and i + 1 < len(words) and not words[i + 1].startswith("--"):
+        elif (
+            not eq
+            and i + 1 < len(words)
+            and not words[i + 1].startswith("--")
+            and (key not in _SWITCHES or words[i + 1] in ("true", "True", "false", "False"))
+        ):
             value, i = words[i + 1], i + 1
-        if key in out:
-            raise ValueError(f"Megatron arguments: --{key} given twice")
-        out[key] = value if (eq or value) else None
+        said = value if (eq or value) else None
+        if key in out and out[key] != said and key in _READ:
+            raise ValueError(
+                f"Megatron arguments: --{key} given twice, as {out[key]!r} and {said!r} (in "
+                "both branches of an if?); keep the one that runs"
+            )
+        out[key] = said
         i += 1
     return out
 
@@ -226,7 +326,8 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
         try:
             return int(raw)
         except ValueError:
-            raise ValueError(f"{source}: --{key} {raw!r} must be an integer") from None
+            unset = " (a shell variable the file does not set: write its value)" * ("$" in raw)
+            raise ValueError(f"{source}: --{key} {raw!r} must be an integer{unset}") from None
 
     for key in _SWITCHES:
         if args.get(key) not in (None, "true", "True"):
