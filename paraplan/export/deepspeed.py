@@ -140,6 +140,45 @@ def render(plan: Plan, s: Strategy) -> str:
     return json.dumps(config_dict(plan, s), indent=2) + "\n"
 
 
+def _object(doc: dict[str, Any], key: str, source: str) -> dict[str, Any]:
+    """The JSON object `doc[key]` ({} when absent); ValueError when it is something else."""
+    value = doc.get(key, {})
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"{source}: {key} = {json.dumps(value)} is not an object; write it as "
+            f'"{key}": {{...}} (DeepSpeed\'s layout)'
+        )
+    return value
+
+
+def _whole(value: Any, key: str, source: str, *, least: int = 1) -> int | None:
+    """A count of the config (None when absent); ValueError naming it when it is "auto" (the
+    Hugging Face Trainer's placeholder, filled from its own arguments) or not a whole number."""
+    if value is None:
+        return None
+    if value == "auto":
+        raise ValueError(
+            f'{source}: {key} is "auto", which the Hugging Face Trainer fills from its own '
+            "arguments; write the number you train with"
+        )
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{source}: {key} {json.dumps(value)} must be a whole number >= {least}")
+    return value
+
+
+def _enabled(doc: dict[str, Any], key: str, source: str) -> bool:
+    """`doc[key].enabled` (false when absent); ValueError on "auto" or a non-boolean."""
+    value = _object(doc, key, source).get("enabled", False)
+    if value == "auto":
+        raise ValueError(
+            f'{source}: {key}.enabled is "auto", which the Hugging Face Trainer fills from its '
+            "own arguments; write true or false"
+        )
+    if not isinstance(value, bool):
+        raise ValueError(f"{source}: {key}.enabled {json.dumps(value)} must be true or false")
+    return value
+
+
 def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
     """A ds_config in the planner's terms, on `world_size` GPUs."""
     try:
@@ -149,9 +188,18 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
     if not isinstance(doc, dict):
         raise ValueError(f"{source}: a DeepSpeed config is a JSON object")
     notes: list[str] = []
-    tp = int(doc.get("tensor_parallel", {}).get("autotp_size", 0) or 1)
-    stages = doc.get("pipeline", {}).get("stages", "auto")
-    pp = stages if isinstance(stages, int) else 1
+    pipeline = _object(doc, "pipeline", source)
+    tp = (
+        _whole(
+            _object(doc, "tensor_parallel", source).get("autotp_size"),
+            "autotp_size",
+            source,
+            least=0,
+        )
+        or 1
+    )
+    stages = pipeline.get("stages", "auto")  # "auto": DeepSpeed's own, no pipeline here
+    pp = 1 if stages == "auto" else _whole(stages, "pipeline.stages", source) or 1
     if world_size % (tp * pp):
         raise ValueError(
             f"{source}: tp {tp} x pp {pp} does not divide the cluster's {world_size} GPUs; "
@@ -159,9 +207,12 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
         )
     dp = world_size // (tp * pp)
     mbs, gas, batch = (
-        doc.get("train_micro_batch_size_per_gpu"),
-        doc.get("gradient_accumulation_steps"),
-        doc.get("train_batch_size"),
+        _whole(doc.get(key), key, source)
+        for key in (
+            "train_micro_batch_size_per_gpu",
+            "gradient_accumulation_steps",
+            "train_batch_size",
+        )
     )
     # DeepSpeed derives the missing one of the three (runtime/config.py
     # _set_batch_related_parameters): train_batch = micro x accumulation x dp
@@ -169,19 +220,26 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
         mbs = batch // (dp * (gas or 1))
     mbs = int(mbs or 1)
     batch = int(batch if batch is not None else mbs * (gas or 1) * dp)
-    zero = doc.get("zero_optimization", {})
-    stage = int(zero.get("stage", 0))
-    offload = zero.get("offload_optimizer", {}).get("device", "none") in ("cpu", "nvme")
-    offload_param = zero.get("offload_param", {}).get("device", "none") in ("cpu", "nvme")
+    zero = _object(doc, "zero_optimization", source)
+    stage = _whole(zero.get("stage", 0), "zero_optimization.stage", source, least=0) or 0
+    if stage > 3:
+        raise ValueError(f"{source}: zero_optimization.stage {stage} must be 0, 1, 2 or 3")
+    offload = _object(zero, "offload_optimizer", source).get("device", "none") in ("cpu", "nvme")
+    offload_param = _object(zero, "offload_param", source).get("device", "none") in ("cpu", "nvme")
     if offload_param and not (stage == 3 and offload):
         notes.append(
             "parameter offload (offload_param) without ZeRO-3 and optimizer offload is not "
             "priced by paraplan; left out"
         )
-    interval = doc.get("pipeline", {}).get("activation_checkpoint_interval", 0)
-    checkpointing = "activation_checkpointing" in doc or (pp > 1 and interval > 0)
-    ac = doc.get("activation_checkpointing", {})
-    if isinstance(ac, dict) and checkpointing:  # deepspeed.checkpointing's options
+    interval = _whole(
+        pipeline.get("activation_checkpoint_interval", 0),
+        "pipeline.activation_checkpoint_interval",
+        source,
+        least=0,
+    )
+    checkpointing = "activation_checkpointing" in doc or (pp > 1 and bool(interval))
+    ac = _object(doc, "activation_checkpointing", source)
+    if checkpointing:  # deepspeed.checkpointing's options
         if ac.get("cpu_checkpointing"):
             notes.append(
                 "activation_checkpointing.cpu_checkpointing not priced: the checkpoints are "
@@ -194,13 +252,8 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
             )
     if "sequence_parallel_size" in doc:
         notes.append("Ulysses sequence_parallel_size is not priced by paraplan; left out")
-    precision = (
-        Precision.BF16
-        if doc.get("bf16", {}).get("enabled")
-        else Precision.FP16
-        if doc.get("fp16", {}).get("enabled")
-        else Precision.FP32
-    )
+    bf16, fp16 = _enabled(doc, "bf16", source), _enabled(doc, "fp16", source)
+    precision = Precision.BF16 if bf16 else Precision.FP16 if fp16 else Precision.FP32
     strategy = Strategy(
         dp=dp,
         tp=tp,
