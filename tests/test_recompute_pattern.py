@@ -396,35 +396,3 @@ def read_config_text(text: str, *, world_size: int):
     from paraplan.export.megatron import read
 
     return read(text, world_size=world_size, source="train.sh")
-
-
-@pytest.mark.parametrize(
-    ("doc", "said"),
-    [
-        (  # the Hugging Face Trainer's DeepSpeed configs leave the batch to it
-            '{"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 3}}',
-            'train_micro_batch_size_per_gpu is "auto", which the Hugging Face Trainer fills',
-        ),
-        (
-            '{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": "auto"}}',
-            'bf16.enabled is "auto"',
-        ),
-        ('{"train_micro_batch_size_per_gpu": 1, "zero_optimization": 3}', "is not an object"),
-        (
-            '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 4}}',
-            "must be 0, 1, 2 or 3",
-        ),
-        ('{"train_micro_batch_size_per_gpu": 1.5}', "must be a whole number >= 1"),
-    ],
-)
-def test_deepspeed_values_are_checked(
-    doc: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
-    """A DeepSpeed config's placeholders and malformed values: exit 2 and one line naming the
-    key and what to write (before: a bare Python error, or "auto" read as enabled)."""
-    path = tmp_path / "ds.json"
-    path.write_text(doc)
-    argv = ["plan", "--from-config", str(path), "--model", "llama3-8b", "--cluster", "8xh100"]
-    assert main([*argv, "--seq-len", "4096", "--model-source", "spec", "--no-progress"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert said in err and len(err.splitlines()) == 1

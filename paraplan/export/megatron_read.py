@@ -85,6 +85,15 @@ _SWITCHES = (
 """Flags without a value that `read` interprets (`--tp-comm-overlap` and
 `--overlap-moe-expert-parallel-comm`: the runtime, NeMo's preset where either is on,
 Megatron-LM's where neither is)."""
+_MAY_BE_ZERO = frozenset(
+    {
+        "decoder-first-pipeline-num-layers",
+        "decoder-last-pipeline-num-layers",
+        "cpu-offloading-num-layers",
+        "recompute-num-layers",
+    }
+)
+"""Counts Megatron takes as 0 (no layers); every other number `read` takes is at least 1."""
 _LIST_FLAGS = ("recompute-modules",)
 _READ = frozenset((*_VALUE_FLAGS, *_SWITCHES))
 """Every flag `read` interprets."""
@@ -320,14 +329,20 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
     notes: list[str] = []
 
     def num(key: str, default: int) -> int:
+        """The flag's whole number (`default` when absent): at least 1, or 0 for the counts
+        of layers that may be none (`_MAY_BE_ZERO`)."""
         raw = args.get(key)
         if raw is None:
             return default
         try:
-            return int(raw)
+            value = int(raw)
         except ValueError:
             unset = " (a shell variable the file does not set: write its value)" * ("$" in raw)
             raise ValueError(f"{source}: --{key} {raw!r} must be an integer{unset}") from None
+        least = 0 if key in _MAY_BE_ZERO else 1
+        if value < least:
+            raise ValueError(f"{source}: --{key} {value} must be at least {least}")
+        return value
 
     for key in _SWITCHES:
         if args.get(key) not in (None, "true", "True"):

@@ -4,6 +4,7 @@ torchtitan <= 0.2's, `read_toml`) or a configuration shipped inside the installe
 
 from __future__ import annotations
 
+import json
 import tomllib
 from typing import Any
 
@@ -116,6 +117,22 @@ def _layer_sac(option: object, source: str) -> tuple[str, RecomputePattern | Non
     return "per_layer", RecomputePattern(PatternRule.EVERY_NTH_OF_RANK, every)
 
 
+def _whole(value: Any, key: str, source: str, *, auto: bool = False) -> int:
+    """A whole number >= 1 of the configuration (or -1, torchtitan's "the rest", where `auto`);
+    ValueError naming the key otherwise (a fraction or a boolean would be read as another
+    number, a zero degree would divide by zero)."""
+    ok = (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and (value >= 1 or (auto and value == -1))
+    )
+    if not ok:
+        rest = " or -1 (the rest)" if auto else ""
+        shown = json.dumps(value) if isinstance(value, str | int | float | bool) else repr(value)
+        raise ValueError(f"{source}: {key} = {shown} must be a whole number >= 1{rest}")
+    return int(value)
+
+
 def _section(doc: dict[str, Any], name: str, source: str) -> dict[str, Any]:
     """The TOML table `name` of `doc` ({} when absent); ValueError when it is not a table."""
     table = doc.get(name, {})
@@ -205,12 +222,14 @@ def from_values(
     torch.compile is, `async_tp`: with Async TP (the runtime: torchtitan-compile's or
     torchtitan-async-tp's preset, else torchtitan's)."""
     notes: list[str] = []
-    tp = int(par.get("tensor_parallel_degree", 1))
-    pp = int(par.get("pipeline_parallel_degree", 1))
-    cp = int(par.get("context_parallel_degree", 1))
-    ep = int(par.get("expert_parallel_degree", 1))
-    replicate = int(par.get("data_parallel_replicate_degree", 1))
-    shard = int(par.get("data_parallel_shard_degree", -1))
+
+    def whole(table: dict[str, Any], key: str, default: int, *, auto: bool = False) -> int:
+        return _whole(table.get(key, default), key, source, auto=auto)
+
+    tp, pp = whole(par, "tensor_parallel_degree", 1), whole(par, "pipeline_parallel_degree", 1)
+    cp, ep = whole(par, "context_parallel_degree", 1), whole(par, "expert_parallel_degree", 1)
+    replicate = whole(par, "data_parallel_replicate_degree", 1)
+    shard = whole(par, "data_parallel_shard_degree", -1, auto=True)
     if shard == -1:  # torchtitan: the ranks left over after the other axes
         shard = world_size // (replicate * tp * pp * cp)
     if min(tp, pp, cp, ep, replicate, shard) < 1 or replicate * shard * tp * pp * cp != world_size:
@@ -246,9 +265,9 @@ def from_values(
         elif schedule in _LOOPED and not par.get("pipeline_parallel_layers_per_stage"):
             vstages = _LOOPED_DEFAULT_STAGES
             notes.append(f"no module_fqns_per_model_part: {vstages} stages per rank assumed")
-    local = int(tr.get("local_batch_size", 8))
-    mbs = int(par.get("pipeline_parallel_microbatch_size", 1)) if pp > 1 else local
-    glob = int(tr.get("global_batch_size", -1))
+    local = whole(tr, "local_batch_size", 8)
+    mbs = whole(par, "pipeline_parallel_microbatch_size", 1) if pp > 1 else local
+    glob = whole(tr, "global_batch_size", -1, auto=True)
     glob = local * dp if glob <= 0 else glob
     if pp > 1 and glob > local * dp:
         notes.append(
@@ -300,7 +319,7 @@ def from_values(
         target=Target.TORCHTITAN,
         strategy=strategy,
         global_batch=glob,
-        seq_len=int(tr.get("seq_len", 2048)),
+        seq_len=whole(tr, "seq_len", 2048),
         precision=precision,
         notes=tuple(notes),
         runtime=torchtitan_framework(compiled=compiled, async_tp=async_tp),

@@ -1,0 +1,89 @@
+"""Bad trainer configurations (`plan --from-config`): a placeholder, a malformed value or a
+count that would divide by zero is refused with exit 2 and one line naming the key and what to
+write, before any search (before: a bare Python error, a traceback, or a value read as another)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from paraplan.cli import main
+
+
+def _refused(path: Path, capsys: pytest.CaptureFixture, *extra: str) -> str:
+    argv = ["plan", "--from-config", str(path), "--model", "llama3-8b", *extra]
+    assert main([*argv, "--model-source", "spec", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("doc", "said"),
+    [
+        (  # the Hugging Face Trainer's DeepSpeed configs leave the batch to it
+            '{"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 3}}',
+            'train_micro_batch_size_per_gpu is "auto", which the Hugging Face Trainer fills',
+        ),
+        (
+            '{"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": "auto"}}',
+            'bf16.enabled is "auto"',
+        ),
+        ('{"train_micro_batch_size_per_gpu": 1, "zero_optimization": 3}', "is not an object"),
+        (
+            '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 4}}',
+            "must be 0, 1, 2 or 3",
+        ),
+        ('{"train_micro_batch_size_per_gpu": 1.5}', "must be a whole number >= 1"),
+    ],
+)
+def test_deepspeed_values_are_checked(
+    doc: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A DeepSpeed config's placeholders and malformed values: exit 2 and one line naming the
+    key and what to write (before: a bare Python error, or "auto" read as enabled)."""
+    path = tmp_path / "ds.json"
+    path.write_text(doc)
+    assert said in _refused(path, capsys, "--cluster", "8xh100", "--seq-len", "4096")
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ('"x"', 'tensor_parallel_degree = "x" must be a whole number >= 1'),
+        ("2.5", "tensor_parallel_degree = 2.5 must be"),  # was read as 2
+        ("true", "tensor_parallel_degree = true must be"),  # was read as 1
+        ("0", "tensor_parallel_degree = 0 must be"),  # was a ZeroDivisionError traceback
+    ],
+)
+def test_torchtitan_degrees_are_checked(
+    value: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    path = tmp_path / "job.toml"
+    path.write_text(
+        f"[parallelism]\ntensor_parallel_degree = {value}\n[training]\nseq_len = 4096\n"
+    )
+    assert said in _refused(path, capsys, "--cluster", "8xh100")
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        ("--micro-batch-size 0", "--micro-batch-size 0 must be at least 1"),  # was a traceback
+        ("--num-virtual-stages-per-pipeline-rank 0", "must be at least 1"),  # "min() arg ..."
+        ("--num-layers 32 --num-layers-per-virtual-pipeline-stage 0", "must be at least 1"),
+        ("--global-batch-size 0", "--global-batch-size 0 must be at least 1"),
+    ],
+)
+def test_megatron_counts_are_checked(
+    flags: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    path = tmp_path / "train.sh"
+    base = (
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2 --seq-length 4096 --bf16"
+    )
+    batch = "" if "batch-size" in flags else " --micro-batch-size 1 --global-batch-size 64"
+    path.write_text(f"{base}{batch} {flags}\n")
+    err = _refused(path, capsys, "--cluster", "16xh100")
+    assert said in err and err.startswith(f"paraplan: error: {path}:")
