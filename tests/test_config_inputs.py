@@ -87,3 +87,35 @@ def test_megatron_counts_are_checked(
     path.write_text(f"{base}{batch} {flags}\n")
     err = _refused(path, capsys, "--cluster", "16xh100")
     assert said in err and err.startswith(f"paraplan: error: {path}:")
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ('[compile]\nenable = "yes"', 'enable = "yes" must be true or false'),
+        (  # "no" read as true: sequence parallelism priced on
+            '[parallelism]\ntensor_parallel_degree = 2\nenable_sequence_parallel = "no"',
+            'enable_sequence_parallel = "no" must be true or false',
+        ),
+        ("[model]\nconverters = 5", "converters = 5 must be a list of names"),  # a traceback
+        (
+            "[parallelism]\npipeline_parallel_degree = 2\nmodule_fqns_per_model_part = 5",
+            "must be a list of lists of module names",
+        ),
+        ("[parallelism]\nfsdp_reshard_after_forward = 5", "use one of default, always, never"),
+        ('[model]\nname = "x"\n[activation_checkpoint]\nmode = []', "activation_checkpoint mode"),
+        (  # "bf16" read as fp32 training
+            '[model]\nname = "x"\n[job]\nx = 1\n[training]\nmixed_precision_param = "bf16"\n'
+            "seq_len = 4096",
+            'mixed_precision_param = "bf16": use one of float32, bfloat16, float16',
+        ),
+    ],
+)
+def test_torchtitan_values_are_checked(
+    body: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    path = tmp_path / "job.toml"
+    text = body if "[training]" in body else f"{body}\n[training]\nseq_len = 4096\n"
+    path.write_text(text)
+    err = _refused(path, capsys, "--cluster", "8xh100")
+    assert said in err and err.startswith(f"paraplan: error: {path}:")

@@ -34,7 +34,7 @@ from paraplan.planner.model_parse import parse_model
 from paraplan.planner.model_spec import PRESETS
 from paraplan.planner.plan_io import load_plan
 from paraplan.planner.profile_io import profile_to_dict
-from tests.fuzz_inputs import TINY, command_lines, file_texts
+from tests.fuzz_inputs import TINY, command_lines, file_texts, mutations
 
 EXAMPLES = int(os.environ.get("PARAPLAN_FUZZ_EXAMPLES", "1100"))
 """Generated cases over all the fuzz tests (split by `SHARE`)."""
@@ -45,7 +45,15 @@ CASE_LIMIT_S = 10.0
 other jobs must not fail the test; work that grows with a number shows in either)."""
 HARD_STOP_S = 60
 """Wall-clock seconds after which a case is stopped as hung (e.g. blocked opening a FIFO)."""
-SHARE = {"argv": 0.30, "plan": 0.30, "profile": 0.15, "cluster": 0.13, "spec": 0.10, "hf": 0.02}
+SHARE = {
+    "argv": 0.28,
+    "plan": 0.27,
+    "profile": 0.15,
+    "cluster": 0.13,
+    "spec": 0.10,
+    "config": 0.08,
+    "hf": 0.02,
+}
 """How the examples are split between the tests (Hugging Face configs are traced: slowest)."""
 NON_FINITE = re.compile(r"(?<![\w.])-?(nan|inf)(?![\w])", re.IGNORECASE)
 
@@ -216,6 +224,123 @@ def test_model_spec_files(work: Path) -> None:
         _run(["plan", "--model", str(path), "--cluster", "2xcpu", "--global-batch", "4"])
 
     case()
+
+
+def _toml(doc: Any) -> str:
+    """A mutated configuration as TOML text (tables of keys; what TOML cannot say, such as a
+    null or a NaN written as JSON writes it, is written anyway: the reader must refuse it)."""
+    if not isinstance(doc, dict):
+        return json.dumps(doc)
+    lines = []
+    for name, table in doc.items():
+        if not isinstance(table, dict):
+            lines.append(f"{name} = {json.dumps(table)}")
+            continue
+        lines.append(f"[{name}]")
+        lines += [f"{key} = {json.dumps(value)}" for key, value in table.items()]
+    return "\n".join(lines)
+
+
+def _megatron(doc: Any) -> str:
+    """A mutated configuration as Megatron arguments (a switch where the value is None)."""
+    if not isinstance(doc, dict):
+        return str(doc)
+    return " ".join(f"--{k}" if v is None else f"--{k} {v}" for k, v in doc.items())
+
+
+_CONFIGS: dict[str, tuple[str, Any]] = {
+    "torchtitan": (
+        ".toml",
+        {
+            "parallelism": {
+                "data_parallel_shard_degree": -1,
+                "tensor_parallel_degree": 2,
+                "enable_sequence_parallel": True,
+                "pipeline_parallel_degree": 2,
+                "pipeline_parallel_schedule": "1F1B",
+                "module_fqns_per_model_part": [["tok_embeddings", "layers.0"], ["layers.1"]],
+                "fsdp_reshard_after_forward": "default",
+            },
+            "training": {
+                "local_batch_size": 2,
+                "seq_len": 64,
+                "global_batch_size": 8,
+                "mixed_precision_param": "bfloat16",
+                "enable_cpu_offload": False,
+            },
+            "activation_checkpoint": {"mode": "selective", "selective_ac_option": "2"},
+            "model": {"name": "llama3", "flavor": "tiny", "converters": []},
+            "compile": {"enable": False},
+        },
+    ),
+    "megatron": (
+        ".sh",
+        {
+            "tensor-model-parallel-size": 2,
+            "pipeline-model-parallel-size": 2,
+            "num-layers": 2,
+            "seq-length": 64,
+            "micro-batch-size": 1,
+            "global-batch-size": 8,
+            "bf16": None,
+            "recompute-granularity": "full",
+            "recompute-method": "block",
+            "recompute-num-layers": 1,
+            "num-virtual-stages-per-pipeline-rank": 1,
+            "decoder-last-pipeline-num-layers": 1,
+            "context-parallel-size": 1,
+            "use-distributed-optimizer": None,
+            "overlap-grad-reduce": None,
+            "recompute-modules": "core_attn",
+            "hidden-size": 64,
+            "num-attention-heads": 2,
+            "cpu-offloading-num-layers": 0,
+        },
+    ),
+    "deepspeed": (
+        ".json",
+        {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 2,
+            "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}},
+            "bf16": {"enabled": True},
+            "activation_checkpointing": {"partition_activations": False},
+        },
+    ),
+}
+
+
+def test_trainer_configs(work: Path) -> None:
+    """`plan --from-config` on mutated torchtitan, Megatron and DeepSpeed configurations (each
+    base one plans as it is: `test_fuzz_bases_plan`)."""
+
+    @_settings("config")
+    @given(st.data())
+    def case(data: st.DataObject) -> None:
+        trainer = data.draw(st.sampled_from(sorted(_CONFIGS)))
+        suffix, doc = _CONFIGS[trainer]
+        if trainer == "deepspeed":
+            raw = data.draw(file_texts(doc))
+        else:
+            mutated = data.draw(mutations(doc))
+            raw = (_toml(mutated) if trainer == "torchtitan" else _megatron(mutated)).encode()
+        path = _write(work, suffix, raw)
+        argv = ["plan", "--from-config", str(path), "--model", TINY, "--cluster", "8xcpu"]
+        _run([*argv, *(["--seq-len", "64"] if trainer == "deepspeed" else [])])
+
+    case()
+
+
+@pytest.mark.parametrize("trainer", sorted(_CONFIGS))
+def test_fuzz_bases_plan(trainer: str, work: Path) -> None:
+    """The base configurations the fuzz mutates are read and planned (so that mild mutations
+    reach the search, not only the readers' refusals)."""
+    suffix, doc = _CONFIGS[trainer]
+    text = {"torchtitan": _toml, "megatron": _megatron}.get(trainer, json.dumps)(doc)
+    path = _write(work, suffix, text.encode())
+    argv = ["plan", "--from-config", str(path), "--model", TINY, "--cluster", "8xcpu"]
+    code, out, _ = _run([*argv, *(["--seq-len", "64"] if trainer == "deepspeed" else [])])
+    assert code == 0 and "yours" in out
 
 
 def test_hugging_face_configs(work: Path) -> None:

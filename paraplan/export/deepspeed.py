@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..planner.config import Precision
+from ..planner.inputs import parse_json
 from ..planner.plan import Plan
 from ..planner.strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
 from .setup import Gap, Target, TrainerSetup, check_batch, option_gaps, uniform_recompute
@@ -181,10 +182,8 @@ def _enabled(doc: dict[str, Any], key: str, source: str) -> bool:
 
 def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
     """A ds_config in the planner's terms, on `world_size` GPUs."""
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{source}: not JSON: {exc}") from None
+    # nesting depth, duplicate keys and finite numbers checked (`planner.inputs`)
+    doc = parse_json(text, origin=source, hint="give a DeepSpeed config (a JSON object)")
     if not isinstance(doc, dict):
         raise ValueError(f"{source}: a DeepSpeed config is a JSON object")
     notes: list[str] = []

@@ -16,6 +16,7 @@ from ..planner.cost.layout import StageSplit
 from ..planner.explain import explain, tflops_text
 from ..planner.framework_pins import refuse_framework_cluster
 from ..planner.frameworks import MODULE_RECOMPUTE, RUNTIMES, Framework, runtime_note
+from ..planner.inputs import read_text
 from ..planner.model import ModelProfile
 from ..planner.plan import Plan
 from ..planner.strategy import Schedule
@@ -34,8 +35,9 @@ def read_config(source: str, *, world_size: int) -> TrainerSetup:
     file, or ``torchtitan:MODULE.CONFIG``) in the planner's terms, on `world_size` GPUs."""
     if source.startswith(REGISTRY_PREFIX):
         return torchtitan.read_registry(source[len(REGISTRY_PREFIX) :], world_size=world_size)
-    text = Path(source).read_text(encoding="utf-8")
     target = SUFFIXES.get(Path(source).suffix.lower(), Target.MEGATRON)
+    hint = f"give a {target} configuration (docs/export.md)"
+    text = read_text(source, what=f"{target} configuration", hint=hint)  # size, UTF-8, no FIFO
     if target == Target.TORCHTITAN:
         return torchtitan.read_toml(text, world_size=world_size, source=source)
     if target == Target.DEEPSPEED:

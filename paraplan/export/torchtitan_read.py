@@ -73,15 +73,20 @@ def read_toml(text: str, *, world_size: int, source: str) -> TrainerSetup:
         for name in ("parallelism", "training", "activation_checkpoint", "model", "compile")
     )
     mode = ac.get("mode", "selective")  # torchtitan's default policy
+    if not isinstance(mode, str):
+        raise ValueError(
+            f"{source}: activation_checkpoint mode = {mode!r}: use one of "
+            + ", ".join(RECOMPUTE_MODES.values())
+        )
     pattern = None
     if mode == "selective":
         mode, pattern = _layer_sac(ac.get("selective_ac_option", "2"), source)
-    fp8 = "float8" in model.get("converters", [])
+    fp8 = "float8" in _names(model.get("converters"), "converters", source)
     # torch.compile: `[compile] enable` (torchtitan >= 0.2), `[training] compile` before;
     # Async TP: `[compile]` (>= 0.3) or `[parallelism] enable_async_tensor_parallel`
-    compiled = bool(comp.get("enable", tr.get("compile", False)))
+    compiled = _switch(comp, "enable", _switch(tr, "compile", False, source), source)
     key = "enable_async_tensor_parallel"
-    async_tp = bool(comp.get(key, par.get(key, False)))
+    async_tp = _switch(comp, key, _switch(par, key, False, source), source)
     return from_values(
         par,
         tr,
@@ -131,6 +136,59 @@ def _whole(value: Any, key: str, source: str, *, auto: bool = False) -> int:
         shown = json.dumps(value) if isinstance(value, str | int | float | bool) else repr(value)
         raise ValueError(f"{source}: {key} = {shown} must be a whole number >= 1{rest}")
     return int(value)
+
+
+def _switch(table: dict[str, Any], key: str, default: bool, source: str) -> bool:
+    """A true/false key of the configuration; ValueError naming it when it is anything else
+    (a string such as "no" would read as true)."""
+    value = table.get(key, default)
+    if not isinstance(value, bool):
+        shown = json.dumps(value) if isinstance(value, str | int | float) else repr(value)
+        raise ValueError(f"{source}: {key} = {shown} must be true or false")
+    return value
+
+
+def _names(value: Any, key: str, source: str, *, nested: bool = False) -> list[Any]:
+    """A list of names (`nested`: a list of lists of names) of the configuration, [] when
+    absent; ValueError naming the key otherwise."""
+    if value is None:
+        return []
+    rows = value if isinstance(value, list) else None
+    ok = rows is not None and all(
+        (isinstance(r, list) and all(isinstance(n, str) for n in r))
+        if nested
+        else isinstance(r, str)
+        for r in rows
+    )
+    if not ok:
+        what = "a list of lists of module names" if nested else "a list of names"
+        raise ValueError(f"{source}: {key} = {value!r} must be {what}")
+    return list(value)
+
+
+def _split(par: dict[str, Any], source: str) -> CountSplit:
+    """`CountSplit.of_torchtitan`, its errors naming the file."""
+    try:
+        return CountSplit.of_torchtitan(par)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+
+
+_RESHARD = ("default", "always", "never")
+"""torchtitan's `fsdp_reshard_after_forward` values."""
+_DTYPES = ("float32", "bfloat16", "float16")
+"""torchtitan's dtype names (`TORCH_DTYPE_MAP`)."""
+
+
+def _choice(
+    table: dict[str, Any], key: str, default: str, allowed: tuple[str, ...], source: str
+) -> str:
+    """One of `allowed` (a misspelt dtype would be read as another precision)."""
+    value = table.get(key, default)
+    if value not in allowed:
+        shown = json.dumps(value) if isinstance(value, str | int | float | bool) else repr(value)
+        raise ValueError(f"{source}: {key} = {shown}: use one of {', '.join(allowed)}")
+    return str(value)
 
 
 def _section(doc: dict[str, Any], name: str, source: str) -> dict[str, Any]:
@@ -239,7 +297,7 @@ def from_values(
             f"is {world_size} (or give the matching --cluster)"
         )
     dp = replicate * shard
-    reshard = par.get("fsdp_reshard_after_forward", "default")
+    reshard = _choice(par, "fsdp_reshard_after_forward", "default", _RESHARD, source)
     # torchtitan's "default" reshards after forward except under a pipeline (never there)
     if shard == 1:
         zero = 0
@@ -259,7 +317,8 @@ def from_values(
                 f"of {', '.join(SCHEDULE_NAMES.values())}"
             )
         schedule = found[0]
-        parts = par.get("module_fqns_per_model_part")
+        key = "module_fqns_per_model_part"
+        parts = _names(par.get(key), key, source, nested=True)
         if parts:
             vstages = len(parts) // pp
         elif schedule in _LOOPED and not par.get("pipeline_parallel_layers_per_stage"):
@@ -283,13 +342,20 @@ def from_values(
             f"{source}: activation checkpoint mode {mode!r} has no paraplan model; use "
             + ", ".join(RECOMPUTE_MODES.values())
         )
-    dtype, param = tr.get("dtype", "float32"), tr.get("mixed_precision_param", "bfloat16")
+    dtype = _choice(tr, "dtype", "float32", _DTYPES, source)
+    param = _choice(tr, "mixed_precision_param", "bfloat16", _DTYPES, source)
     if dtype == "bfloat16":
         notes.append("pure bf16 training (no fp32 master weights) evaluated as bf16 mixed")
-    precision = Precision.BF16 if "bfloat16" in (dtype, param) else Precision.FP32
+    precision = (
+        Precision.BF16
+        if "bfloat16" in (dtype, param)
+        else Precision.FP16
+        if "float16" in (dtype, param)
+        else Precision.FP32
+    )
     if fp8 and precision == Precision.BF16:
         precision = Precision.FP8
-    offload = bool(tr.get("enable_cpu_offload", False)) and zero > 0
+    offload = _switch(tr, "enable_cpu_offload", False, source) and zero > 0
     if offload and zero < 3:  # FSDP2 keeps unsharded parameters on the GPU
         notes.append("training.enable_cpu_offload evaluated as optimizer offload only")
     folded = ep > 1 and tp > 1  # torchtitan's EP borrows the TP ranks: experts whole
@@ -309,7 +375,7 @@ def from_values(
         dp_shard=shard if zero == 3 and replicate > 1 else None,
         offload_optimizer=offload,
         offload_params=offload and zero == 3,
-        sequence_parallel=tp > 1 and bool(par.get("enable_sequence_parallel", True)),
+        sequence_parallel=tp > 1 and _switch(par, "enable_sequence_parallel", True, source),
         schedule=schedule,
         virtual_stages=vstages,
         micro_batch_size=mbs,
@@ -323,7 +389,7 @@ def from_values(
         precision=precision,
         notes=tuple(notes),
         runtime=torchtitan_framework(compiled=compiled, async_tp=async_tp),
-        split=CountSplit.of_torchtitan(par) if pp > 1 else None,
+        split=_split(par, source) if pp > 1 else None,
         pattern=pattern,
         model_says=model_says,
     )
