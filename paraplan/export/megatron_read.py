@@ -7,7 +7,6 @@ named in the notes when paraplan does not price it.
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Callable
 
 from ..planner.config import Precision, RecomputeModule
@@ -16,6 +15,7 @@ from ..planner.cost.recompute_pattern import PatternRule, RecomputePattern
 from ..planner.frameworks import Framework
 from ..planner.strategy import Recompute, Schedule, Strategy
 from .setup import ModelSays, RuntimeSays, Stated, Target, TrainerSetup, check_batch
+from .shell_words import script_words
 
 _FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
 """Megatron-FSDP `--data-parallel-sharding-strategy` per ZeRO stage."""
@@ -198,99 +198,12 @@ def _unpriced(
     return notes
 
 
-_SHELL_SYNTAX = frozenset(
-    [
-        "(",
-        ")",
-        "{",
-        "}",
-        "[[",
-        "]]",
-        "[",
-        "]",
-        "if",
-        "then",
-        "else",
-        "elif",
-        "fi",
-        "do",
-        "done",
-        "for",
-        "while",
-        "case",
-        "esac",
-        "in",
-        "||",
-        "&&",
-        ";",
-        "!",
-        "export",
-        "local",
-        "declare",
-        "readonly",
-        "set",
-    ]
-)
-"""Words of a launch script that are shell syntax, never a flag's value."""
-_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\+?=(.*)$", re.S)
-_VARIABLE = re.compile(
-    r"\$\{([A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)"
-)
-
-
-def _expand(word: str, env: dict[str, str]) -> str:
-    """`word` with the script's variables put in: `$NAME`, `${NAME}`, `${NAME:-default}` (a
-    positional `${1:-default}` takes its default); a variable the script does not set stays
-    as written (an interpreted flag then says so)."""
-
-    def value(m: re.Match[str]) -> str:
-        name = m.group(1) or m.group(3)
-        if name in env:
-            return env[name]
-        if m.group(2) is not None:
-            return _expand(m.group(2), env)
-        return m.group(0)
-
-    return _VARIABLE.sub(value, word)
-
-
-def _script_words(text: str) -> list[str]:
-    """A launch script's words as a command line would see them: line continuations joined,
-    comments dropped, shell syntax and array brackets left out, simple assignments
-    (`NAME=value`, `export NAME=${NAME:-value}`) put into later words, and a quoted
-    ``"--flag value"`` split in two. Conditions are not evaluated: the flags of every branch
-    are read."""
-    words = shlex.split(re.sub(r"\\\r?\n", " ", text), comments=True)
-    env: dict[str, str] = {}
-    out: list[str] = []
-    for word in words:
-        if (
-            word in _SHELL_SYNTAX
-            or word.endswith("=(")
-            or (word.startswith("${") and "[@]" in word)
-        ):
-            continue  # `MODEL_ARGS=(`, `)`, `${MODEL_ARGS[@]}`
-        assigned = None if word.startswith("-") else _ASSIGNMENT.match(word)
-        if assigned is not None:
-            if not assigned.group(2).startswith("("):
-                env[assigned.group(1)] = _expand(assigned.group(2), env)
-                continue
-            word = assigned.group(2)  # `NAME=("--flag value"`: the array's first element
-        word = _expand(word.strip("()"), env)
-        if word.startswith("--") and " " in word:  # "--fp8-format hybrid" in an array
-            flag, _, rest = word.partition(" ")
-            out += [flag, rest.strip()]
-        elif word:
-            out.append(word)
-    return out
-
-
 def parse_args(text: str) -> dict[str, str | None]:
     """An argument file or launch script (shell words: ``#`` comments, backslash line ends,
-    arrays and simple variables, `_script_words`) as flag -> value (None for a switch).
+    arrays and simple variables, `shell_words.script_words`) as flag -> value (None for a switch).
     Raises ValueError on a stray value or a flag paraplan reads given twice with two values
     (e.g. in both branches of an ``if``)."""
-    words = _script_words(text)
+    words = script_words(text)
     out: dict[str, str | None] = {}
     i = 0
     while i < len(words):
