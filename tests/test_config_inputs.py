@@ -119,3 +119,23 @@ def test_torchtitan_values_are_checked(
     path.write_text(text)
     err = _refused(path, capsys, "--cluster", "8xh100")
     assert said in err and err.startswith(f"paraplan: error: {path}:")
+
+
+@pytest.mark.parametrize(
+    ("flag", "said"),
+    [
+        ("--recompute-granularity full --recompute-method blocks", "--recompute-method 'blocks'"),
+        ("--use-megatron-fsdp --data-parallel-sharding-strategy optim_grad", "optim_grads_params"),
+        ("--fp8-format e5m2", "--fp8-format 'e5m2': Megatron takes one of e4m3, hybrid"),
+        ("--moe-token-dispatcher-type all2all", "allgather, alltoall, flex"),
+    ],
+)
+def test_megatron_values_are_megatrons(
+    flag: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A misspelt value Megatron-LM refuses (argparse `choices`, TransformerConfig literals)
+    was read as a default (ZeRO-0 for an unknown sharding strategy, full recompute for an
+    unknown method)."""
+    path = tmp_path / "train.sh"
+    path.write_text(f"--seq-length 4096 --micro-batch-size 1 --global-batch-size 64 --bf16 {flag}")
+    assert said in _refused(path, capsys, "--cluster", "16xh100")

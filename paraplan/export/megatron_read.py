@@ -85,6 +85,17 @@ _SWITCHES = (
 """Flags without a value that `read` interprets (`--tp-comm-overlap` and
 `--overlap-moe-expert-parallel-comm`: the runtime, NeMo's preset where either is on,
 Megatron-LM's where neither is)."""
+_CHOICES = {
+    "recompute-granularity": ("full", "selective"),
+    "recompute-method": ("uniform", "block"),
+    "data-parallel-sharding-strategy": ("no_shard", "optim", "optim_grads", "optim_grads_params"),
+    "fp8-format": ("e4m3", "hybrid"),
+    "fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise", "custom"),
+    "moe-token-dispatcher-type": ("allgather", "alltoall", "flex"),
+}
+"""The values Megatron-LM takes for the flags `read` interprets by value (its argparse
+`choices` and `TransformerConfig`'s literals, at the commit named in docs/export.md): a
+misspelt one would be read as a default."""
 _MAY_BE_ZERO = frozenset(
     {
         "decoder-first-pipeline-num-layers",
@@ -257,6 +268,11 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
             raise ValueError(f"{source}: --{key} {value} must be at least {least}")
         return value
 
+    for key, allowed in _CHOICES.items():  # as Megatron-LM's argparse and TransformerConfig
+        if key in args and args[key] not in allowed:
+            raise ValueError(
+                f"{source}: --{key} {args[key]!r}: Megatron takes one of {', '.join(allowed)}"
+            )
     for key in _SWITCHES:
         if args.get(key) not in (None, "true", "True"):
             raise ValueError(f"{source}: --{key} takes no value (got {args[key]!r})")
