@@ -72,7 +72,9 @@ def test_odd_pipeline_and_recompute_flags() -> None:
     """A negative first-stage count is refused naming the flag; `--recompute-modules` given
     with no module (Megatron-LM's nargs="*": an empty list) recomputes nothing."""
     base = "--pipeline-model-parallel-size 4 --bf16 --seq-length 4096 --micro-batch-size 1 "
-    with pytest.raises(ValueError, match="--decoder-first-pipeline-num-layers -3: give 0 or more"):
+    with pytest.raises(
+        ValueError, match="--decoder-first-pipeline-num-layers -3 must be at least 0"
+    ):
         read(base + "--decoder-first-pipeline-num-layers -3", world_size=16, source="a.args")
     empty = read(
         base + "--recompute-granularity selective --recompute-modules", world_size=16, source="b"

@@ -135,10 +135,7 @@ def _count_split(args: dict[str, str | None], num: Callable[[str, int], int]) ->
     if layout:
         return CountSplit(chunk_blocks=_layout_blocks(layout))
     first, last = "decoder-first-pipeline-num-layers", "decoder-last-pipeline-num-layers"
-    for key in (first, last):
-        if key in args and num(key, 0) < 0:
-            raise ValueError(f"--{key} {args[key]}: give 0 or more blocks")
-    return CountSplit(
+    return CountSplit(  # `num` refuses a count below 0 here
         first_stage_blocks=num(first, 0) if first in args else None,
         last_stage_blocks=num(last, 0) if last in args else None,
         embedding_as_layer="account-for-embedding-in-pipeline-split" in args,
