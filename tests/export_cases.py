@@ -98,3 +98,22 @@ def run_loaders(target: str, manifest: list[dict]) -> list[dict]:
         raise AssertionError(f"{target} loaders failed:\n{proc.stdout}\n{proc.stderr[-4000:]}")
     verdicts: list[dict] = json.loads(proc.stdout.strip().splitlines()[-1])
     return verdicts
+
+
+def yours_of(path: Path, cluster_name: str = "16xh100", global_batch: int = 64) -> Plan:
+    """`--from-config` of a Megatron configuration file on Llama 3 8B at `SEQ`, priced for
+    Megatron's runtime: your configuration's plan."""
+    from paraplan.export.judge import compare, read_config
+    from paraplan.planner.cluster import parse_cluster
+    from paraplan.planner.config import TrainConfig
+    from paraplan.planner.frameworks import RUNTIMES, Framework
+
+    cluster = parse_cluster(cluster_name)
+    setup = read_config(str(path), world_size=cluster.num_gpus)
+    train = TrainConfig(
+        global_batch=global_batch,
+        seq_len=SEQ,
+        precision=setup.precision,
+        runtime=RUNTIMES[Framework.MEGATRON],
+    )
+    return compare(str(path), setup, profile(), cluster, train, top_k=0).yours

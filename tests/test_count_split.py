@@ -11,16 +11,14 @@ from pathlib import Path
 import pytest
 
 from paraplan.cli import main
-from paraplan.export.judge import _difference, compare, read_config
+from paraplan.export.judge import _difference
 from paraplan.export.megatron_read import _layout_blocks
 from paraplan.export.setup import TrainerSetup
 from paraplan.planner.cluster import parse_cluster
-from paraplan.planner.config import TrainConfig
 from paraplan.planner.cost.count_split import CountSplit
 from paraplan.planner.explain import format_plan
-from paraplan.planner.frameworks import RUNTIMES, Framework
 from paraplan.planner.plan import Plan
-from tests.export_cases import SEQ, profile
+from tests.export_cases import profile, yours_of
 
 needs_mcore = pytest.mark.skipif(
     importlib.util.find_spec("megatron") is None,
@@ -122,15 +120,7 @@ def _yours(args: str, tmp_path: Path) -> Plan:
         "--use-distributed-optimizer --recompute-granularity full --recompute-method uniform "
         + args
     )
-    cluster = parse_cluster("16xh100")
-    setup = read_config(str(path), world_size=cluster.num_gpus)
-    train = TrainConfig(
-        global_batch=64,
-        seq_len=SEQ,
-        precision=setup.precision,
-        runtime=RUNTIMES[Framework.MEGATRON],
-    )
-    return compare(str(path), setup, profile(), cluster, train, top_k=0).yours
+    return yours_of(path)
 
 
 def _stage_blocks(plan: Plan) -> list[int]:

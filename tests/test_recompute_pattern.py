@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from paraplan.cli import main
-from paraplan.export.judge import compare, read_config
+from paraplan.export.judge import read_config
 from paraplan.export.megatron import block_pattern
 from paraplan.export.torchtitan import read_registry, read_toml, render
 from paraplan.planner.api import make_plan
@@ -26,7 +26,7 @@ from paraplan.planner.model_parse import parse_model
 from paraplan.planner.pins import Pins
 from paraplan.planner.plan import Plan
 from paraplan.planner.strategy import Recompute, Schedule, Strategy
-from tests.export_cases import SEQ, profile
+from tests.export_cases import SEQ, profile, yours_of
 
 FULL, NONE = Recompute.FULL, Recompute.NONE
 
@@ -180,18 +180,6 @@ def _megatron(tmp_path: Path, args: str) -> Path:
     return path
 
 
-def _yours(path: Path) -> Plan:
-    cluster = parse_cluster("16xh100")
-    setup = read_config(str(path), world_size=cluster.num_gpus)
-    train = TrainConfig(
-        global_batch=64,
-        seq_len=SEQ,
-        precision=setup.precision,
-        runtime=RUNTIMES[Framework.MEGATRON],
-    )
-    return compare(str(path), setup, profile(), cluster, train, top_k=0).yours
-
-
 def test_megatron_recompute_activations_is_selective(tmp_path: Path) -> None:
     """Megatron-LM's `--recompute-activations` sets `recompute_granularity = 'selective'`
     (megatron/training/arguments.py, validate_args): the attention core, as
@@ -217,11 +205,11 @@ def test_megatron_block_method_is_priced_and_written_back(tmp_path: Path) -> Non
         tmp_path,
         "--recompute-granularity full --recompute-method block --recompute-num-layers 3",
     )
-    yours = _yours(path)
+    yours = yours_of(path)
     assert yours.strategy().recompute == Recompute.PER_LAYER
     assert block_pattern(yours) == 3
     assert _blocks(tuple(d.recompute for d in yours.layers)) == [0, 1, 2, 16, 17, 18]
-    full = _yours(_megatron(tmp_path, "--recompute-granularity full --recompute-method uniform"))
+    full = yours_of(_megatron(tmp_path, "--recompute-granularity full --recompute-method uniform"))
     assert yours.predicted.time_breakdown.recompute_s == pytest.approx(
         full.predicted.time_breakdown.recompute_s * 3 / 16
     )

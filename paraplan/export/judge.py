@@ -76,31 +76,26 @@ def compare(
     # Megatron-LM's, runs yours in that order), else as it is (a recompute mix the space
     # leaves out: its mesh order is then the fastest)
     split = setup.split or StageSplit.BALANCED  # the trainer's own split of the blocks
-    try:
-        yours = make_plan(
+
+    def priced(*, within_framework: bool = True) -> Plan:
+        return make_plan(
             profile,
             cluster,
             train,
             pins=setup.pins(),
             top_k=0,
             any_engine=True,
+            within_framework=within_framework,
             split=split,
-            pattern=setup.pattern,
+            pattern=setup.pattern,  # the blocks it recomputes, where it names them
         ).plan
+
+    try:
+        yours = priced()
     except NoFeasiblePlanError:
         raise
     except ValueError:  # outside the framework's space
-        yours = make_plan(
-            profile,
-            cluster,
-            train,
-            pins=setup.pins(),
-            top_k=0,
-            any_engine=True,
-            within_framework=False,
-            split=split,
-            pattern=setup.pattern,
-        ).plan
+        yours = priced(within_framework=False)
     try:
         best: Plan | None = make_plan(
             profile, cluster, train, top_k=top_k, any_engine=True, progress=progress
