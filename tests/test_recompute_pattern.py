@@ -384,3 +384,19 @@ def read_config_text(text: str, *, world_size: int):
     from paraplan.export.megatron import read
 
     return read(text, world_size=world_size, source="train.sh")
+
+
+def test_megatron_flags_in_a_string_variable() -> None:
+    """Megatron-LM's older examples (examples/pretrain_gpt.sh) keep the flags in a string
+    variable expanded unquoted: split as the shell splits it."""
+    from paraplan.export.megatron_read import parse_args
+
+    script = (
+        'GPT_ARGS="\n    --num-layers 24 \\\n    --hidden-size 1024 \\\n    --fp16\n"\n'
+        'PARALLEL="--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2"\n'
+        "torchrun pretrain_gpt.py $GPT_ARGS $PARALLEL --data-path my_text_document\n"
+    )
+    args = parse_args(script)
+    assert (args["num-layers"], args["hidden-size"], args["fp16"]) == ("24", "1024", None)
+    assert args["tensor-model-parallel-size"] == "2" and args["pipeline-model-parallel-size"] == "2"
+    assert args["data-path"] == "my_text_document"

@@ -66,9 +66,10 @@ def _expand(word: str, env: dict[str, str]) -> str:
 def script_words(text: str) -> list[str]:
     """A launch script's words as a command line would see them: line continuations joined,
     comments dropped, shell syntax and array brackets left out, simple assignments
-    (`NAME=value`, `export NAME=${NAME:-value}`) put into later words, and a quoted
-    ``"--flag value"`` split in two. Conditions are not evaluated: the flags of every branch
-    are read."""
+    (`NAME=value`, `export NAME=${NAME:-value}`) put into later words, and a word with
+    spaces (a variable holding several flags, a quoted ``"--flag value"`` in an array) split
+    as the shell splits an unquoted expansion. Conditions are not evaluated: the flags of
+    every branch are read."""
     words = shlex.split(re.sub(r"\\\r?\n", " ", text), comments=True)
     env: dict[str, str] = {}
     out: list[str] = []
@@ -86,9 +87,16 @@ def script_words(text: str) -> list[str]:
                 continue
             word = assigned.group(2)  # `NAME=("--flag value"`: the array's first element
         word = _expand(word.strip("()"), env)
-        if word.startswith("--") and " " in word:  # "--fp8-format hybrid" in an array
-            flag, _, rest = word.partition(" ")
-            out += [flag, rest.strip()]
+        if any(c.isspace() for c in word):  # "$GPT_ARGS", "--fp8-format hybrid" in an array:
+            out += _split(word)  # split as the shell splits an unquoted expansion
         elif word:
             out.append(word)
     return out
+
+
+def _split(word: str) -> list[str]:
+    """`word`'s words (shell quoting kept; on a stray quote, at whitespace)."""
+    try:
+        return shlex.split(word)
+    except ValueError:
+        return word.split()
