@@ -304,7 +304,8 @@ def test_deepspeed_checkpoint_options_are_named() -> None:
     plain = doc.replace('true, "cpu', 'false, "cpu').replace(
         '"cpu_checkpointing": true', '"cpu_checkpointing": false'
     )
-    assert read_deepspeed(plain, world_size=8, source="ds.json").notes == ()
+    (note,) = read_deepspeed(plain, world_size=8, source="ds.json").notes
+    assert note.startswith("activation_checkpointing read as every block recomputed")
 
 
 _SCRIPT = r"""#!/bin/bash
@@ -400,3 +401,11 @@ def test_megatron_flags_in_a_string_variable() -> None:
     assert (args["num-layers"], args["hidden-size"], args["fp16"]) == ("24", "1024", None)
     assert args["tensor-model-parallel-size"] == "2" and args["pipeline-model-parallel-size"] == "2"
     assert args["data-path"] == "my_text_document"
+
+
+def test_torchtitan_cp_exchange_is_named() -> None:
+    """torch's context parallel all-gathers K/V by default (`context_parallel_rotate_method`),
+    priced as the ring: said."""
+    text = _toml('mode = "full"\n').replace("degree = 8", "degree = 4\ncontext_parallel_degree = 2")
+    notes = read_toml(text, world_size=8, source="x").notes
+    assert any("context_parallel_rotate_method 'allgather' priced as the ring" in n for n in notes)

@@ -238,6 +238,11 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
     )
     checkpointing = "activation_checkpointing" in doc or (pp > 1 and bool(interval))
     ac = _object(doc, "activation_checkpointing", source)
+    if "activation_checkpointing" in doc:  # configures deepspeed.checkpointing, applies nothing
+        notes.append(
+            "activation_checkpointing read as every block recomputed (the model's code decides "
+            "what deepspeed.checkpointing wraps)"
+        )
     if checkpointing:  # deepspeed.checkpointing's options
         if ac.get("cpu_checkpointing"):
             notes.append(

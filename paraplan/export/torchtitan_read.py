@@ -324,6 +324,12 @@ def from_values(
         elif schedule in _LOOPED and not par.get("pipeline_parallel_layers_per_stage"):
             vstages = _LOOPED_DEFAULT_STAGES
             notes.append(f"no module_fqns_per_model_part: {vstages} stages per rank assumed")
+    if cp > 1:  # torch's context parallel exchanges K/V by all-gather unless told all-to-all
+        rotate = par.get("context_parallel_rotate_method", "allgather")
+        notes.append(
+            f"context_parallel_rotate_method {rotate!r} priced as the ring (K/V passed around "
+            "under the attention compute)"
+        )
     local = whole(tr, "local_batch_size", 8)
     mbs = whole(par, "pipeline_parallel_microbatch_size", 1) if pp > 1 else local
     glob = whole(tr, "global_batch_size", -1, auto=True)
