@@ -324,7 +324,7 @@ def from_values(
         elif schedule in _LOOPED and not par.get("pipeline_parallel_layers_per_stage"):
             vstages = _LOOPED_DEFAULT_STAGES
             notes.append(f"no module_fqns_per_model_part: {vstages} stages per rank assumed")
-    if cp > 1:  # torch's context parallel exchanges K/V by all-gather unless told all-to-all
+    if cp > 1:  # torchtitan's default exchanges K/V by all-gather (its job config, v0.2.0)
         rotate = par.get("context_parallel_rotate_method", "allgather")
         notes.append(
             f"context_parallel_rotate_method {rotate!r} priced as the ring (K/V passed around "
