@@ -227,6 +227,8 @@ def test_megatron_model_sizes_are_checked(tmp_path: Path, capsys: pytest.Capture
             "--num-query-groups gives key/value heads 4, but",
         ),
         ("--ffn-hidden-size 11008", "--ffn-hidden-size gives MLP size 11008, but"),
+        # Megatron-LM's own size without the flag: 4h x 2/3 under --swiglu, to a multiple of 64
+        ("--swiglu", "no --ffn-hidden-size gives MLP size 10880, but"),
     ):
         text = _megatron(tmp_path, "").read_text().replace("--num-layers 32 ", "")
         extra = args if "num-layers" in args else f"--num-layers 32 {args}"

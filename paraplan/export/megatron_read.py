@@ -143,6 +143,17 @@ def _count_split(args: dict[str, str | None], num: Callable[[str, int], int]) ->
     )
 
 
+def _default_ffn(args: dict[str, str | None], num: Callable[[str, int], int]) -> Stated | None:
+    """The MLP size Megatron-LM builds without `--ffn-hidden-size` (its `validate_args`: 4 x
+    hidden, or under `--swiglu` 4 x hidden x 2/3 rounded down to a multiple of 64), where the
+    arguments state the model (`--num-layers`, `--hidden-size`)."""
+    if "num-layers" not in args or "hidden-size" not in args:
+        return None
+    hidden = num("hidden-size", 0)
+    size = int(4 * hidden * 2 / 3 / 64) * 64 if "swiglu" in args else 4 * hidden
+    return Stated(size, "no --ffn-hidden-size")
+
+
 def _model_says(args: dict[str, str | None], num: Callable[[str, int], int]) -> ModelSays:
     """The model sizes the arguments state (Megatron-LM takes `--num-query-groups` only under
     `--group-query-attention`: `argument_utils.core_transformer_config_from_args`)."""
@@ -158,7 +169,8 @@ def _model_says(args: dict[str, str | None], num: Callable[[str, int], int]) -> 
         kv_heads=stated("num-query-groups") if gqa else None,
         # each expert's MLP: --moe-ffn-hidden-size, else --ffn-hidden-size (Megatron-Core)
         ffn=(stated("moe-ffn-hidden-size") if "num-experts" in args else None)
-        or stated("ffn-hidden-size"),
+        or stated("ffn-hidden-size")
+        or _default_ffn(args, num),
         # a configuration stating its model without --num-experts builds a dense one
         experts=stated("num-experts")
         or (Stated(0, "no --num-experts") if "num-layers" in args else None),

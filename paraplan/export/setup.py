@@ -94,13 +94,13 @@ class ModelSays:
     """Attention heads (`--num-attention-heads`)."""
     kv_heads: Stated | None = None
     """Key/value heads (`--num-query-groups` under `--group-query-attention`)."""
-    ffn: Stated | None = None
-    """The MLP's hidden size, each expert's in a MoE block (`--ffn-hidden-size`,
-    `--moe-ffn-hidden-size`)."""
     experts: Stated | None = None
     """Routed experts per MoE block (`--num-experts`)."""
     top_k: Stated | None = None
     """Experts each token is routed to (`--moe-router-topk`)."""
+    ffn: Stated | None = None
+    """The MLP's hidden size, each expert's in a MoE block (`--ffn-hidden-size`,
+    `--moe-ffn-hidden-size`; without them, Megatron-LM's default)."""
 
     def mismatch(self, profile: ModelProfile) -> str | None:
         """The first size that differs from `profile`'s, in words naming both values and the
