@@ -403,6 +403,9 @@ def test_megatron_flags_in_a_string_variable() -> None:
     assert (args["num-layers"], args["hidden-size"], args["fp16"]) == ("24", "1024", None)
     assert args["tensor-model-parallel-size"] == "2" and args["pipeline-model-parallel-size"] == "2"
     assert args["data-path"] == "my_text_document"
+    # a pipeline layout's own brackets are kept (Megatron-Core's repetition syntax)
+    layout = parse_args('ARGS=(--pipeline-model-parallel-layout "(tt|)*2L")\ntorchrun ${ARGS[@]}')
+    assert layout["pipeline-model-parallel-layout"] == "(tt|)*2L"
 
 
 def test_torchtitan_cp_exchange_is_named() -> None:

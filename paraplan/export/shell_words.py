@@ -85,8 +85,10 @@ def script_words(text: str) -> list[str]:
             if not assigned.group(2).startswith("("):
                 env[assigned.group(1)] = _expand(assigned.group(2), env)
                 continue
-            word = assigned.group(2)  # `NAME=("--flag value"`: the array's first element
-        word = _expand(word.strip("()"), env)
+            word = assigned.group(2)[1:]  # `NAME=("--flag value"`: the array's first element
+        if word.endswith(")") and word.count(")") > word.count("("):
+            word = word[:-1]  # `"--num-workers 1")`: the array's last element
+        word = _expand(word, env)
         if any(c.isspace() for c in word):  # "$GPT_ARGS", "--fp8-format hybrid" in an array:
             out += _split(word)  # split as the shell splits an unquoted expansion
         elif word:
