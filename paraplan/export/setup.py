@@ -70,6 +70,18 @@ class RuntimeSays:
         return replace(runtime, **{k: v for k, v in said.items() if v is not None})
 
 
+_NOUNS = {
+    "blocks": "blocks",
+    "hidden": "hidden size",
+    "heads": "attention heads",
+    "kv_heads": "key/value heads",
+    "experts": "experts",
+    "top_k": "experts per token",
+    "ffn": "MLP size",
+}
+"""`ModelSays`' fields in words (its messages)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Stated:
     """One size as a configuration states it."""
@@ -114,16 +126,13 @@ class ModelSays:
             "experts": profile.experts,
             "top_k": profile.top_k if profile.experts else None,
         }
-        nouns = {"blocks": "blocks", "hidden": "hidden size", "heads": "attention heads"}
-        nouns |= {"kv_heads": "key/value heads", "ffn": "MLP size", "experts": "experts"}
-        nouns |= {"top_k": "experts per token"}
         for f in fields(self):
             said: Stated | None = getattr(self, f.name)
             have = ours[f.name]
             if said is not None and have is not None and said.value != have:
                 fix = f" (or fix {said.flag})" if said.flag[:1] in "-[" else ""
                 return (
-                    f"{said.flag} gives {nouns[f.name]} {said.value}, but {profile.name} has "
+                    f"{said.flag} gives {_NOUNS[f.name]} {said.value}, but {profile.name} has "
                     f"{have}: the configuration is for another model; plan its model with "
                     f"--model{fix}"
                 )

@@ -122,6 +122,11 @@ def _layer_sac(option: object, source: str) -> tuple[str, RecomputePattern | Non
     return "per_layer", RecomputePattern(PatternRule.EVERY_NTH_OF_RANK, every)
 
 
+def _shown(value: Any) -> str:
+    """A configuration's value as TOML writes it (`true`, `"x"`, `2.5`), else Python's repr."""
+    return json.dumps(value) if isinstance(value, str | int | float | bool) else repr(value)
+
+
 def _whole(value: Any, key: str, source: str, *, auto: bool = False) -> int:
     """A whole number >= 1 of the configuration (or -1, torchtitan's "the rest", where `auto`);
     ValueError naming the key otherwise (a fraction or a boolean would be read as another
@@ -133,8 +138,7 @@ def _whole(value: Any, key: str, source: str, *, auto: bool = False) -> int:
     )
     if not ok:
         rest = " or -1 (the rest)" if auto else ""
-        shown = json.dumps(value) if isinstance(value, str | int | float | bool) else repr(value)
-        raise ValueError(f"{source}: {key} = {shown} must be a whole number >= 1{rest}")
+        raise ValueError(f"{source}: {key} = {_shown(value)} must be a whole number >= 1{rest}")
     return int(value)
 
 
@@ -143,8 +147,7 @@ def _switch(table: dict[str, Any], key: str, default: bool, source: str) -> bool
     (a string such as "no" would read as true)."""
     value = table.get(key, default)
     if not isinstance(value, bool):
-        shown = json.dumps(value) if isinstance(value, str | int | float) else repr(value)
-        raise ValueError(f"{source}: {key} = {shown} must be true or false")
+        raise ValueError(f"{source}: {key} = {_shown(value)} must be true or false")
     return value
 
 
@@ -186,8 +189,7 @@ def _choice(
     """One of `allowed` (a misspelt dtype would be read as another precision)."""
     value = table.get(key, default)
     if value not in allowed:
-        shown = json.dumps(value) if isinstance(value, str | int | float | bool) else repr(value)
-        raise ValueError(f"{source}: {key} = {shown}: use one of {', '.join(allowed)}")
+        raise ValueError(f"{source}: {key} = {_shown(value)}: use one of {', '.join(allowed)}")
     return str(value)
 
 

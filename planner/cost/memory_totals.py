@@ -67,13 +67,13 @@ def memory_totals(
     nones: dict[tuple[bool, int, bool], tuple[float, tuple[float, ...] | None]] = {}
     out: list[float | None] = []
     shapes: dict[tuple[bool, Recompute], tuple[Layout, tuple[Stage, ...]]] = {}
+    solved = ev.per_layer.pattern is None  # per_layer is the solver's (not a trainer's own)
     for sp, zero, off, rc in choices:
         if rc == per_layer:
             plain, static = nones.get((sp, zero, off), (None, None))
             # `none` fits: the solver keeps everything, so this is that strategy (or one
             # recomputing more where `none` fits only by the single-pass timeline); not so
             # for a trainer's own pattern, which recomputes its blocks whatever fits
-            solved = ev.per_layer.pattern is None
             out.append(plain if solved and plain is not None and plain <= cap else None)
             if statics is not None:  # its layout is none's
                 statics.append(static)
