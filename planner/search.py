@@ -40,6 +40,7 @@ from .search_blocks import (
     rank_key,
     runnable_choices,
     states_overflow,
+    states_overflow_all,
     static_rejects,
 )
 from .search_bounds import (
@@ -89,6 +90,7 @@ class Search:
         self._offload_slower = ev.acc.memory_bw_bytes_per_s >= HOST_OPTIMIZER_BYTES_PER_S
         self._lb_s: dict[Strategy, float] = {}  # `_time_lower_bound_s`'s, and rc=none's
         self._plain_stages: dict[Strategy, tuple[StageTime, ...]] = {}  # stage times there
+        self._statics: dict[tuple, float] = {}  # `states_overflow_all`'s memo
         self._runs: dict[tuple, dict[tuple[Schedule, int], tuple]] = {}
         """`_runnable` answers, by block shape, then by schedule."""
         self._families = FamilyBounds(ev, consent.any, self.pins)
@@ -214,6 +216,9 @@ class Search:
                 # without TP and offload without ZeRO); with pins, each strategy is checked.
                 if probe_rule is not None and not pinned:
                     note(probe_rule, len(rest))
+                    continue
+                if not pinned and states_overflow_all(ev, probe, rest, self._statics):
+                    evaluated += len(rest)  # its stages' states alone overflow: nothing fits
                     continue
                 optimist = options.optimistic(self.pins, self.consent, probe)
                 if probe_rule is None and schedule_lower_bound_s(ev, optimist) > worst_s():

@@ -13,6 +13,8 @@ from typing import Any, ParamSpec, TypeVar
 
 from . import options
 from .cost.evaluate import Estimate, Evaluator
+from .cost.layout import Layout
+from .cost.memory import held_zero_stage, model_state_bytes
 from .cost.options import has_options
 from .pins import Pins
 from .strategy import Recompute, Schedule, Strategy
@@ -240,6 +242,77 @@ def states_overflow(ev: Evaluator, s: Strategy) -> bool:
         )
     )
     return static + ev.pipeline_buffer_bytes(s) > ev.capacity_bytes
+
+
+def states_overflow_all(
+    ev: Evaluator,
+    probe: Strategy,
+    choices: tuple[tuple[bool, int, bool, Recompute], ...],
+    known: dict[tuple, float],
+) -> bool:
+    """Whether every (sp, zero, offload, recompute) choice under `probe`'s block and schedule
+    holds on some stage, whatever its activations, more than the memory: its static totals
+    (`Evaluator.static_totals` of its layout's stages) and the pipeline buffers, the test of
+    `static_rejects`, asked before anything else is priced. Then nothing of the schedule fits,
+    nor do its offload rescues or option variants: beside a pipeline no option moves the
+    static bytes off the GPU (parameter offload does only without one,
+    `offload.OffloadModel.memory`), the options only add bytes or take activations away, and
+    a strategy's memory is its stages' peak (`Evaluator.single_pass` needs pp 1). False
+    without a pipeline. Stops at the first choice that may fit. `known`: the search's memo of
+    the largest stage total, by layout (which lives as long as the stage model, so its id is
+    not reused), ZeRO stage and optimizer offload, and of `states_floor_bytes` (asked first)."""
+    s = probe
+    if s.pp == 1:
+        return False
+    sm, cap = ev.stage_model, ev.capacity_bytes
+    tp, ep, dpcp, replicate = s.tp, s.ep_dp, s.dp * s.cp, s.dp_replicate
+    edges: dict[bool, float] = {}
+    layouts: dict[tuple[bool, Recompute], Layout] = {}
+    for sp, zero, off, rc in choices:
+        edge = edges.get(sp)
+        if edge is None:
+            edge = edges[sp] = ev.pipeline_buffer_bytes(s, sp)
+        floor_key = (s.pp, tp, ep, dpcp, zero, off, replicate)
+        floor = known.get(floor_key)
+        if floor is None:
+            floor = known[floor_key] = states_floor_bytes(ev, s, zero, off)
+        if floor + edge > cap:
+            continue  # whatever its layout
+        lay = layouts.get((sp, rc))
+        if lay is None:
+            lay = layouts[(sp, rc)] = sm.layout(s.pp, s.virtual_stages, rc, tp, sp, s.schedule)
+        key = (id(lay), ep, dpcp, zero, off, replicate)
+        most = known.get(key)
+        if most is None:
+            most = known[key] = max(
+                ev.static_totals(sm.stages(lay), tp, ep, dpcp, zero, off, replicate)
+            )
+        if most + edge <= cap:
+            return False
+    return True
+
+
+def states_floor_bytes(ev: Evaluator, s: Strategy, zero: int, off: bool) -> float:
+    """A bound below the largest static total (`Evaluator.static_totals`) of any layout's
+    stages for `s`'s degrees, ZeRO stage `zero` and optimizer offload `off`, beside a pipeline
+    (pp > 1, a valid strategy: every stage holds a block, so fewer layers than the model and
+    ZeRO-1's parameters and gradients, `memory.held_zero_stage`). The stages' parameters add
+    up to the model's (the last stage's copy of a tied embedding only adds) and their model
+    states are linear in them (`memory.model_state_bytes`), so the busiest stage holds at
+    least 1/pp of the model's; each holds the runtime's resident bytes beside."""
+    sm, held = ev.stage_model, held_zero_stage(zero, True)
+    dense = sum(x.params for x in ev.profile.layers) / s.tp
+    expert = sum(x.expert_params for x in ev.profile.layers) / (s.tp * s.ep_dp)
+    dpcp = s.dp * s.cp
+    total = 0.0
+    for count, ranks in ((dense, dpcp // s.dp_replicate), (expert, dpcp // s.ep_dp)):
+        if count:
+            total += sum(
+                model_state_bytes(
+                    count, shard_ranks=ranks, zero_stage=held, train=sm.train, offload_optimizer=off
+                )
+            )
+    return total / s.pp + sm.acc.runtime_overhead_bytes
 
 
 def static_rejects(
