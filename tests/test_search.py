@@ -62,6 +62,14 @@ SMALL_SPACES = {
         global_batch=8,
         seq_len=4096,
     ),
+    # A 13B Llama on 8 L4s: pipelines of 2 stages hold more than 24 GB of ZeRO-1 states, so
+    # the search's static screen skips them (search_blocks.states_overflow_all).
+    "llama-13b-8xl4-states-overflow": dict(
+        model="llama:layers=40,hidden=5120,heads=40,kv_heads=8,ffn=13824,vocab=32000,seq=2048",
+        cluster="8xl4",
+        global_batch=8,
+        seq_len=2048,
+    ),
     # Calibrations the catalog never has: a network faster than the PCIe switch inside the
     # node (the pruning bound must use the fastest link), and HBM slower than the host's
     # optimizer stream (offloading is then faster, so it must not be pruned as a slowdown).
