@@ -12,15 +12,14 @@ or does not match (corrupt, truncated, edited, another schema, another key, the 
 format before 2026-11-27) is ignored and rewritten; writes are atomic (temporary file, then
 rename).
 
-Where: `$PARAPLAN_CACHE_DIR`, else `$XDG_CACHE_HOME/paraplan`, else `~/.cache/paraplan`;
-`PARAPLAN_NO_CACHE=1` turns it off. Nothing happens at import time.
+Where: `planner/user_cache.cache_dir` (`$PARAPLAN_CACHE_DIR`, else `$XDG_CACHE_HOME/paraplan`,
+else `~/.cache/paraplan`); `PARAPLAN_NO_CACHE=1` turns it off. Nothing happens at import time.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from functools import cache
 from importlib.util import find_spec
@@ -30,21 +29,7 @@ from .planner.hf_presets import HF_PRESETS
 from .planner.model import ModelProfile
 from .planner.outputs import write_atomic
 from .planner.profile_io import PROFILE_SCHEMA_VERSION, profile_from_dict, profile_to_dict
-
-DISABLE_ENV = "PARAPLAN_NO_CACHE"
-"""Set to 1 to trace every time."""
-DIR_ENV = "PARAPLAN_CACHE_DIR"
-"""Where the entries go (default: the user cache directory)."""
-
-
-def cache_dir() -> Path | None:
-    """The cache folder, or None when caching is off."""
-    if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
-        return None
-    if os.environ.get(DIR_ENV):
-        return Path(os.environ[DIR_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "paraplan"
+from .planner.user_cache import cache_dir
 
 
 @cache

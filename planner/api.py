@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from . import replay_store
 from .build import PlanContext, build_plan
 from .capabilities import precision_gap
 from .cluster import Cluster
@@ -119,6 +120,7 @@ def make_plan(
     space = space_of(train.runtime) if within_framework else None  # what it runs
     search = Search(ev, pins, runnable_only=own and not any_engine, consent=consent, space=space)
     result = search.run(top_k=top_k, progress=progress)
+    replay_store.STORE.flush()  # the replays this search computed, for the next run
     ctx = PlanContext(profile=profile, cluster=cluster, train=train, split=split, pattern=pattern)
     if result.best is not None:
         return PlanOutcome(plan=build_plan(ctx, result.best, result.ranked[1:]), result=result)

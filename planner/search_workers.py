@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from . import replay_store
 from .cost.evaluate import Estimate
 from .cost.rules import Rule, Violation
 from .search_blocks import keep_best
@@ -225,6 +226,7 @@ def _child(explore: Callable[[Share], Explored], share: Share, write: int) -> No
     code = 1
     try:
         found = explore(share)
+        replay_store.STORE.flush()  # the replays it computed (the parent's are its own)
         data = pickle.dumps(found, protocol=pickle.HIGHEST_PROTOCOL)
         with os.fdopen(write, "wb") as pipe:
             pipe.write(data)

@@ -12,14 +12,15 @@ import pytest
 
 import paraplan
 from paraplan import profile_cache
+from paraplan.planner import user_cache
 
 CONFIG = Path(__file__).resolve().parents[1] / "examples" / "configs" / "gpt2-tiny.json"
 
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.delenv(profile_cache.DISABLE_ENV, raising=False)
-    monkeypatch.setenv(profile_cache.DIR_ENV, str(tmp_path))
+    monkeypatch.delenv(user_cache.DISABLE_ENV, raising=False)
+    monkeypatch.setenv(user_cache.DIR_ENV, str(tmp_path))
     return tmp_path
 
 
@@ -64,7 +65,7 @@ def test_an_edited_entry_is_traced_again(cache: Path) -> None:
 
 
 def test_off_by_environment(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(profile_cache.DISABLE_ENV, "1")
+    monkeypatch.setenv(user_cache.DISABLE_ENV, "1")
     paraplan.model_profile(str(CONFIG), seq_len=64, precision="fp32")
     assert not list(cache.glob("*.json"))
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from .. import replay_store
 from ..model import ModelProfile
 from ..solvers.pipeline_replay import SPLIT_BACKWARD, makespan_s
 from ..solvers.replay_table import (
@@ -99,7 +100,12 @@ def _unit_bubble(
     schedule: Schedule, pp: int, v: int, m: int, f: float, b: float, share: float
 ) -> float:
     """The replayed bubble, from the makespan alone (bit for bit `simulate_pipeline`'s):
-    read from a table of rounded shares (`solvers/replay_table.py`) when `f` is one."""
+    read from a table of rounded shares (`solvers/replay_table.py`) when `f` is one, or from
+    an earlier run's (`replay_store.py`)."""
+    args = (v, m, f, b, share)
+    known = replay_store.STORE.get("bubble", schedule, pp, args)
+    if isinstance(known, float):
+        return known
     span = makespan_at(schedule, pp=pp, v=v, m=m, forward=f, share=share) if b == 1.0 - f else None
     if span is None:
         span = makespan_s(
@@ -111,7 +117,9 @@ def _unit_bubble(
             virtual_stages=v,
             weight_share=share,
         )
-    return span - m * (f + b)
+    bubble = span - m * (f + b)
+    replay_store.STORE.put("bubble", schedule, pp, args, bubble)
+    return bubble
 
 
 def bubble_s(

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from .. import replay_store
 from ..strategy import Schedule
 from .pipeline_orders import PHASES
 from .pipeline_replay import chunk_placement, stage_order_codes
@@ -376,11 +377,19 @@ def in_flight_peaks(
 ) -> tuple[float, ...]:
     """`Timeline.in_flight(stage, pending_weight)` of every stage of the replay with these
     seconds per micro-batch (`simulate_pipeline`, equal stages, no p2p time): read off each
-    stage's order when every operation lasts (`_in_program_order`), else replayed."""
+    stage's order when every operation lasts (`_in_program_order`), else replayed; or read
+    from an earlier run's (`replay_store.py`)."""
+    args = (v, m, forward, backward, share, pending_weight)
+    known = replay_store.STORE.get("peaks", schedule, pp, args)
+    if isinstance(known, tuple) and len(known) == pp:
+        return known
     seconds = (forward / v, backward / v, backward * (1 - share) / v, backward * share / v)
     if _in_program_order(seconds, pp * m * (forward + backward)):
-        return _order_peaks(schedule, pp, v, m, pending_weight)
-    return replayed_peaks(schedule, pp, v, m, forward, backward, share, pending_weight)
+        peaks = _order_peaks(schedule, pp, v, m, pending_weight)
+    else:
+        peaks = replayed_peaks(schedule, pp, v, m, forward, backward, share, pending_weight)
+    replay_store.STORE.put("peaks", schedule, pp, args, peaks)
+    return peaks
 
 
 def replayed_peaks(
