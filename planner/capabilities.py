@@ -218,6 +218,27 @@ CAPABILITIES: tuple[Capability, ...] = (
 """Every limit of the executor (DP/FSDP/HSDP, TP/SP, PP, CP, EP, recompute otherwise run)."""
 
 
+def runnable_shape(s: Strategy) -> tuple:
+    """What `CAPABILITIES` read of a strategy beside its ZeRO stage, optimizer offload, parameter
+    offload, schedule and virtual stages (for one model, precision and optimizer): whether
+    each degree is 1, whether HSDP shards, whether FSDP2 would wrap a sharded ZeRO (dp * cp >
+    1), PowerSGD and the asynchronous pipeline. Two strategies alike in these and in those
+    five fields are runnable alike (tests/test_capabilities.py checks it over the search's
+    spaces); the search asks once per shape (`search_blocks.runnable_choices`). Change it with
+    any check that reads more."""
+    return (
+        s.tp == 1,
+        s.pp == 1,
+        s.cp == 1,
+        s.ep == 1,
+        s.shard_dp == s.dp,
+        s.dp * s.cp > 1,
+        s.powersgd_rank is None,
+        s.async_pipeline,
+        s.offload_params,
+    )
+
+
 def executor_gaps(job: Job) -> tuple[str, ...]:
     """Why the executor cannot run `job`, one message per limit it hits (empty: runnable)."""
     return tuple(msg for c in CAPABILITIES if (msg := c.check(job)) is not None)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ParamSpec, TypeVar
 
 from . import options
+from .capabilities import runnable_shape
 from .cost.evaluate import Estimate, Evaluator
 from .cost.layout import Layout
 from .cost.memory import held_zero_stage, model_state_bytes
@@ -80,13 +81,14 @@ class Block:
     `dataclasses.replace`, and the search builds hundreds of thousands."""
 
     shape: tuple = field(init=False, compare=False, repr=False)
-    """The base's fields but the micro-batch size and, for blocks with the same `rest`, what
-    only it changes (the executor's capability checks do not read it: `Search._runnable`)."""
+    """What the executor's capability checks read of the base (`capabilities.runnable_shape`),
+    with `rest` and `params_follow`: blocks alike in it run the same choices
+    (`runnable_choices`)."""
 
     def __post_init__(self) -> None:
         kwargs = {name: getattr(self.base, name) for name in STRATEGY_FIELDS}
         object.__setattr__(self, "_fields", kwargs)
-        shape = tuple(v for k, v in kwargs.items() if k != "micro_batch_size")
+        shape = runnable_shape(self.base)
         object.__setattr__(self, "shape", (shape, self.rest, self.params_follow))
 
     def probe(self, sched: Schedule | None = None, v: int = 1) -> Strategy:
@@ -354,11 +356,11 @@ def runnable_choices(
     """The choices of `block.rest` under this schedule that the executor runs (`gap`: whether
     it cannot run a strategy). What it runs depends on neither sequence parallelism nor the
     recompute policy (the search's `Job` carries no per-block decisions), so each (ZeRO stage,
-    optimizer offload) pair is asked once; nor on the micro-batch size, so blocks that differ
-    only by it share the answer (`Block.shape`; `known`: the answers of its shape, by
-    schedule). A choice it does not run cannot rank, nor can its offload rescues (they only
-    add offload, which no capability admits more readily), so once the heap is full it needs
-    neither memory nor time."""
+    optimizer offload) pair is asked once; nor on more of the block than its `Block.shape`, so
+    blocks alike in it share the answer (`known`: the answers of its shape, by schedule). A
+    choice it does not run cannot rank, nor can its offload rescues (they only add offload,
+    which no capability admits more readily), so once the heap is full it needs neither memory
+    nor time."""
     found = known.get((sched, v))
     if found is not None:
         return found
