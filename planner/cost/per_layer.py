@@ -6,6 +6,7 @@ activation budget; uniform policies map to the blocks directly. Memoized per eva
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import cache
 
@@ -64,7 +65,7 @@ class PerLayerRecompute:
         self._layer_choices = memo_method(self, PerLayerRecompute._layer_choices_uncached)
         self._stage_rc = memo_method(self, PerLayerRecompute._stage_rc_uncached)
         self._solve_stage = cache(solve_stage)
-        self._problems = memo_method(self, PerLayerRecompute._problems_uncached)
+        self._problem_memo: dict[Strategy, tuple[StageProblem, ...]] = {}  # `problems`
         self._relaxations: dict[tuple[int, ...], tuple[tuple, Relaxation]] = {}
         self._relaxation_of: dict[int, tuple[tuple, Relaxation]] = {}  # by id of the tuple
         self._parts: dict[tuple, _StageParts] = {}  # `_stage_parts`, by the stage's id
@@ -114,7 +115,7 @@ class PerLayerRecompute:
         if self.pattern is not None:  # the trainer's own choice, as it runs it
             return self.pattern.policies(sm.profile, sm.chunks(sm.layout_of(key)))
         solved: list[tuple[Recompute, ...]] = []
-        for problem in self._problems(key):
+        for problem in self.problems(key):
             picks = self._solve_stage(problem)
             if picks is None:
                 uniform = [
@@ -132,9 +133,14 @@ class PerLayerRecompute:
     def problems(self, s: Strategy) -> tuple[StageProblem, ...]:
         """The recompute problem of each distinct stage of `s` (`StageModel.stages` of its
         layout), as `policies` solves them (memoized: the search bounds them first)."""
-        return self._problems(_solver_key(s))
+        key = _solver_key(s)
+        found = self._problem_memo.get(key)
+        if found is None:
+            found = self._problem_memo[key] = tuple(self._stage_problems(key))
+        return found
 
-    def _problems_uncached(self, s: Strategy) -> tuple[StageProblem, ...]:
+    def _stage_problems(self, s: Strategy) -> Iterator[StageProblem]:
+        """`problems`, one stage at a time (`cannot_fit` may stop at the first)."""
         sm = self.sm
         mbs, v = s.micro_batch_size, s.virtual_stages
         tp, ep, dpcp, replicate = s.tp, s.ep_dp, s.dp * s.cp, s.dp_replicate
@@ -143,7 +149,6 @@ class PerLayerRecompute:
         m = sm.num_microbatches(s)
         cast = autocasts(s) and autocast_memory(s, sm)  # autocast's held bytes count too
         cached = cast and weights_cached(s)  # the weights' casts held once, not per micro-batch
-        out = []
         for stage in sm.stages(sm.layout_of(s)):
             # Stage objects live as long as the model (`StageLayouts`): their ids key the memos
             key = (id(stage), tp, ep, dpcp, zero, off, replicate)
@@ -160,17 +165,14 @@ class PerLayerRecompute:
                 inflight = self._inflight[where] = in_flight_microbatches(
                     s.schedule, pp=s.pp, stage=stage.index, num_microbatches=m, virtual_stages=v
                 )
-            out.append(
-                StageProblem(
-                    choices=parts.choices,
-                    fixed_bytes=parts.fixed_bytes,
-                    inflight=inflight,
-                    transient_bytes=parts.transient_bytes,
-                    head_bytes=parts.head_bytes,
-                    budget_bytes=(sm.capacity_bytes - static - boundary - held) / mbs,
-                )
+            yield StageProblem(
+                choices=parts.choices,
+                fixed_bytes=parts.fixed_bytes,
+                inflight=inflight,
+                transient_bytes=parts.transient_bytes,
+                head_bytes=parts.head_bytes,
+                budget_bytes=(sm.capacity_bytes - static - boundary - held) / mbs,
             )
-        return tuple(out)
 
     def _stage_parts(
         self,
@@ -213,10 +215,17 @@ class PerLayerRecompute:
         solver then finds nothing there, the stage takes the least-memory uniform policy, which
         does not fit either, and so neither does the strategy. For strategies without options
         whose memory is each stage's peak (not `Evaluator.single_pass`'s timeline)."""
-        return not all(
-            relaxation_fits(problem, self._relaxation(problem.choices))
-            for problem in self.problems(s)
-        )
+        key = _solver_key(s)
+        known = self._problem_memo.get(key)
+        if known is not None:
+            return not all(relaxation_fits(p, self._relaxation(p.choices)) for p in known)
+        built = []
+        for problem in self._stage_problems(key):  # the first stage over budget decides
+            if not relaxation_fits(problem, self._relaxation(problem.choices)):
+                return True  # nothing to solve: its problems are not kept
+            built.append(problem)
+        self._problem_memo[key] = tuple(built)
+        return False
 
     def _relaxation(self, choices: tuple[LayerChoice | None, ...]) -> Relaxation:
         """`recompute.relaxation` of a stage's choices, memoized by the identity of its
