@@ -270,16 +270,21 @@ def states_overflow_all(
     tp, ep, dpcp, replicate = s.tp, s.ep_dp, s.dp * s.cp, s.dp_replicate
     edges: dict[bool, float] = {}
     layouts: dict[tuple[bool, Recompute], Layout] = {}
+    over: dict[tuple[bool, int, bool], bool] = {}  # by (sp, zero, off): over the floor
     for sp, zero, off, rc in choices:
-        edge = edges.get(sp)
-        if edge is None:
-            edge = edges[sp] = ev.pipeline_buffer_bytes(s, sp)
-        floor_key = (s.pp, tp, ep, dpcp, zero, off, replicate)
-        floor = known.get(floor_key)
-        if floor is None:
-            floor = known[floor_key] = states_floor_bytes(ev, s, zero, off)
-        if floor + edge > cap:
+        above = over.get((sp, zero, off))
+        if above is None:
+            edge = edges.get(sp)
+            if edge is None:
+                edge = edges[sp] = ev.pipeline_buffer_bytes(s, sp)
+            floor_key = (s.pp, tp, ep, dpcp, zero, off, replicate)
+            floor = known.get(floor_key)
+            if floor is None:
+                floor = known[floor_key] = states_floor_bytes(ev, s, zero, off)
+            above = over[(sp, zero, off)] = floor + edge > cap
+        if above:
             continue  # whatever its layout
+        edge = edges[sp]
         lay = layouts.get((sp, rc))
         if lay is None:
             lay = layouts[(sp, rc)] = sm.layout(s.pp, s.virtual_stages, rc, tp, sp, s.schedule)
