@@ -157,3 +157,16 @@ def test_a_plan_from_stored_replays_is_the_plan_without(
     monkeypatch.setenv(user_cache.DISABLE_ENV, "1")
     monkeypatch.setattr(replay_store, "STORE", ReplayStore())
     assert cold == warm == planned()
+
+
+def test_an_unwritable_cache_folder_leaves_planning_uncached(
+    store: ReplayStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(user_cache.DIR_ENV, str(blocker))  # the folder cannot be made
+    truth = _uncached()
+    store.flush()  # no error
+    assert blocker.read_text() == "not a folder"
+    assert ReplayStore().get("peaks", Schedule.ZBV, 8, PEAKS_ARGS[2:]) is None
+    assert _uncached() == truth
