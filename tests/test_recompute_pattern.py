@@ -260,6 +260,16 @@ def test_megatron_activation_offload(tmp_path: Path) -> None:
     )
     setup = read_config(str(one), world_size=16)
     assert any("--cpu-offloading-num-layers 4 not priced" in n for n in setup.notes)
+    # every flag that sets a recompute granularity counts, the pre-2022 one too
+    for flag in ("--recompute-activations", "--checkpoint-activations"):
+        both = tmp_path / "both.sh"
+        both.write_text(
+            one.read_text().replace(
+                "--cpu-offloading-num-layers 4", f"--cpu-offloading-num-layers 4 {flag}"
+            )
+        )
+        with pytest.raises(ValueError, match="Megatron-Core refuses"):
+            read_config(str(both), world_size=16)
 
 
 def test_torchtitan_model_flavor_is_checked(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

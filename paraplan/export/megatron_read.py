@@ -188,14 +188,17 @@ values, and what is priced instead."""
 
 
 def _unpriced(
-    args: dict[str, str | None], num: Callable[[str, int], int], source: str
+    args: dict[str, str | None],
+    num: Callable[[str, int], int],
+    source: str,
+    recomputes: bool,
 ) -> list[str]:
     """Notes on what the arguments set that paraplan does not price; ValueError where
-    Megatron-Core refuses the combination (`TransformerConfig.__post_init__`)."""
+    Megatron-Core refuses the combination (`TransformerConfig.__post_init__`). `recomputes`:
+    whether `read` found a recompute granularity (from any of the flags that set one)."""
     notes = []
     offload = num("cpu-offloading-num-layers", 0)
     if offload > 0:  # Megatron-LM turns `cpu_offloading` on with it (arguments.py)
-        recomputes = args.get("recompute-granularity") or "recompute-activations" in args
         if num("pipeline-model-parallel-size", 1) > 1 or recomputes:
             raise ValueError(
                 f"{source}: --cpu-offloading-num-layers {offload} with pipeline parallelism or "
@@ -417,7 +420,7 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
             "one of --tp-comm-overlap and --overlap-moe-expert-parallel-comm is priced as "
             "NeMo's runtime, which overlaps both"
         )
-    notes += _unpriced(args, num, source)
+    notes += _unpriced(args, num, source, granularity is not None)
     setup = TrainerSetup(
         target=Target.MEGATRON,
         strategy=strategy,
