@@ -424,3 +424,16 @@ def test_torchtitan_cp_exchange_is_named() -> None:
     text = _toml('mode = "full"\n').replace("degree = 8", "degree = 4\ncontext_parallel_degree = 2")
     notes = read_toml(text, world_size=8, source="x").notes
     assert any("context_parallel_rotate_method 'allgather' priced as the ring" in n for n in notes)
+
+
+def test_megatron_transpose_cache_switch_is_named(tmp_path: Path) -> None:
+    """`--disable-parameter-transpose-cache` under fp8: Transformer Engine then keeps no fp8
+    weight copies (Megatron-Core passes no `is_first_microbatch`), which paraplan prices as
+    kept: the note says so; without fp8 the switch changes nothing and is not named."""
+    fp8 = "--fp8-format hybrid --disable-parameter-transpose-cache"
+    setup = read_config(str(_megatron(tmp_path, fp8)), world_size=16)
+    assert any("--disable-parameter-transpose-cache not priced" in n for n in setup.notes)
+    plain = read_config(
+        str(_megatron(tmp_path, "--disable-parameter-transpose-cache")), world_size=16
+    )
+    assert not any("transpose-cache" in n for n in plain.notes)

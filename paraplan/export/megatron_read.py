@@ -208,6 +208,11 @@ def _unpriced(
             f"--cpu-offloading-num-layers {offload} not priced: those layers' activations are "
             "counted as kept on the GPU, and their copies to the host as free"
         )
+    if "disable-parameter-transpose-cache" in args and "fp8-format" in args:
+        notes.append(
+            "--disable-parameter-transpose-cache not priced: the weights' fp8 copies are "
+            "counted as kept on the GPU and cast once per step"
+        )
     if "fine-grained-activation-offloading" in args:
         notes.append("--fine-grained-activation-offloading not priced: activations kept")
     for key, (values, instead) in _UNPRICED_VALUES.items():

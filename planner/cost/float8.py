@@ -36,7 +36,8 @@ Two mechanisms, nothing fitted:
   the weight-gradient GEMM, and the output gradient in backward; the weight once per step, on
   the first micro-batch, whose fp8 copies the later ones reuse (`is_first_microbatch`, set by
   Megatron-Core's schedules through `set_is_first_microbatch`): `weight_cast_s`, a
-  once-per-step term of the stage.
+  once-per-step term of the stage. Those copies stay on the GPU (`te_weight_copy_bytes`, 2
+  bytes per weight element) unless the weights are fp8 parameters themselves.
 """
 
 from __future__ import annotations
@@ -154,6 +155,35 @@ def fp8_kept_cut_bytes(
     sharded = proj.k * proj.per_token + down.k * down.per_token
     elements = profile.seq_len * (replicated / (tp if sp else 1) + sharded / tp) / cp
     return elements * profile.act_dtype_bytes / 2  # half of each 2-byte element
+
+
+TE_WEIGHT_COPY_BYTES = 2
+"""Bytes per weight element of the fp8 copy Transformer Engine keeps of a bf16 weight from one
+step to the next: one byte in each GEMM layout (row-wise for the forward, the transpose for
+the input gradient on Hopper's "TN"-only fp8 GEMMs)."""
+
+
+def te_weight_copy_bytes(
+    f8: Float8Linears | None,
+    runtime: Runtime,
+    profile: ModelProfile,
+    stage: Stage,
+    tp: int,
+    ep: int,
+) -> float:
+    """Bytes a stage's rank holds in Transformer Engine's cached fp8 weights: every linear layer
+    of its blocks keeps the fp8 copy its first micro-batch made (`TE_WEIGHT_COPY_BYTES` per
+    element) in its `_fp8_workspaces`, through the step and to the next (TE's `Linear.forward`
+    caches it whenever `is_first_microbatch` is given, as Megatron-Core gives it unless
+    `--disable-parameter-transpose-cache`; GroupedLinear the same per expert): the copies
+    `weight_cast_s` prices the cast of. None with fp8 primary weights (`Runtime.fp8_all_gather`:
+    Megatron-LM's `--fp8-param-gather` sets `TransformerConfig.fp8_param`, training's
+    argument_utils.py): the parameter is then the fp8 tensor, both layouts in the bytes a bf16
+    parameter takes (`quantize_weight` returns it, no workspace); nor under torchao, whose
+    casts live only as long as a GEMM's operands."""
+    if f8 is None or f8.casts != Float8Casts.TRANSFORMER_ENGINE or runtime.fp8_all_gather:
+        return 0.0
+    return TE_WEIGHT_COPY_BYTES * block_weight_elements(profile, stage, tp, ep)
 
 
 def block_weight_elements(profile: ModelProfile, stage: Stage, tp: int, ep: int) -> float:

@@ -26,7 +26,7 @@ from .compute import (
 from .count_split import CountSplit
 from .data_parallel import DDP_BUCKET_BYTES
 from .eager import traced_layer_s
-from .float8 import float8_linears, kernels_for, layer_kept_bytes
+from .float8 import float8_linears, kernels_for, layer_kept_bytes, te_weight_copy_bytes
 from .kernel_cache import gemm_kernel_cache_bytes
 from .layout import Layout, Stage, StageSplit
 from .memo import memo_method, weak_method
@@ -383,7 +383,8 @@ class StageModel:
                     count, shard_ranks=ranks, zero_stage=zero, train=t, offload_optimizer=offload
                 )
                 states = [x + y for x, y in zip(states, part, strict=True)]
-        other = self._runtime_bytes(stage, tp)
+        other = self._runtime_bytes(stage, tp)  # with Transformer Engine's fp8 weight copies
+        other += te_weight_copy_bytes(self.fp8, t.runtime, self.profile, stage, tp, ep)
         if zero == 3 and dpcp > 1:
             # FSDP keeps the current and the prefetched block unsharded, plus one block's
             # unsharded gradients before reduce-scatter (Zhao et al. 2023, PyTorch FSDP §3.2).
