@@ -152,16 +152,22 @@ def _object(doc: dict[str, Any], key: str, source: str) -> dict[str, Any]:
     return value
 
 
+def _not_auto(value: Any, key: str, source: str, fix: str) -> None:
+    """ValueError when `value` is "auto", the Hugging Face Trainer's placeholder (filled from
+    its own arguments), naming `key` and the `fix`."""
+    if value == "auto":
+        raise ValueError(
+            f'{source}: {key} is "auto", which the Hugging Face Trainer fills from its own '
+            f"arguments; {fix}"
+        )
+
+
 def _whole(value: Any, key: str, source: str, *, least: int = 1) -> int | None:
     """A count of the config (None when absent); ValueError naming it when it is "auto" (the
     Hugging Face Trainer's placeholder, filled from its own arguments) or not a whole number."""
     if value is None:
         return None
-    if value == "auto":
-        raise ValueError(
-            f'{source}: {key} is "auto", which the Hugging Face Trainer fills from its own '
-            "arguments; write the number you train with"
-        )
+    _not_auto(value, key, source, "write the number you train with")
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise ValueError(f"{source}: {key} {json.dumps(value)} must be a whole number >= {least}")
     return value
@@ -170,11 +176,7 @@ def _whole(value: Any, key: str, source: str, *, least: int = 1) -> int | None:
 def _enabled(doc: dict[str, Any], key: str, source: str) -> bool:
     """`doc[key].enabled` (false when absent); ValueError on "auto" or a non-boolean."""
     value = _object(doc, key, source).get("enabled", False)
-    if value == "auto":
-        raise ValueError(
-            f'{source}: {key}.enabled is "auto", which the Hugging Face Trainer fills from its '
-            "own arguments; write true or false"
-        )
+    _not_auto(value, f"{key}.enabled", source, "write true or false")
     if not isinstance(value, bool):
         raise ValueError(f"{source}: {key}.enabled {json.dumps(value)} must be true or false")
     return value

@@ -217,12 +217,10 @@ class PerLayerRecompute:
         whose memory is each stage's peak (not `Evaluator.single_pass`'s timeline)."""
         key = _solver_key(s)
         known = self._problem_memo.get(key)
-        if known is not None:
-            return not all(relaxation_fits(p, self._relaxation(p.choices)) for p in known)
         built = []
-        for problem in self._stage_problems(key):  # the first stage over budget decides
+        for problem in known or self._stage_problems(key):  # the first over budget decides
             if not relaxation_fits(problem, self._relaxation(problem.choices)):
-                return True  # nothing to solve: its problems are not kept
+                return True  # nothing to solve: built problems are not kept
             built.append(problem)
         self._problem_memo[key] = tuple(built)
         return False
