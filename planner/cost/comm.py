@@ -249,6 +249,12 @@ class Collectives:
                 HALF_BANDWIDTH_BYTES_INTER,
             )
 
+    @property
+    def bounds_placements(self) -> bool:
+        """Whether these are a bound's collectives (no latency on the fastest link, or
+        `placement.PlacementBound`), not the ones a step is priced with."""
+        return self._lower_bound
+
     def _intra_for(self, kind: CollectiveKind) -> tuple[float, float, float]:
         """(bandwidth, latency, half-bandwidth bytes) inside a node for one kind."""
         own = self._kind_links.get(kind)

@@ -67,6 +67,25 @@ def autocast_s(s: Strategy, stage: Stage, sm: StageModel) -> tuple[float, float]
     return AUTOCAST_FORWARD_SHARE * t / per_step, (1 - AUTOCAST_FORWARD_SHARE) * t
 
 
+def residual_widening(s: Strategy, sm: StageModel) -> float:
+    """How many times wider than the compute dtype the activations are that `s`'s tensor-
+    parallel collectives gather and its pipeline sends carry, under the executor's autocast:
+    fp32 over bf16/fp16, else 1. Autocast casts only the matmuls' operands: the embedding's
+    output is fp32 (fp32 weights), a bf16 branch added to it promotes, and a norm keeps its
+    input's dtype (`autocast_held_bytes`), so the residual stream and the norms' outputs stay
+    fp32. Sequence parallelism all-gathers a norm's output (fp32) and reduce-scatters a
+    row-parallel matmul's (bf16) forward, and the reverse in backward; without it the
+    forward all-reduce is the matmul's (bf16), the backward one the norm output's gradient
+    (fp32). Counted with a dispatch mode on the executor's 2-rank GPT-2 TP+SP bf16 step
+    (2026-11-28): 10 of 18 all-gathers and 8 of 16 reduce-scatters in fp32, the rest bf16.
+    Priced where `autocast_s` is (a calibrated device, a traced profile)."""
+    if sm.train.precision not in (Precision.BF16, Precision.FP16):
+        return 1.0
+    if not autocasts(s) or not autocast_memory(s, sm):
+        return 1.0
+    return FP32_BYTES / sm.train.act_bytes
+
+
 NORMS_PER_BLOCK = 2
 """Norms of a pre-norm transformer block (GPT-2, Llama, Mixtral: before attention and before
 the MLP), each keeping its residual-stream input for backward."""

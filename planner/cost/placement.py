@@ -54,6 +54,11 @@ class PlacementBound(Collectives):
         """What identifies these candidates (`Evaluator.stage_core` memoizes on it)."""
         self._least: dict[tuple, float] = {}
 
+    @property
+    def bounds_placements(self) -> bool:
+        """A bound (`Collectives.bounds_placements`)."""
+        return True
+
     def _min(self, kind: str, nbytes: float, link: AxisLink) -> float:
         key = (kind, nbytes, link.size)
         found = self._least.get(key)

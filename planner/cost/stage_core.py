@@ -16,6 +16,7 @@ from .comm import Collectives, Links
 from .compute import ATTENTION_BACKWARD_FACTOR
 from .data_parallel import hidden_behind
 from .layout import Layout, Stage, p2p_sends
+from .mixed_precision import autocasts, residual_widening
 from .per_layer import PerLayerRecompute
 from .stage_parts import StageCompute
 from .stages import StageModel
@@ -59,11 +60,24 @@ def stage_core(
     compute = sm.stage_compute(lay, s.tp, s.cp, s.ep_dp, mbs)
     tokens = mbs * p.seq_len / s.cp
     act = mbs * sm.block_output_seq_bytes / s.cp  # one micro-batch's (b, s/cp, h) tensor
+    # the executor's autocast keeps the residual stream fp32 (`residual_widening`); bounds
+    # price every member of a family alike, with the compute dtype's bytes (a lower bound)
+    wide = 1.0 if coll.bounds_placements else residual_widening(s, sm)
     if s.sequence_parallel:
         tp_unit = coll.all_gather(act, links.tp) + coll.reduce_scatter(act, links.tp)
     else:
         tp_unit = coll.all_reduce(act, links.tp)
-    fwd_unit = tp_unit  # a block's forward pair: under fp8 with SP its all-gather is fp8
+    fwd_unit = bwd_unit = edge_unit = tp_unit  # a block's forward and backward pairs, and
+    # the embedding's or head's; under fp8 with SP the forward pair's all-gather is fp8
+    if wide != 1.0:  # the norms' outputs and their gradients fp32, the matmuls' bf16
+        hi = act * wide
+        if s.sequence_parallel:
+            fwd_unit = coll.all_gather(hi, links.tp) + coll.reduce_scatter(act, links.tp)
+            bwd_unit = coll.reduce_scatter(hi, links.tp) + coll.all_gather(act, links.tp)
+            edge_unit = coll.all_gather(hi, links.tp) + coll.reduce_scatter(hi, links.tp)
+        else:
+            fwd_unit, bwd_unit = tp_unit, coll.all_reduce(hi, links.tp)
+            edge_unit = bwd_unit
     if s.sequence_parallel and train.precision == Precision.FP8:
         # torchtitan's Float8 TP (`PrepareFloat8ModuleInput` before the attention and the MLP)
         # and Transformer Engine's sequence-parallel layers cast the norm's output shard to
@@ -78,7 +92,7 @@ def stage_core(
     hop_s = coll.p2p(kv_bytes, links.cp.nodes > 1) if s.cp > 1 else 0.0
     a2a_bytes = act * p.top_k / (s.tp if s.sequence_parallel else 1)
     a2a = coll.all_to_all(a2a_bytes, links.ep) if s.ep > 1 else 0.0
-    p2p = coll.p2p(sm.boundary_bytes(s), links.pp.nodes > 1) if s.pp > 1 else 0.0
+    p2p = coll.p2p(sm.boundary_bytes(s) * wide, links.pp.nodes > 1) if s.pp > 1 else 0.0
     ep_overlap = train.runtime.ep_comm_overlap and ep_overlap_applies(
         s, sm.num_microbatches(s), train.precision
     )
@@ -88,7 +102,8 @@ def stage_core(
         # TP: 2 collectives per block forward and 2 backward (Narayanan et al. 2021 §3.2,
         # Korthikanti §4.2.2 with SP: all-gather + reduce-scatter), redone when recomputed.
         fwd_units = stage.n_blocks * 2 + n_full * 2  # forward, and forward again
-        units = stage.n_blocks * 2 + int(stage.has_embedding) + int(stage.has_head)
+        edges = int(stage.has_embedding) + int(stage.has_head)
+        units = stage.n_blocks * 2 + edges
         if s.folded_experts:
             # Experts folded over TP (Megatron-Core's expert_tensor_parallel_size 1 under SP):
             # each TP rank dispatches its own sequence shard to the experts, so a MoE block's
@@ -96,6 +111,8 @@ def stage_core(
             fwd_units -= stage.n_moe_blocks + n_full_moe
             units -= stage.n_moe_blocks
         comm = fwd_units * fwd_unit + units * tp_unit if s.tp > 1 else 0.0
+        if s.tp > 1 and wide != 1.0:
+            comm = fwd_units * fwd_unit + (units - edges) * bwd_unit + edges * edge_unit
         budget = c.fwd_s + c.bwd_s  # compute left to hide communication under
         if train.runtime.tp_comm_overlap and links.tp.nodes == 1:
             # Megatron's --tp-comm-overlap (Transformer Engine userbuffers; Wang et al. 2023
@@ -169,7 +186,7 @@ class StageCores:
     """`stage_core` memoized for one evaluator's collectives (`coll`, `lower_bound_coll`) and
     for `PlacementBound`s (by their `memo_key`): with a uniform recompute policy it depends on
     neither the ZeRO stage, the offloads, PowerSGD nor the mesh order (given the links), which
-    the search varies most."""
+    the search varies most, but for whether the executor autocasts (FSDP2 casts instead)."""
 
     def __init__(
         self,
@@ -214,6 +231,7 @@ class StageCores:
             s.recompute,
             lay,  # not the schedule: those of one layout share it (1F1B and ZB's merged, ...)
             overlaps_p2p(s, self.train),  # but whether its sends hide (interleaved 1F1B's)
+            autocasts(s),  # and whether autocast widens its activations (`residual_widening`)
             s if per_layer else None,
             # all it reads of the links (mesh orders moving only dp groups share it)
             links.tp,
