@@ -18,6 +18,7 @@ from paraplan.api import model_profile
 from paraplan.planner.cluster import load_cluster_file
 from paraplan.planner.config import Precision, TrainConfig
 from paraplan.planner.cost import stage_core as stage_core_module
+from paraplan.planner.cost.calibrated import CalibratedKernels
 from paraplan.planner.cost.evaluate import Evaluator
 from paraplan.planner.strategy import Strategy
 from tests.executor_plans import LAYERS, SEQ_LEN, tiny_model
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "tp_collective_dtypes.py"
 CALIBRATION = ROOT / "docs" / "gpu-h200-2026-11-26" / "calibration-call4.yaml"
 MBS = 2  # the script's micro-batch
+STRATEGY = Strategy(dp=1, tp=2, pp=1, sequence_parallel=True, micro_batch_size=MBS)
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +42,21 @@ def issued(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, str, int
     return [(op, dtype, nbytes) for op, dtype, nbytes in json.loads(out.read_text())]
 
 
+def _tp_comm_s(tmp_path: Path) -> float:
+    """The priced TP communication of the script's step (one stage: all of it is TP's)."""
+    config = tmp_path / "config.json"
+    tiny_model("gpt2").config.to_json_file(config)  # the script's model, traced
+    ev = _evaluator(config)
+    (core,) = ev.stage_core(STRATEGY, ev.links(STRATEGY), ev.coll)
+    return core.comm_s
+
+
+def _evaluator(config: Path) -> Evaluator:
+    prof = model_profile(str(config), seq_len=SEQ_LEN, precision="bf16")
+    train = TrainConfig(global_batch=MBS, seq_len=SEQ_LEN, precision=Precision.BF16)
+    return Evaluator(prof, load_cluster_file(CALIBRATION), train)
+
+
 def test_norm_outputs_are_gathered_in_fp32_and_matmul_outputs_scattered_in_bf16(
     issued: list[tuple[str, str, int]],
 ) -> None:
@@ -51,41 +68,58 @@ def test_norm_outputs_are_gathered_in_fp32_and_matmul_outputs_scattered_in_bf16(
     assert count["reduce_scatter_tensor", "float32"] == pairs
     assert count["all_gather_into_tensor", "bfloat16"] == pairs
     assert count["all_gather_into_tensor", "float32"] >= pairs  # and the head's input
-    fp32 = {n for _, dtype, n in issued if dtype == "float32"}
-    bf16 = {n for _, dtype, n in issued if dtype == "bfloat16"}
+    fp32 = {n for op, dtype, n in issued if dtype == "float32" and op != "cat"}
+    bf16 = {n for op, dtype, n in issued if dtype == "bfloat16" and op != "cat"}
     assert fp32 == {2 * n for n in bf16}  # the same activations, twice the bytes
 
 
 def test_priced_tp_communication_grows_by_the_fp32_bytes(
     issued: list[tuple[str, str, int]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    config = tmp_path / "config.json"
-    tiny_model("gpt2").config.to_json_file(config)  # the script's model, traced
-    prof = model_profile(str(config), seq_len=SEQ_LEN, precision="bf16")
-    cluster = load_cluster_file(CALIBRATION)
-    train = TrainConfig(global_batch=MBS, seq_len=SEQ_LEN, precision=Precision.BF16)
-    s = Strategy(dp=1, tp=2, pp=1, sequence_parallel=True, micro_batch_size=MBS)
-
-    def tp_comm_s() -> float:
-        ev = Evaluator(prof, cluster, train)
-        (core,) = ev.stage_core(s, ev.links(s), ev.coll)
-        return core.comm_s
-
-    widened = tp_comm_s()
+    monkeypatch.setattr(stage_core_module, "SP_LAYOUT_PASSES", 0)  # the copies: below
+    widened = _tp_comm_s(tmp_path)
     monkeypatch.setattr(stage_core_module, "residual_widening", lambda s, sm: 1.0)
-    narrow = tp_comm_s()
+    narrow = _tp_comm_s(tmp_path)
     # the measured collectives priced as issued, less priced as if every one carried bf16
-    ev = Evaluator(prof, cluster, train)
-    coll, link = ev.coll, ev.links(s).tp
+    ev = _evaluator(tmp_path / "config.json")
+    coll, link = ev.coll, ev.links(STRATEGY).tp
     price = {
         "all_gather_into_tensor": coll.all_gather,
         "reduce_scatter_tensor": coll.reduce_scatter,
         "all_reduce": coll.all_reduce,
     }
     extra = sum(
-        price[op](n, link) - price[op](n / 2, link) for op, dtype, n in issued if dtype == "float32"
+        price[op](n, link) - price[op](n / 2, link)
+        for op, dtype, n in issued
+        if dtype == "float32" and op in price
     )
     assert extra > 0
     # the model counts the embedding's and head's collectives as a gather and a scatter
     # each, where the executor all-reduces one of them: within a tenth
     assert widened - narrow == pytest.approx(extra, rel=0.1)
+
+
+def test_every_sequence_parallel_collective_copies_the_whole_tensor(
+    issued: list[tuple[str, str, int]],
+) -> None:
+    # torch's functional collectives gather and scatter through dim 0: a micro-batch of two
+    # sequences is re-laid out by a `torch.cat` of the whole tensor at each of them
+    sp = Counter((d, n) for op, d, n in issued if op.startswith(("all_gather", "reduce_scatter")))
+    cats = Counter((d, n) for op, d, n in issued if op == "cat")
+    assert sp and all(cats[key] == count for key, count in sp.items()), (sp, cats)
+
+
+def test_priced_layout_copies_match_the_concatenations(
+    issued: list[tuple[str, str, int]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    with_copies = _tp_comm_s(tmp_path)
+    monkeypatch.setattr(stage_core_module, "SP_LAYOUT_PASSES", 0)
+    without = _tp_comm_s(tmp_path)
+    k = _evaluator(tmp_path / "config.json").stage_model.kernels
+    assert isinstance(k, CalibratedKernels)
+    # each concatenation a read and a write of its output, streamed as the model streams
+    measured = sum(k.stream_s(2 * n, n) for op, _, n in issued if op == "cat" and n > 4096)
+    assert measured > 0
+    # the model also copies around the embedding's output scatter and the head's input
+    # gradient, which the executor all-reduces: two of 36 copies more, within a sixth
+    assert with_copies - without == pytest.approx(measured, rel=1 / 6)

@@ -60,30 +60,7 @@ def stage_core(
     compute = sm.stage_compute(lay, s.tp, s.cp, s.ep_dp, mbs)
     tokens = mbs * p.seq_len / s.cp
     act = mbs * sm.block_output_seq_bytes / s.cp  # one micro-batch's (b, s/cp, h) tensor
-    # the executor's autocast keeps the residual stream fp32 (`residual_widening`); bounds
-    # price every member of a family alike, with the compute dtype's bytes (a lower bound)
-    wide = 1.0 if coll.bounds_placements else residual_widening(s, sm)
-    if s.sequence_parallel:
-        tp_unit = coll.all_gather(act, links.tp) + coll.reduce_scatter(act, links.tp)
-    else:
-        tp_unit = coll.all_reduce(act, links.tp)
-    fwd_unit = bwd_unit = edge_unit = tp_unit  # a block's forward and backward pairs, and
-    # the embedding's or head's; under fp8 with SP the forward pair's all-gather is fp8
-    if wide != 1.0:  # the norms' outputs and their gradients fp32, the matmuls' bf16
-        hi = act * wide
-        if s.sequence_parallel:
-            fwd_unit = coll.all_gather(hi, links.tp) + coll.reduce_scatter(act, links.tp)
-            bwd_unit = coll.reduce_scatter(hi, links.tp) + coll.all_gather(act, links.tp)
-            edge_unit = coll.all_gather(hi, links.tp) + coll.reduce_scatter(hi, links.tp)
-        else:
-            fwd_unit, bwd_unit = tp_unit, coll.all_reduce(hi, links.tp)
-            edge_unit = bwd_unit
-    if s.sequence_parallel and train.precision == Precision.FP8:
-        # torchtitan's Float8 TP (`PrepareFloat8ModuleInput` before the attention and the MLP)
-        # and Transformer Engine's sequence-parallel layers cast the norm's output shard to
-        # fp8 and all-gather that: one byte per element instead of bf16's two
-        fwd_unit = coll.all_gather(act / train.act_bytes, links.tp)
-        fwd_unit += coll.reduce_scatter(act, links.tp)
+    tp = _tp_units(s, links, coll, sm, train, act)
     # Ring attention (Liu et al. 2023; torch's context_parallel): K and V of the local
     # chunk (GQA: kv_heads, each TP rank its share) travel cp-1 hops per block forward;
     # backward sends them again with their gradients.
@@ -92,7 +69,7 @@ def stage_core(
     hop_s = coll.p2p(kv_bytes, links.cp.nodes > 1) if s.cp > 1 else 0.0
     a2a_bytes = act * p.top_k / (s.tp if s.sequence_parallel else 1)
     a2a = coll.all_to_all(a2a_bytes, links.ep) if s.ep > 1 else 0.0
-    p2p = coll.p2p(sm.boundary_bytes(s) * wide, links.pp.nodes > 1) if s.pp > 1 else 0.0
+    p2p = coll.p2p(sm.boundary_bytes(s) * tp.wide, links.pp.nodes > 1) if s.pp > 1 else 0.0
     ep_overlap = train.runtime.ep_comm_overlap and ep_overlap_applies(
         s, sm.num_microbatches(s), train.precision
     )
@@ -110,9 +87,9 @@ def stage_core(
             # MLP has no TP all-gather and reduce-scatter, only its attention's.
             fwd_units -= stage.n_moe_blocks + n_full_moe
             units -= stage.n_moe_blocks
-        comm = fwd_units * fwd_unit + units * tp_unit if s.tp > 1 else 0.0
-        if s.tp > 1 and wide != 1.0:
-            comm = fwd_units * fwd_unit + (units - edges) * bwd_unit + edges * edge_unit
+        comm = fwd_units * tp.fwd_s + units * tp.pair_s if s.tp > 1 else 0.0
+        if s.tp > 1 and not tp.uniform:
+            comm = fwd_units * tp.fwd_s + (units - edges) * tp.bwd_s + edges * tp.edge_s
         budget = c.fwd_s + c.bwd_s  # compute left to hide communication under
         if train.runtime.tp_comm_overlap and links.tp.nodes == 1:
             # Megatron's --tp-comm-overlap (Transformer Engine userbuffers; Wang et al. 2023
@@ -153,6 +130,86 @@ def stage_core(
                 comm += sends * p2p
         out.append(StageCore(stage=stage, compute=c, recompute_s=rc, comm_s=comm))
     return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class _TpUnits:
+    """Seconds of a stage's tensor-parallel collectives per micro-batch, by kind of pair."""
+
+    pair_s: float
+    """A pair in the compute dtype (SP: an all-gather and a reduce-scatter; else an
+    all-reduce): what every pair costs when `uniform`."""
+    fwd_s: float
+    """A block's forward pair."""
+    bwd_s: float
+    """A block's backward pair."""
+    edge_s: float
+    """The embedding's or the head's."""
+    wide: float
+    """How much wider than the compute dtype the activations are (`residual_widening`)."""
+    uniform: bool
+    """Whether the backward and edge pairs cost `pair_s` (then the sums keep their old
+    form, bit for bit)."""
+
+
+def _tp_units(
+    s: Strategy, links: Links, coll: Collectives, sm: StageModel, train: TrainConfig, act: float
+) -> _TpUnits:
+    """The TP pairs of `s` on one micro-batch's activation of `act` bytes (compute dtype).
+
+    - Under the executor's autocast the residual stream is fp32 (`residual_widening`): SP
+      gathers the norms' fp32 outputs and scatters the matmuls' bf16 ones forward, the
+      reverse backward; the embedding's and head's are fp32. Bounds price every member of a
+      family alike, in the compute dtype (a lower bound).
+    - torch's functional collectives move a sequence-sharded (b, s, h) tensor through dim 0:
+      a reduce-scatter first copies its input into rank-major chunks, an all-gather copies
+      its output back unless the micro-batch is one sequence (a view then:
+      `_chunk_or_narrow_cat`, `_maybe_view_chunk_cat`, torch 2.13), each a read and a write
+      of the whole tensor, priced where the layers are priced op by op (`SP_LAYOUT_PASSES`).
+    - Under fp8 with SP the forward pair's all-gather is fp8: torchtitan's Float8 TP
+      (`PrepareFloat8ModuleInput`) and Transformer Engine's SP layers cast the norm's output
+      shard to fp8 and gather that, one byte per element."""
+    wide = 1.0 if coll.bounds_placements else residual_widening(s, sm)
+    hi = act * wide
+    if not s.sequence_parallel:
+        pair = coll.all_reduce(act, links.tp)
+        if wide == 1.0:
+            return _TpUnits(pair, pair, pair, pair, wide, True)
+        wide_pair = coll.all_reduce(hi, links.tp)  # the norm output's gradient
+        return _TpUnits(pair, pair, wide_pair, wide_pair, wide, False)
+
+    def gather(n: float) -> float:
+        return coll.all_gather(n, links.tp)
+
+    def scatter(n: float) -> float:
+        return coll.reduce_scatter(n, links.tp)
+
+    pair = gather(act) + scatter(act)
+    k = None if coll.bounds_placements else sm.op_by_op_kernels(sm.profile.layers[0])
+    if k is None and wide == 1.0:
+        fwd = pair
+        if train.precision == Precision.FP8:
+            fwd = gather(act / train.act_bytes) + scatter(act)
+        return _TpUnits(pair, fwd, pair, pair, wide, True)
+
+    def gather_copy(n: float) -> float:
+        if k is None or s.micro_batch_size == 1:
+            return 0.0
+        return k.stream_s(SP_LAYOUT_PASSES * n, n)
+
+    def scatter_copy(n: float) -> float:
+        return 0.0 if k is None else k.stream_s(SP_LAYOUT_PASSES * n, n)
+
+    gathered = act / train.act_bytes if train.precision == Precision.FP8 else hi
+    fwd = gather(gathered) + gather_copy(gathered) + scatter(act) + scatter_copy(act)
+    bwd = scatter(hi) + scatter_copy(hi) + gather(act) + gather_copy(act)
+    edge = gather(hi) + gather_copy(hi) + scatter(hi) + scatter_copy(hi)
+    return _TpUnits(pair, fwd, bwd, edge, wide, False)
+
+
+SP_LAYOUT_PASSES = 2
+"""Passes over the whole tensor of a layout copy around a sequence-parallel collective: one
+read and one write (`torch.cat` of the chunks)."""
 
 
 def overlaps_p2p(s: Strategy, train: TrainConfig) -> bool:

@@ -1,8 +1,8 @@
 """One rank of tests/test_autocast_collectives.py (under torchrun, 2 gloo ranks): the
-collectives of one executor training step of the tiny GPT-2 under TP 2 with sequence
-parallelism in bf16 (autocast over fp32 weights), each as (op, dtype, unsharded bytes), in
-the order they were issued, recorded with a dispatch mode on rank 0. Writes them as JSON to
-argv[1]."""
+collectives and concatenations of one executor training step of the tiny GPT-2 under TP 2
+with sequence parallelism in bf16 (autocast over fp32 weights), each as (op, dtype, bytes:
+a collective's unsharded, a concatenation's output), in the order they were issued, recorded
+with a dispatch mode on rank 0. Writes them as JSON to argv[1]."""
 
 from __future__ import annotations
 
@@ -33,6 +33,10 @@ class _Collectives(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         name = func.__name__.split(".")[0]
+        if func is torch.ops.aten.cat.default:  # the layout copies around SP collectives
+            out = func(*args, **(kwargs or {}))
+            self.seen.append(("cat", str(out.dtype).removeprefix("torch."), out.nbytes))
+            return out
         if "_c10d_functional" in str(func) and name in COLLECTIVES:
             t = args[0]
             nbytes = t.numel() * t.element_size()
