@@ -20,6 +20,7 @@ from paraplan.planner.config import Precision, TrainConfig
 from paraplan.planner.cost import stage_core as stage_core_module
 from paraplan.planner.cost.calibrated import CalibratedKernels
 from paraplan.planner.cost.evaluate import Evaluator
+from paraplan.planner.model import ModelProfile
 from paraplan.planner.strategy import Strategy
 from tests.executor_plans import LAYERS, SEQ_LEN, tiny_model
 
@@ -42,19 +43,25 @@ def issued(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, str, int
     return [(op, dtype, nbytes) for op, dtype, nbytes in json.loads(out.read_text())]
 
 
-def _tp_comm_s(tmp_path: Path) -> float:
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory: pytest.TempPathFactory) -> ModelProfile:
+    """The script's model, traced."""
+    config = tmp_path_factory.mktemp("tiny") / "config.json"
+    tiny_model("gpt2").config.to_json_file(config)
+    return model_profile(str(config), seq_len=SEQ_LEN, precision="bf16")
+
+
+def _evaluator(profile: ModelProfile) -> Evaluator:
+    """A fresh evaluator (its stage cores are memoized: a patched term needs a new one)."""
+    train = TrainConfig(global_batch=MBS, seq_len=SEQ_LEN, precision=Precision.BF16)
+    return Evaluator(profile, load_cluster_file(CALIBRATION), train)
+
+
+def _tp_comm_s(profile: ModelProfile) -> float:
     """The priced TP communication of the script's step (one stage: all of it is TP's)."""
-    config = tmp_path / "config.json"
-    tiny_model("gpt2").config.to_json_file(config)  # the script's model, traced
-    ev = _evaluator(config)
+    ev = _evaluator(profile)
     (core,) = ev.stage_core(STRATEGY, ev.links(STRATEGY), ev.coll)
     return core.comm_s
-
-
-def _evaluator(config: Path) -> Evaluator:
-    prof = model_profile(str(config), seq_len=SEQ_LEN, precision="bf16")
-    train = TrainConfig(global_batch=MBS, seq_len=SEQ_LEN, precision=Precision.BF16)
-    return Evaluator(prof, load_cluster_file(CALIBRATION), train)
 
 
 def test_norm_outputs_are_gathered_in_fp32_and_matmul_outputs_scattered_in_bf16(
@@ -74,14 +81,16 @@ def test_norm_outputs_are_gathered_in_fp32_and_matmul_outputs_scattered_in_bf16(
 
 
 def test_priced_tp_communication_grows_by_the_fp32_bytes(
-    issued: list[tuple[str, str, int]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    issued: list[tuple[str, str, int]],
+    monkeypatch: pytest.MonkeyPatch,
+    profile: ModelProfile,
 ) -> None:
     monkeypatch.setattr(stage_core_module, "SP_LAYOUT_PASSES", 0)  # the copies: below
-    widened = _tp_comm_s(tmp_path)
+    widened = _tp_comm_s(profile)
     monkeypatch.setattr(stage_core_module, "residual_widening", lambda s, sm: 1.0)
-    narrow = _tp_comm_s(tmp_path)
+    narrow = _tp_comm_s(profile)
     # the measured collectives priced as issued, less priced as if every one carried bf16
-    ev = _evaluator(tmp_path / "config.json")
+    ev = _evaluator(profile)
     coll, link = ev.coll, ev.links(STRATEGY).tp
     price = {
         "all_gather_into_tensor": coll.all_gather,
@@ -110,12 +119,14 @@ def test_every_sequence_parallel_collective_copies_the_whole_tensor(
 
 
 def test_priced_layout_copies_match_the_concatenations(
-    issued: list[tuple[str, str, int]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    issued: list[tuple[str, str, int]],
+    monkeypatch: pytest.MonkeyPatch,
+    profile: ModelProfile,
 ) -> None:
-    with_copies = _tp_comm_s(tmp_path)
+    with_copies = _tp_comm_s(profile)
     monkeypatch.setattr(stage_core_module, "SP_LAYOUT_PASSES", 0)
-    without = _tp_comm_s(tmp_path)
-    k = _evaluator(tmp_path / "config.json").stage_model.kernels
+    without = _tp_comm_s(profile)
+    k = _evaluator(profile).stage_model.kernels
     assert isinstance(k, CalibratedKernels)
     # each concatenation a read and a write of its output, streamed as the model streams
     measured = sum(k.stream_s(2 * n, n) for op, _, n in issued if op == "cat" and n > 4096)

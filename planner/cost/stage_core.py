@@ -186,19 +186,17 @@ def _tp_units(
 
     pair = gather(act) + scatter(act)
     k = None if coll.bounds_placements else sm.op_by_op_kernels(sm.profile.layers[0])
-    if k is None and wide == 1.0:
-        fwd = pair
+    if k is None:  # a bound, or layers not priced op by op: no copies, and no widening
+        fwd = pair  # (`residual_widening` is priced where the layers are)
         if train.precision == Precision.FP8:
             fwd = gather(act / train.act_bytes) + scatter(act)
         return _TpUnits(pair, fwd, pair, pair, wide, True)
 
-    def gather_copy(n: float) -> float:
-        if k is None or s.micro_batch_size == 1:
-            return 0.0
+    def scatter_copy(n: float) -> float:
         return k.stream_s(SP_LAYOUT_PASSES * n, n)
 
-    def scatter_copy(n: float) -> float:
-        return 0.0 if k is None else k.stream_s(SP_LAYOUT_PASSES * n, n)
+    def gather_copy(n: float) -> float:  # a view for one sequence
+        return 0.0 if s.micro_batch_size == 1 else scatter_copy(n)
 
     gathered = act / train.act_bytes if train.precision == Precision.FP8 else hi
     fwd = gather(gathered) + gather_copy(gathered) + scatter(act) + scatter_copy(act)
