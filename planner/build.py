@@ -10,7 +10,7 @@ from .cost.count_split import CountSplit
 from .cost.evaluate import Estimate, Evaluator
 from .cost.layout import StageSplit
 from .cost.recompute_pattern import RecomputePattern
-from .model import LayerKind, ModelProfile
+from .model import LayerKind, ModelProfile, attention_windows
 from .options import hidden_costs
 from .plan import (
     SCHEMA_VERSION,
@@ -150,6 +150,7 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
             gated_mlp=p.gated_mlp,
             top_k=p.top_k if p.experts else 0,
             tied_embeddings=p.tied_embeddings,
+            attention_windows=attention_windows(p),
         ),
         cluster=ClusterInfo(
             name=c.name,

@@ -51,6 +51,10 @@ class LayerCost:
     """Backward FLOPs for one sequence (input and weight gradients)."""
     attn_core_fwd_flops: float = 0.0
     """Part of `fwd_flops` in the attention core (QK^T and AV): what selective recompute redoes."""
+    attn_window: int = 0
+    """Keys each query of the block's attention sees when it has a sliding window shorter than
+    the sequence (itself and the w - 1 before it, Hugging Face's `sliding_window`), its core
+    FLOPs counted over that band (`attention_pairs`); 0: the whole sequence."""
     act_tp_bytes: float
     """Bytes saved for backward that tensor parallelism shards (Korthikanti et al. 2022 §4.1)."""
     act_replicated_bytes: float
@@ -242,11 +246,17 @@ class ModelProfile:
         if not fields["head_dim"]:  # profiles from before head_dim keep their fingerprint
             del fields["head_dim"]
         for layer in fields["layers"]:  # and traced ones from before the copies were split out
-            for name in ("act_norm_copy_bytes", "act_glu_copy_bytes"):
+            for name in ("act_norm_copy_bytes", "act_glu_copy_bytes", "attn_window"):
                 if not layer[name]:
                     del layer[name]
         payload = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def attention_windows(profile: ModelProfile) -> tuple[int, ...]:
+    """Each block's `LayerCost.attn_window`, in block order; empty when no block has one."""
+    windows = tuple(x.attn_window for x in profile.layers if x.kind == LayerKind.BLOCK)
+    return windows if any(windows) else ()
 
 
 def attention_pairs(seq_len: int, window: int = 0) -> int:

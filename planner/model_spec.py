@@ -237,7 +237,8 @@ class TransformerSpec:
         # Matmul FLOPs, 2 per multiply-add (Narayanan et al. 2021 §5.1).
         qkv_proj_flops = 2 * s * h * (q + 2 * kv) + 2 * s * q * h
         # QK^T and AV over all heads, no causal discount (a window: its band, both sides)
-        attn_core_flops = 2 * 2 * attention_pairs(s, self.window_of(index)) * q
+        window = self.window_of(index)
+        attn_core_flops = 2 * 2 * attention_pairs(s, window) * q
         if self.ffn_kind == FfnKind.SWIGLU:
             mlp_mats, mlp_saved = 3, 4  # gate/up/down; saves gate, up, silu(gate), product
         else:
@@ -278,6 +279,7 @@ class TransformerSpec:
             fwd_flops=float(fwd_flops),
             bwd_flops=float(2 * fwd_flops),
             attn_core_fwd_flops=float(attn_core_flops),
+            attn_window=window if 0 < window < s else 0,
             act_tp_bytes=float(tp_bytes),
             act_replicated_bytes=float(replicated),
             act_attn_core_bytes=float(core),

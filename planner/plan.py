@@ -17,11 +17,12 @@ from .cost.memory import MemoryBreakdown
 from .jsonio import to_json
 from .strategy import MeshAxis, Recompute, Schedule, Strategy
 
-SCHEMA_VERSION = 11
-"""Bumped on any incompatible change of the plan JSON (9: `Runtime.recompute_modules`; 8:
-`parallelism.expert_tp` and `Runtime.ep_comm_overlap`; 7: `ModelInfo.head_dim` and
-`TrainInfo.runtime`; 6: `Predicted.model_flops_per_s_per_gpu`; 5: PowerSGD, offload and
-asynchronous pipeline options)."""
+SCHEMA_VERSION = 12
+"""Bumped on any incompatible change of the plan JSON (12: `ModelInfo.attention_windows`; 11:
+the model's MLP and routing; 9: `Runtime.recompute_modules`; 8: `parallelism.expert_tp` and
+`Runtime.ep_comm_overlap`; 7: `ModelInfo.head_dim` and `TrainInfo.runtime`; 6:
+`Predicted.model_flops_per_s_per_gpu`; 5: PowerSGD, offload and asynchronous pipeline
+options)."""
 
 LAYER_RECOMPUTE: tuple[Recompute, ...] = tuple(r for r in Recompute if r != Recompute.PER_LAYER)
 """Policies a single layer can have (`per_layer` describes how a plan chose them)."""
@@ -73,6 +74,15 @@ class ModelInfo:
     """Experts each token is routed to (0 for dense)."""
     tied_embeddings: bool = False
     """The embedding and the head share one weight."""
+    attention_windows: tuple[int, ...] = ()
+    """Keys each query sees in each block's attention, in block order (`LayerCost.attn_window`:
+    a sliding window, 0 the whole sequence); empty when no block has a window (and in plans
+    before version 12)."""
+
+    @property
+    def windowed(self) -> bool:
+        """Whether some block's attention has a sliding window."""
+        return any(self.attention_windows)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -82,10 +82,22 @@ def _v9_presets() -> tuple[tuple[dict[str, typing.Any], dict[str, typing.Any]], 
 
 
 def upgrade(data: typing.Any) -> typing.Any:
-    """A version-4 to -10 plan document as the current version (`upgrade_v4` to
-    `upgrade_v10`); anything else unchanged (the schema then says what is wrong)."""
+    """A version-4 to -11 plan document as the current version (`upgrade_v4` to
+    `upgrade_v11`); anything else unchanged (the schema then says what is wrong)."""
     older = upgrade_v8(upgrade_v7(upgrade_v6(upgrade_v5(upgrade_v4(data)))))
-    return upgrade_v10(upgrade_v9(older))
+    return upgrade_v11(upgrade_v10(upgrade_v9(older)))
+
+
+def upgrade_v11(data: typing.Any) -> typing.Any:
+    """A version-11 plan document as version 12: its blocks' attention windows not recorded
+    (`ModelInfo.attention_windows` empty: an export writes what it wrote before); anything
+    else unchanged."""
+    if not isinstance(data, dict) or data.get("schema_version") != 11:
+        return data
+    out = dict(data, schema_version=12)
+    if isinstance(out.get("model"), dict):
+        out["model"] = {"attention_windows": [], **out["model"]}
+    return out
 
 
 _SINCE_V11 = {"ffn": 0, "gated_mlp": False, "top_k": 0, "tied_embeddings": False}
@@ -221,7 +233,7 @@ def upgrade_v4(data: typing.Any) -> typing.Any:
 
 def plan_from_dict(data: typing.Any) -> Plan:
     """Validate a parsed plan document and build the `Plan` (ValueError on any problem);
-    version-4 to -10 documents are read as the current version (`upgrade`)."""
+    version-4 to -11 documents are read as the current version (`upgrade`)."""
     data = upgrade(data)
     if isinstance(data, dict) and data.get("schema_version") not in (None, SCHEMA_VERSION):
         raise ValueError(

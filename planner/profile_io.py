@@ -23,11 +23,11 @@ from .jsonio import (
 from .model import ModelProfile
 
 _AGAIN = "profile the model again with paraplan profile -o"
-PROFILE_SCHEMA_VERSION = 8
-"""Bumped on any incompatible change of the profile JSON (8: each layer's `act_norm_copy_bytes`
-and `act_glu_copy_bytes`; 7: each layer's `autocast_saved_bytes`; 6: each layer's `saved_tensors`;
-5: the embedding's `bwd_tmp_bytes` is per micro-batch, weight-sized; 4 held it per traced
-sequence)."""
+PROFILE_SCHEMA_VERSION = 9
+"""Bumped on any incompatible change of the profile JSON (9: each layer's `attn_window`; 8: each
+layer's `act_norm_copy_bytes` and `act_glu_copy_bytes`; 7: each layer's `autocast_saved_bytes`;
+6: each layer's `saved_tensors`; 5: the embedding's `bwd_tmp_bytes` is per micro-batch,
+weight-sized; 4 held it per traced sequence)."""
 
 
 @cache

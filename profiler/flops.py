@@ -59,13 +59,15 @@ def windowed(layer: LayerCost, seq_len: int, window: int, attn_bwd_flops: float)
     replaces the mask by the causal flag, and no counter reads an explicit mask), so its
     attention-core FLOPs, forward and `attn_bwd_flops` backward (per sequence, as counted:
     2.5x the forward for a fused kernel, 2x for eager matmuls), are cut to the window's band
-    (`attention_pairs`)."""
+    (`attention_pairs`), and the block records its window (`LayerCost.attn_window`: what the
+    exporters write); a window as long as the sequence changes nothing."""
     dense, pairs = seq_len * seq_len, attention_pairs(seq_len, window)
     if pairs >= dense or layer.attn_core_fwd_flops <= 0:
         return layer
     kept = pairs / dense
     return replace(
         layer,
+        attn_window=window,
         attn_core_fwd_flops=layer.attn_core_fwd_flops * kept,
         fwd_flops=layer.fwd_flops - layer.attn_core_fwd_flops * (1.0 - kept),
         bwd_flops=max(0.0, layer.bwd_flops - attn_bwd_flops * (1.0 - kept)),

@@ -90,6 +90,7 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
     from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
     from megatron.core.optimizer import OptimizerConfig
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.utils import is_layer_window_attention
 
     from paraplan.export.megatron import parse_args
 
@@ -99,6 +100,15 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
     for flag, value in args.items():
         name = _MEGATRON_DEST.get(flag, flag.replace("-", "_"))
         if flag in _MEGATRON_TRAINING:
+            continue
+        if flag == "window-size":  # Megatron-LM's `tuple_type`
+            kw["window_size"] = tuple(int(i) for i in str(value).strip("()").split(","))
+            continue
+        if flag == "window-attn-skip-freq":  # Megatron-LM's `moe_freq_type`: a Python list
+            text = str(value)  # expression (its `_eval_pattern`), else a whole number
+            kw["window_attn_skip_freq"] = (
+                eval(text, {"__builtins__": {}}) if "[" in text else int(text)
+            )
             continue
         if name not in fields:
             raise ValueError(f"--{flag} is neither a TransformerConfig field nor a known argument")
@@ -148,7 +158,14 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
         decrease_batch_size_if_needed=False,
         rank=0,
     )
+    windows = [
+        (config.window_size[0] + 1 if config.window_size[0] >= 0 else 0)
+        if is_layer_window_attention(config.window_size, config.window_attn_skip_freq, n)
+        else 0
+        for n in range(1, config.num_layers + 1)  # megatron-core counts layers from 1
+    ]
     return {
+        "windows": windows if any(windows) else [],
         "tp": config.tensor_model_parallel_size,
         "kv_channels": config.kv_channels,
         "ffn": config.ffn_hidden_size,

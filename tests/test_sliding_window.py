@@ -148,6 +148,8 @@ def test_trace_counts_the_band_as_the_spec_does() -> None:
         assert got.bwd_flops - fused == pytest.approx(want.bwd_flops - 2 * want.attn_core_fwd_flops)
         assert got.act_attn_core_bytes < 1024 * 1024 * 8  # no (1024 x 1024 x heads) scores
         assert got.expert_params == want.expert_params
+        assert got.attn_window == want.attn_window  # what the exports write
+    assert [x.attn_window for x in traced.layers[1:-1]] == [128, 0, 128, 0]
 
 
 def test_which_blocks_a_config_windows() -> None:

@@ -16,9 +16,18 @@ from ..planner.cost.stage_core import ep_overlap_applies
 from ..planner.plan import Plan
 from ..planner.strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
 from .megatron_read import _CORE, _FSDP_STRATEGY, parse_args, read
+from .megatron_windows import window_args
 from .setup import Gap, Target, option_gaps, uniform_recompute
 
-__all__ = ["block_pattern", "nearest", "parse_args", "pipeline_layout", "read", "render"]
+__all__ = [
+    "block_pattern",
+    "nearest",
+    "parse_args",
+    "pipeline_layout",
+    "read",
+    "render",
+    "window_args",
+]
 
 
 def block_pattern(plan: Plan) -> int | None:
@@ -42,6 +51,11 @@ def block_pattern(plan: Plan) -> int | None:
 def nearest(plan: Plan, s: Strategy) -> tuple[Strategy, list[Gap]]:
     """The strategy Megatron-LM can run that is nearest to `s`, and what differs."""
     gaps: list[Gap] = []
+    sizes = sorted({w for w in plan.model.attention_windows if w})
+    if len(sizes) > 1:  # megatron-core has one window_size for every windowed block
+        gaps.append(
+            Gap(feature=f"sliding windows of {len(sizes)} sizes ({sizes} keys)", nearest="")
+        )
     if s.schedule == Schedule.GPIPE:
         gaps.append(Gap(feature="GPipe schedule", nearest="1F1B (Megatron has no GPipe)"))
         s = replace(s, schedule=Schedule.ONE_F_ONE_B)
@@ -125,6 +139,7 @@ def render(plan: Plan, s: Strategy) -> str:
         args.append(("kv-channels", m.head_dim))
     if m.kv_heads != m.heads:
         args += [("group-query-attention", None), ("num-query-groups", m.kv_heads)]
+    args += window_args(m)
     if m.ffn:  # the MLP as planned (Megatron's default: 4 x hidden, GELU, tied embeddings)
         args.append(("ffn-hidden-size", m.ffn))  # each expert's too, unless told otherwise
         if m.gated_mlp:

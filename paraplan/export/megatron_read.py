@@ -14,6 +14,7 @@ from ..planner.cost.count_split import CountSplit
 from ..planner.cost.recompute_pattern import PatternRule, RecomputePattern
 from ..planner.frameworks import Framework
 from ..planner.strategy import Recompute, Schedule, Strategy
+from .megatron_windows import windows_said
 from .setup import ModelSays, RuntimeSays, Stated, Target, TrainerSetup, check_batch
 from .shell_words import script_words
 
@@ -54,6 +55,8 @@ _VALUE_FLAGS = (
     "cpu-offloading-num-layers",
     "attention-backend",
     "transformer-impl",
+    "window-size",
+    "window-attn-skip-freq",
 )
 """Flags with a value that `read` interprets."""
 _SWITCHES = (
@@ -154,7 +157,9 @@ def _default_ffn(args: dict[str, str | None], num: Callable[[str, int], int]) ->
     return Stated(size, "no --ffn-hidden-size")
 
 
-def _model_says(args: dict[str, str | None], num: Callable[[str, int], int]) -> ModelSays:
+def _model_says(
+    args: dict[str, str | None], num: Callable[[str, int], int], source: str
+) -> ModelSays:
     """The model sizes the arguments state (Megatron-LM takes `--num-query-groups` only under
     `--group-query-attention`: `argument_utils.core_transformer_config_from_args`)."""
 
@@ -176,6 +181,7 @@ def _model_says(args: dict[str, str | None], num: Callable[[str, int], int]) -> 
         or (Stated(0, "no --num-experts") if "num-layers" in args else None),
         top_k=stated("moe-router-topk")  # Megatron-Core's default: 2
         or (Stated(2, "no --moe-router-topk") if "num-experts" in args else None),
+        windows=windows_said(args, num("num-layers", 1), source) if "num-layers" in args else None,
     )
 
 
@@ -436,7 +442,7 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
         runtime=Framework.NEMO if overlaps else Framework.MEGATRON,
         split=split,
         pattern=pattern,
-        model_says=_model_says(args, num),
+        model_says=_model_says(args, num, source),
         runtime_says=RuntimeSays(
             recompute_modules=modules if recompute == Recompute.SELECTIVE else _CORE,
             grad_reduce_overlap=grads_overlap,

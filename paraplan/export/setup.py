@@ -10,7 +10,7 @@ from ..planner.config import Precision, RecomputeModule, Runtime
 from ..planner.cost.count_split import CountSplit
 from ..planner.cost.recompute_pattern import RecomputePattern
 from ..planner.frameworks import Framework
-from ..planner.model import ModelProfile
+from ..planner.model import LayerKind, ModelProfile
 from ..planner.pins import Pins
 from ..planner.plan import Plan
 from ..planner.strategy import Recompute, Schedule, Strategy
@@ -93,6 +93,25 @@ class Stated:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class StatedWindows:
+    """Each block's sliding window as a configuration states it (`LayerCost.attn_window`)."""
+
+    value: tuple[int, ...]
+    """Keys each query sees, per block in order (0: the whole sequence)."""
+    flag: str
+    """How the configuration states them (e.g. ``--window-size``)."""
+
+    @staticmethod
+    def describe(windows: tuple[int, ...]) -> str:
+        """The windows in words: none, or their sizes and how many blocks have them."""
+        sizes = sorted({w for w in windows if w})
+        if not sizes:
+            return "no sliding window"
+        shown = " or ".join(str(w) for w in sizes)
+        return f"sliding windows of {shown} keys on {sum(1 for w in windows if w)} blocks"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSays:
     """The model's sizes as a trainer configuration states them (None: not stated), checked
     against the model planned (`mismatch`): a configuration judged on another model than its
@@ -113,6 +132,8 @@ class ModelSays:
     ffn: Stated | None = None
     """The MLP's hidden size, each expert's in a MoE block (`--ffn-hidden-size`,
     `--moe-ffn-hidden-size`; without them, Megatron-LM's default)."""
+    windows: StatedWindows | None = None
+    """Each block's sliding window (`--window-size`, `--window-attn-skip-freq`)."""
 
     def mismatch(self, profile: ModelProfile) -> str | None:
         """The first size that differs from `profile`'s, in words naming both values and the
@@ -127,6 +148,8 @@ class ModelSays:
             "top_k": profile.top_k if profile.experts else None,
         }
         for f in fields(self):
+            if f.name == "windows":
+                continue
             said: Stated | None = getattr(self, f.name)
             have = ours[f.name]
             if said is not None and have is not None and said.value != have:
@@ -136,7 +159,24 @@ class ModelSays:
                     f"{have}: the configuration is for another model; plan its model with "
                     f"--model{fix}"
                 )
-        return None
+        return self._windows_mismatch(profile)
+
+    def _windows_mismatch(self, profile: ModelProfile) -> str | None:
+        """Where the stated windows differ from `profile`'s blocks' (`LayerCost.attn_window`),
+        in words; None when they agree or are not stated."""
+        said = self.windows
+        have = tuple(x.attn_window for x in profile.layers if x.kind == LayerKind.BLOCK)
+        if said is None or len(said.value) != len(have):
+            return None  # a block count that differs is told by `blocks`
+        # a window holding the whole sequence is no window at this length (as profiled)
+        value = tuple(w if w < profile.seq_len else 0 for w in said.value)
+        if value == have:
+            return None
+        return (
+            f"{said.flag} gives {StatedWindows.describe(value)}, but {profile.name} has "
+            f"{StatedWindows.describe(have)}: the configuration is for another model; plan "
+            f"its model with --model" + (f" (or fix {said.flag})" if said.flag[:1] == "-" else "")
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -19,7 +19,7 @@ from typing import Any
 from ..planner.config import Precision
 from ..planner.plan import Plan
 from ..planner.strategy import DEFAULT_MESH_ORDER, Recompute, Strategy
-from .setup import Gap, Target, option_gaps, uniform_recompute
+from .setup import Gap, StatedWindows, Target, option_gaps, uniform_recompute
 from .torchtitan_read import (
     _LOOPED,
     RECOMPUTE_MODES,
@@ -183,6 +183,14 @@ def render(plan: Plan, s: Strategy) -> str:
         f"{plan.cluster.name} ({plan.cluster.num_gpus} GPUs): {plan.short()}",
         "# torchtitan <= 0.2: --job.config_file this file (merge into your model's config).",
         f"# torchtitan >= 0.3: {module} {args}",
+        *(
+            [
+                f"# the plan prices {StatedWindows.describe(plan.model.attention_windows)} of "
+                f"{plan.model.num_blocks}: keep them in the model's config"
+            ]
+            if plan.model.windowed
+            else []
+        ),
         *(
             [
                 "# fp8: torchtitan >= 0.3 takes Float8 linear layers from the config registry: "
