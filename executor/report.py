@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ..planner.calibration import recalibrate_hint
+from ..planner.cost.estimate import TimeBreakdown
 from ..planner.jsonio import write_atomic
 from ..planner.plan import Plan
 from ..planner.units import GIB, gib, seconds
@@ -104,6 +105,9 @@ class RunReport:
     """Peak RSS of each rank (CPU: above `peak_memory_bytes` by the heap glibc keeps)."""
     losses: tuple[float, ...]
     """Global-batch loss of each step run."""
+    predicted_time_breakdown: TimeBreakdown | None = None
+    """The plan's step time in parts (what `paraplan calibrate --from-run` refits part by
+    part; None in reports from before 2026-11-28)."""
 
     def to_dict(self) -> dict[str, object]:
         """JSON form."""
@@ -159,6 +163,7 @@ def make_report(
         first_step=first_step,
         losses=tuple(losses),
         peak_rss_bytes=tuple(rss_bytes or ()),
+        predicted_time_breakdown=pred.time_breakdown,
     )
 
 

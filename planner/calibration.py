@@ -24,8 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -136,6 +135,12 @@ class Calibration:
     """The raw collective timings the link figures were fitted on."""
     time_scale: float = 1.0
     """Multiplier on every predicted second, refitted from run reports (1: none yet)."""
+    comm_scale: float = 1.0
+    """Further multiplier on the communication's seconds (the measured links and the sync
+    skew), refitted from run reports whose strategies communicate in different shares
+    (`calibration_refit.refit`; 1: none yet, files before 2026-11-28)."""
+    optimizer_scale: float = 1.0
+    """Further multiplier on the optimizer step's seconds, refitted likewise (1: none yet)."""
     refit_runs: int = 0
     """Run reports the refits have used in all."""
     kind_links: tuple[KindLink, ...] = ()
@@ -186,8 +191,10 @@ class Calibration:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"calibration: {name}={value!r} must be a positive integer")
-        if not (math.isfinite(self.time_scale) and self.time_scale > 0):
-            raise ValueError(f"calibration: time_scale={self.time_scale!r} must be positive")
+        for name in ("time_scale", "comm_scale", "optimizer_scale"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"calibration: {name}={value!r} must be positive")
         dtypes = [k.dtype for k in self.dtype_kernels]
         if len(set(dtypes)) != len(dtypes):
             raise ValueError(f"calibration: kernels list a dtype twice ({dtypes}); keep one each")
@@ -200,14 +207,14 @@ class Calibration:
 
     def kind_link_figures(self) -> dict[CollectiveKind, tuple[float, float]]:
         """Measured (bandwidth in bytes/s, step latency in s) by collective kind, both scaled
-        by the refitted time scale (`cost.comm.Collectives` reads them)."""
-        scale = self.time_scale
+        by the refitted time and communication scales (`cost.comm.Collectives` reads them)."""
+        scale = self.time_scale * self.comm_scale
         return {k.kind: (k.bw_bytes_per_s / scale, k.latency_s * scale) for k in self.kind_links}
 
     @property
     def skew_s(self) -> float:
-        """`sync_skew_s` scaled by the refitted time scale."""
-        return self.sync_skew_s * self.time_scale
+        """`sync_skew_s` scaled by the refitted time and communication scales."""
+        return self.sync_skew_s * self.time_scale * self.comm_scale
 
     @property
     def dtypes(self) -> tuple[str, ...]:
@@ -274,6 +281,8 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
             "fsdp_tensor_host_s": 0.0,
             "tp_runtime_bytes": 0.0,
             "sync_skew_s": 0.0,
+            "comm_scale": 1.0,
+            "optimizer_scale": 1.0,
             **data,
         }
         if isinstance(data.get("dtype_kernels"), list):
@@ -288,6 +297,8 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
         "dtype_kernels": tuple[DtypeKernels, ...],
         "collectives": tuple[CollectivePoint, ...],
         "time_scale": float,
+        "comm_scale": float,
+        "optimizer_scale": float,
         "kind_links": tuple[KindLink, ...],
         "tensor_parallel": TensorParallelDispatch | None,
         "tp_runtime_bytes": float,
@@ -325,80 +336,6 @@ def is_full_calibration(data: Mapping[str, Any]) -> bool:
 def apply_figures(accelerator: str, calibration: Calibration) -> Any:
     """The catalog accelerator with the calibration's figures."""
     return with_calibration(get_accelerator(accelerator), calibration.figures)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RunSample:
-    """What a refit reads from one run report."""
-
-    step_time_s: float
-    """Measured median step time."""
-    predicted_step_time_s: float
-    """The plan's step time."""
-    peak_memory_bytes: float
-    """Measured peak memory of the fullest rank."""
-    predicted_memory_bytes: float
-    """The plan's peak memory per device."""
-
-
-def run_sample(report: Mapping[str, Any], *, origin: str) -> RunSample:
-    """The figures a refit needs from a run report's JSON (`executor/report.py`)."""
-    try:
-        sample = RunSample(
-            step_time_s=float(report["step_time_s"]),
-            predicted_step_time_s=float(report["predicted_step_time_s"]),
-            peak_memory_bytes=float(max(report["peak_memory_bytes"])),
-            predicted_memory_bytes=float(report["predicted_memory_per_gpu_bytes"]),
-        )
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(
-            f"{origin} is not a run report (missing or bad {err}); pass the JSON that "
-            "train_gpt2.py --report (paraplan run) writes"
-        ) from None
-    values = dataclasses.astuple(sample)
-    if not all(math.isfinite(v) and v > 0 for v in values):
-        raise ValueError(f"{origin}: step times and memory must be positive numbers")
-    return sample
-
-
-BANDWIDTH_FIGURES = (
-    "memory_bw_bytes_per_s",
-    "intra_node_bw_bytes_per_s",
-    "inter_node_bw_bytes_per_s",
-    "pcie_bw_bytes_per_s",
-)
-"""Figures a refit divides by its time ratio (rates), as it multiplies latencies and kernel
-times: every predicted second scales alike."""
-LATENCY_FIGURES = ("intra_node_latency_s", "inter_node_latency_s")
-
-
-def refit(
-    calibration: Calibration, samples: Iterable[RunSample], *, accelerator: str
-) -> Calibration:
-    """The calibration refitted on run reports of a cluster of `accelerator`s: every predicted
-    second (kernels, collectives, the optimizer step, the roofline) scales by the geometric
-    mean of measured over predicted step time, which minimizes the mean squared log error;
-    and the runtime's memory moves by the median of measured less predicted peak memory (the
-    process's own footprint, which the microbenchmarks only estimate)."""
-    runs = list(samples)
-    if not runs:
-        raise ValueError("no run reports to refit on; pass one or more report JSON files")
-    ratio = math.exp(
-        statistics.fmean(math.log(r.step_time_s / r.predicted_step_time_s) for r in runs)
-    )
-    memory_gap = statistics.median(r.peak_memory_bytes - r.predicted_memory_bytes for r in runs)
-    acc = with_calibration(get_accelerator(accelerator), calibration.figures)
-    figures = dict(calibration.figures)
-    figures["peak_flops"] = {d: f / ratio for d, f in acc.peak_flops.items()}
-    figures |= {name: getattr(acc, name) / ratio for name in BANDWIDTH_FIGURES}
-    figures |= {name: getattr(acc, name) * ratio for name in LATENCY_FIGURES}
-    figures["runtime_overhead_bytes"] = max(1, round(acc.runtime_overhead_bytes + memory_gap))
-    return dataclasses.replace(
-        calibration,
-        figures=figures,
-        time_scale=calibration.time_scale * ratio,
-        refit_runs=calibration.refit_runs + len(runs),
-    )
 
 
 def recalibrate_hint(rel_err: float | None, cluster: str | None = None) -> str | None:

@@ -22,13 +22,11 @@ from paraplan.planner.calibration import (
     CollectivePoint,
     DeviceKind,
     DtypeKernels,
-    RunSample,
     calibration_from_dict,
     recalibrate_hint,
-    refit,
-    run_sample,
 )
 from paraplan.planner.calibration_links import fit_kind_links, fit_links
+from paraplan.planner.calibration_refit import RunSample, refit, run_sample
 from paraplan.planner.cluster import cluster_from_dict, load_cluster_file, save_cluster_file
 from paraplan.planner.cost.calibrated import AttentionCurve, CalibratedKernels, GemmGrid, KernelFit
 from paraplan.planner.cost.comm import BUS_EFFICIENCY_INTRA, HALF_BANDWIDTH_BYTES_INTRA
@@ -297,8 +295,10 @@ def test_refit_scales_time_and_shifts_memory() -> None:
         )
         for p, m in ((0.1, 5e8), (0.2, 6e8), (0.4, 7e8))
     ]
-    new = refit(cal, samples, accelerator="cpu")
+    new, scales = refit(cal, samples, accelerator="cpu")  # reports without their parts
     assert new.time_scale == pytest.approx(2.0)
+    assert scales.comm == scales.optimizer == scales.compute
+    assert new.comm_scale == pytest.approx(1.0) and new.optimizer_scale == pytest.approx(1.0)
     assert new.refit_runs == 3
     assert new.figures["runtime_overhead_bytes"] == 300 * 2**20 + 10**8
     kern = new.kernels("fp32")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .common import EXIT_FAILED, EXIT_OK, add_no_progress_arg, format_bytes, progress_bar
 
 if TYPE_CHECKING:
-    from ..planner.calibration import Calibration, RunSample
+    from ..planner.calibration import Calibration
     from ..planner.cluster import Cluster
 
 
@@ -127,7 +127,7 @@ def busy_machine_warning(load: float, cpus: int) -> str | None:
 def _refit(cluster: Cluster, reports: list[str]) -> Cluster:
     import dataclasses
 
-    from ..planner.calibration import refit, run_sample
+    from ..planner.calibration_refit import refit, refit_errors, run_sample
     from ..planner.documents import Document, wrong_kind
     from ..planner.hardware import get_accelerator, with_calibration
     from ..planner.jsonio import read_json
@@ -151,24 +151,20 @@ def _refit(cluster: Cluster, reports: list[str]) -> Cluster:
                 file=sys.stderr,
             )
         samples.append(run_sample(data, origin=f"run report {path!r}"))
-    new = refit(cluster.calibration, samples, accelerator=cluster.accelerator.name)
-    before, after = refit_errors(samples, new.time_scale / cluster.calibration.time_scale)
+    old = cluster.calibration
+    new, scales = refit(old, samples, accelerator=cluster.accelerator.name)
+    before, after = refit_errors(samples, scales)
+    parted = sum(1 for s in samples if s.parts is not None)
     print(
-        f"refit on {len(samples)} run reports: time scale {cluster.calibration.time_scale:.3f} "
-        f"-> {new.time_scale:.3f}; mean |step time error| {before:.1%} -> {after:.1%} (the "
+        f"refit on {len(samples)} run reports: time scale {old.time_scale:.3f} -> "
+        f"{new.time_scale:.3f}, communication x{new.comm_scale:.3f} (was "
+        f"x{old.comm_scale:.3f}), optimizer x{new.optimizer_scale:.3f} (was "
+        f"x{old.optimizer_scale:.3f}); mean |step time error| {before:.1%} -> {after:.1%} (the "
         "reports' predictions rescaled; re-plan to see the new figures)"
+        + ("" if parted else "; the reports predate their parts: one scale for all")
     )
     acc = with_calibration(get_accelerator(cluster.accelerator.name), new.figures)
     return dataclasses.replace(cluster, accelerator=acc, calibration=new)
-
-
-def refit_errors(samples: list[RunSample], scale: float) -> tuple[float, float]:
-    """Mean |measured / predicted - 1| before and after scaling the predictions by `scale`."""
-    before = statistics.fmean(abs(s.step_time_s / s.predicted_step_time_s - 1) for s in samples)
-    after = statistics.fmean(
-        abs(s.step_time_s / (s.predicted_step_time_s * scale) - 1) for s in samples
-    )
-    return before, after
 
 
 def _si(value: float, unit: str) -> str:

@@ -63,6 +63,8 @@ class Evaluator:
         """Compute slowdown per second of overlapped communication (measured when calibrated)."""
         self.fsdp = FsdpHost.of(self.stage_model.kernels, self.acc, cal)
         scale = 1.0 if cal is None else cal.time_scale
+        self.optimizer_scale = 1.0 if cal is None else cal.optimizer_scale
+        """The optimizer step's refitted scale beyond `time_scale` (`calibration_refit`)."""
         self.dtensor_adamw_tensor_s = 0.0 if cal is None else cal.dtensor_adamw_tensor_s * scale
         host = cal.host_adamw_s_per_param * scale if cal is not None else 0.0
         self.host_adamw_s_per_param = host if train.optimizer == Optimizer.ADAMW else 0.0
@@ -330,6 +332,10 @@ class Evaluator:
         return f8.weight_cast_s(k, block_weight_elements(self.profile, stage, s.tp, s.ep_dp))
 
     def _optimizer_s(self, s: Strategy, stage: Stage) -> float:
+        """`_optimizer_unscaled_s` times the calibration's refitted optimizer scale."""
+        return self._optimizer_unscaled_s(s, stage) * self.optimizer_scale
+
+    def _optimizer_unscaled_s(self, s: Strategy, stage: Stage) -> float:
         """`data_parallel.optimizer_s`; on a calibrated device with a traced model, torch's
         unfused AdamW operator by operator (`eager.unfused_adamw_s`)."""
         k = self.stage_model.kernels
