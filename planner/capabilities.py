@@ -256,12 +256,30 @@ def plan_gaps(plan: Plan) -> tuple[str, ...]:
             "without --runtime to run it here, or `paraplan export` it to that trainer",
         )
     )
-    return priced + executor_gaps(
-        Job(
-            strategy=plan.strategy(),
-            experts=plan.model.experts,
-            precision=plan.train.precision,
-            optimizer=plan.train.optimizer,
-            block_recompute=tuple(d.recompute for d in plan.layers if d.name.startswith("block")),
+    windows = plan.model.attention_windows
+    windowed = (
+        ()
+        if not plan.model.windowed
+        else (
+            f"its model's attention has sliding windows ({sum(1 for w in windows if w)} of "
+            f"{len(windows)} blocks see {max(windows)} keys or fewer), which the executor "
+            "would run as full causal attention (it passes its blocks no mask): another model "
+            "than the one priced; `paraplan export` the plan to Megatron-LM (--window-size) "
+            "or run it in a trainer that keeps the window",
+        )
+    )
+    return (
+        priced
+        + windowed
+        + executor_gaps(
+            Job(
+                strategy=plan.strategy(),
+                experts=plan.model.experts,
+                precision=plan.train.precision,
+                optimizer=plan.train.optimizer,
+                block_recompute=tuple(
+                    d.recompute for d in plan.layers if d.name.startswith("block")
+                ),
+            )
         )
     )

@@ -289,6 +289,13 @@ def _check_limits(plan: Plan) -> None:
             "layers",
             f"{len(plan.layers):,} layers, over the limit of {limits.LAYERS.maximum} blocks",
         )
+    windows = plan.model.attention_windows
+    if windows and (len(windows) != plan.model.num_blocks or not plan.model.windowed):
+        _fail(
+            "model.attention_windows",
+            f"{len(windows)} windows for {plan.model.num_blocks} blocks (one per block, some "
+            "above 0; none when no block has a window)",
+        )
 
 
 def _check_memory(plan: Plan) -> None:

@@ -87,8 +87,12 @@ def plan_gaps_of(s: Strategy, experts: int) -> tuple[str, ...]:
 
 
 def _run(tmp_path: Path, plan_kw: dict, model: str, **changes: object) -> tuple[int, float]:
-    """`paraplan run` on a hand-made plan with a script that leaves a marker if it starts."""
+    """`paraplan run` on a hand-made plan with a script that leaves a marker if it starts
+    (`changes` to its cluster; `attention_windows` to its model)."""
     plan = make_plan(**plan_kw)
+    windows = changes.pop("attention_windows", None)
+    if windows is not None:
+        plan = replace(plan, model=replace(plan.model, attention_windows=windows))
     if changes:
         plan = replace(plan, cluster=replace(plan.cluster, **changes))
     path = tmp_path / "p.json"
@@ -114,8 +118,14 @@ def _run(tmp_path: Path, plan_kw: dict, model: str, **changes: object) -> tuple[
         ),
         (dict(family="llama", tp=2), "gpt2-tiny.json", {}, "fingerprint"),
         (dict(family="llama", dp=2), "llama-tiny.json", {"accelerator": "h100"}, "GPUs"),
+        (
+            dict(family="llama", dp=2),
+            "llama-tiny.json",
+            {"attention_windows": (16, 0, 16, 0)},
+            "sliding windows (2 of 4 blocks see 16 keys",
+        ),
     ],
-    ids=["capability", "model", "device"],
+    ids=["capability", "model", "device", "windows"],
 )
 def test_run_refuses_before_any_rank_starts(
     tmp_path: Path,

@@ -67,6 +67,11 @@ def test_version_11_plans_read_without_windows() -> None:
     doc["schema_version"] = 11
     del doc["model"]["attention_windows"]
     assert plan_from_dict(doc).model.attention_windows == ()
+    for bad in ([64, 64], [0] * 6):  # one per block, and only where some block has one
+        doc = plan.to_dict()
+        doc["model"]["attention_windows"] = bad
+        with pytest.raises(ValueError, match=re.escape("invalid plan at model.attention_windows")):
+            plan_from_dict(doc)
 
 
 @pytest.mark.parametrize(
