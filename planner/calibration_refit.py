@@ -52,11 +52,6 @@ class PredictedParts:
     optimizer_s: float
     """The optimizer step."""
 
-    @property
-    def total_s(self) -> float:
-        """The step."""
-        return self.compute_s + self.comm_s + self.optimizer_s
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunSample:

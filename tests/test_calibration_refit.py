@@ -6,6 +6,7 @@ the parts apart (one report; reports from before the parts were written) keep on
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from paraplan.planner.calibration_refit import (
     run_sample,
 )
 from paraplan.planner.cluster import cluster_from_dict
+from paraplan.planner.model import ModelProfile
 from tests.test_calibration import ROOT, _calibration, _cluster_dict
 
 STRATEGIES = (
@@ -44,12 +46,16 @@ def _slow_links() -> Calibration:
     return dataclasses.replace(cal, figures=figures)
 
 
-def _plans(cluster: object) -> list:
+@functools.cache
+def _profile() -> ModelProfile:
     config = ROOT / "examples" / "configs" / "gpt2-tiny.json"
-    profile = paraplan.model_profile(str(config), seq_len=64, precision="fp32")
+    return paraplan.model_profile(str(config), seq_len=64, precision="fp32")
+
+
+def _plans(cluster: object, strategies: tuple[str, ...] = STRATEGIES) -> list:
     return [
-        paraplan.plan(profile, cluster, global_batch=8, precision="fp32", fix=pins, top_k=0).plan
-        for pins in STRATEGIES
+        paraplan.plan(_profile(), cluster, global_batch=8, precision="fp32", fix=pins, top_k=0).plan
+        for pins in strategies
     ]
 
 
@@ -104,7 +110,7 @@ def test_one_report_or_reports_without_parts_keep_one_scale(tmp_path: Path) -> N
     over predicted), so the refit matches that run exactly; a report from before the parts
     were written reads without them."""
     cal = _calibration()
-    plan = _plans(cluster_from_dict(_cluster_dict(cal)))[1]
+    plan = _plans(cluster_from_dict(_cluster_dict(cal)), STRATEGIES[1:2])[0]
     sample = run_sample(_report(plan, 1.7 * plan.predicted.step_time_s), origin="r")
     scales = fit_scales([sample])
     assert scales.compute == pytest.approx(1.7)
@@ -141,7 +147,7 @@ def test_the_executor_report_writes_the_parts() -> None:
     refit reads."""
     from paraplan.executor.report import make_report
 
-    plan = _plans(cluster_from_dict(_cluster_dict(_calibration())))[0]
+    plan = _plans(cluster_from_dict(_cluster_dict(_calibration())), STRATEGIES[:1])[0]
     report = make_report(
         plan,
         step_times_s=[0.1, 0.2],
