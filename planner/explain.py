@@ -5,7 +5,7 @@ from __future__ import annotations
 from .config import Precision, RecomputeModule
 from .explain_options import option_lines, option_rows
 from .frameworks import runtime_note
-from .model import LayerKind, ModelProfile
+from .model import LayerKind, ModelProfile, windows_text
 from .plan import Plan, RunnerUp
 from .strategy import Recompute
 from .units import GIB, MIB, UNIT_NOTE, WHOLE_SECONDS_FROM_S, count, figure, gib, seconds
@@ -63,6 +63,11 @@ def format_plan(plan: Plan) -> str:
         f"({c.num_nodes} node{'s' if c.num_nodes > 1 else ''} x {c.gpus_per_node} {c.accelerator})",
         f"          global batch {t.global_batch} x {t.seq_len} tokens, {t.precision}, {t.optimizer}"
         + runtime_note(t.runtime),
+        *(
+            [f"          attention: {windows_text(m.attention_windows)} (priced over the band)"]
+            if m.windowed
+            else []
+        ),
         "",
         "Plan" + ("" if plan.feasible else "  ** DOES NOT FIT: " + plan.infeasible_reason + " **"),
         f"  degrees       dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp} ep={p.ep}"

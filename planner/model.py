@@ -259,6 +259,19 @@ def attention_windows(profile: ModelProfile) -> tuple[int, ...]:
     return windows if any(windows) else ()
 
 
+def windows_text(windows: tuple[int, ...]) -> str:
+    """Blocks' sliding windows in words ("sliding windows of 128 keys on 12 of 24 blocks, full
+    causal on the rest"); empty when no block has one (`attention_windows`)."""
+    sizes = sorted({w for w in windows if w})
+    if not sizes:
+        return ""
+    banded = sum(1 for w in windows if w)
+    keys = "/".join(str(w) for w in sizes)
+    rest = ", full causal on the rest" if banded < len(windows) else ""
+    plural = "s" if banded > 1 else ""
+    return f"sliding window{plural} of {keys} keys on {banded} of {len(windows)} blocks{rest}"
+
+
 def attention_pairs(seq_len: int, window: int = 0) -> int:
     """(query, key) pairs the attention core's FLOPs count for `seq_len` tokens: every pair,
     s^2, with no causal discount (Narayanan et al. 2021 Eq. 3, which counts the full score

@@ -172,3 +172,27 @@ def test_torchtitan_export_names_the_windows() -> None:
     assert "# the plan prices sliding windows of 64 keys on 4 blocks of 6" in text
     plain, costing = _plan("llama:layers=6,hidden=256,heads=4,vocab=100")
     assert "sliding" not in export_plan(plain, Target.TORCHTITAN, costing).text
+
+
+def test_the_plan_table_and_the_report_name_the_windows() -> None:
+    """`paraplan plan`'s table and the report's context line say which blocks are banded and
+    by how many keys (counted here from the spec: every third block full, the rest 64); a
+    model without windows gets no such line."""
+    from paraplan.planner.config import TrainConfig
+    from paraplan.planner.explain import format_plan
+    from paraplan.report.compose import context_of
+
+    said = "sliding windows of 64 keys on 4 of 6 blocks, full causal on the rest"
+    train = TrainConfig(global_batch=16, seq_len=SEQ)
+    cluster = parse_cluster(CLUSTER)
+    for spec, windowed in (
+        (SPEC + ",full_attention_every=3", True),
+        (SPEC[: SPEC.rindex(",")], False),
+    ):
+        plan, _ = _plan(spec)
+        context = context_of(parse_model(spec).to_profile(seq_len=SEQ), cluster, train)
+        if windowed:
+            assert f"attention: {said} (priced over the band)" in format_plan(plan)
+            assert context.endswith(f"; {said}")
+        else:
+            assert "attention:" not in format_plan(plan) and "sliding" not in context

@@ -24,7 +24,7 @@ from ..planner.build import GENERATOR
 from ..planner.cluster import Cluster
 from ..planner.config import TrainConfig
 from ..planner.jsonio import to_json, write_atomic
-from ..planner.model import ModelProfile
+from ..planner.model import ModelProfile, attention_windows, windows_text
 from ..planner.plan import Plan
 from ..planner.plan_io import save_plan
 from ..planner.solvers.chain import LayerChain
@@ -111,10 +111,11 @@ def report_step_count(options: ReportOptions) -> int:
 
 def context_of(profile: ModelProfile, cluster: Cluster, train: TrainConfig) -> str:
     """Model, cluster and training configuration in one line (figure titles, report top)."""
+    windows = windows_text(attention_windows(profile))
     return (
         f"{profile.name} on {cluster.name} ({cluster.num_gpus} x {cluster.accelerator.name}), "
         f"global batch {train.global_batch} x {train.seq_len} tokens, {train.precision}, "
-        f"{train.optimizer}"
+        f"{train.optimizer}" + (f"; {windows}" if windows else "")
     )
 
 
