@@ -101,6 +101,9 @@ class DtypeKernels:
     """GEMM grid, attention curve, bandwidth and dispatch cost."""
 
 
+STEADY_SPREAD = 0.10
+"""A calibration whose `speed_spread` is over this is noted when planning on it: the machine
+moved by more than most fidelity margins (a step-time error of 10%) while it was measured."""
 _NON_NEGATIVE = (
     "tp_runtime_bytes",
     "sync_skew_s",
@@ -108,6 +111,7 @@ _NON_NEGATIVE = (
     "fsdp_tensor_host_s",
     "dtensor_adamw_tensor_s",
     "load_average",
+    "speed_spread",
 )
 
 
@@ -177,6 +181,12 @@ class Calibration:
     """Seconds of compute lost per second of communication hidden behind it, measured
     (`microbench.overlap_contention`: 0 perfect overlap, 1 none); replaces the cost model's
     assumption `data_parallel.OVERLAP_CONTENTION`."""
+    speed_spread: float = 0.0
+    """How much this machine's speed moved while it was measured: a fixed host workload's
+    90th-percentile time over its 10th, less 1, sampled at every progress point
+    (`profiler/microbench_machine.py`; 0: not measured, a GPU, or files before 2026-11-28).
+    Runs measured over seconds differ from a prediction, and from each other, by about as
+    much; `paraplan plan` says so where it is large."""
 
     def __post_init__(self) -> None:
         for name in (*_NON_NEGATIVE, "host_adamw_s_per_param"):
@@ -256,6 +266,19 @@ class Calibration:
             "run paraplan calibrate on the target machine"
         )
 
+    def unsteady_note(self) -> str | None:
+        """What `paraplan plan` says of a calibration measured while the machine's speed moved
+        more than `STEADY_SPREAD` (`speed_spread`), else None."""
+        if self.speed_spread <= STEADY_SPREAD:
+            return None
+        return (
+            f"this machine's speed moved while it was calibrated ({self.device_name}, "
+            f"{self.date}): a fixed host workload took up to {self.speed_spread:.0%} longer "
+            "in its slow tenth than in its fast tenth; runs here differ from the prediction, "
+            "and from each other, by about as much (compare the median of several runs; "
+            "`paraplan calibrate --from-run` refits from their reports)"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The `calibration` section of a cluster file."""
         out: dict[str, Any] = {}
@@ -283,6 +306,7 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
             "sync_skew_s": 0.0,
             "comm_scale": 1.0,
             "optimizer_scale": 1.0,
+            "speed_spread": 0.0,
             **data,
         }
         if isinstance(data.get("dtype_kernels"), list):
@@ -309,6 +333,7 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
         "dtensor_adamw_tensor_s": float,
         "host_adamw_s_per_param": float,
         "load_average": float,
+        "speed_spread": float,
     }
     for name in fields:
         raw = data[name]

@@ -20,7 +20,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,6 +43,7 @@ from .host_memory import live_resident_bytes
 from .microbench_cache import gemm_cache_bytes
 from .microbench_checkpoint import checkpoint_region_cost
 from .microbench_host import host_adamw_s_per_param
+from .microbench_machine import SteadinessProbe, device_name, machine_load
 from .microbench_rounds import median_fit
 from .microbench_skew import sync_skew_s
 from .microbench_tp import (
@@ -93,20 +93,7 @@ class _RankResult:
     sync_skew_s: float
     dtensor_adamw_tensor_s: float
     host_adamw_s_per_param: float
-
-
-def device_name(device: torch.device) -> str:
-    """The device as torch (CUDA) or the OS (the CPU model in /proc/cpuinfo) names it."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.lower().startswith("model name") and ":" in line:
-                return line.split(":", 1)[1].strip()
-    import platform
-
-    return platform.processor() or platform.machine() or "cpu"
+    speed_spread: float
 
 
 MULTI_RANK_PARTS = ("overlap", "tensor-parallel blocks", "FSDP2 units", "sync skew", "AdamW")
@@ -182,8 +169,10 @@ def _measure(
 ) -> None:
     budget = mb.for_device(budget, device)
     timer = mb.Timer(device, budget.repeats, group=world > 1)
+    probe = SteadinessProbe(device)  # sampled at every progress point, on every rank
 
     def tick(label: str) -> None:
+        probe.sample()
         if rank == 0 and label:  # "": a part one rank does not measure
             out.put(("tick", label))
 
@@ -272,16 +261,9 @@ def _measure(
             fsdp_unit=fsdp,
             dtensor_adamw_tensor_s=adamw_s,
             host_adamw_s_per_param=host_adamw,
+            speed_spread=probe.spread(),
         )
         out.put(("result", result))
-
-
-def machine_load() -> float:
-    """The 1-minute load average now (0 where the OS does not say)."""
-    try:
-        return float(os.getloadavg()[0])
-    except (OSError, AttributeError):
-        return 0.0
 
 
 def warm_training_runtime() -> None:
@@ -493,4 +475,5 @@ def _calibration(
         fsdp_tensor_host_s=r.fsdp_unit.tensor_s,
         dtensor_adamw_tensor_s=r.dtensor_adamw_tensor_s,
         host_adamw_s_per_param=r.host_adamw_s_per_param,
+        speed_spread=round(r.speed_spread, 3),
     )

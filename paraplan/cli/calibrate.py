@@ -91,7 +91,8 @@ def _measure(cluster: Cluster, args: argparse.Namespace) -> Cluster:
     import dataclasses
 
     from ..planner.hardware import get_accelerator, with_calibration
-    from ..profiler.microbench_run import calibrate, machine_load
+    from ..profiler.microbench_machine import machine_load
+    from ..profiler.microbench_run import calibrate
 
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()] if args.dtypes else None
     warning = busy_machine_warning(machine_load(), os.cpu_count() or 1)
@@ -251,6 +252,11 @@ def format_calibration(cluster: Cluster) -> str:
         lines.append(
             f"each collective after host work waits {cal.sync_skew_s * 1e6:.0f} us more for the "
             "slower rank (sync skew)"
+        )
+    if cal.speed_spread > 0:
+        lines.append(
+            f"steadiness: a fixed host workload, timed at every progress point, took up to "
+            f"{cal.speed_spread:.0%} longer in its slow tenth than in its fast tenth"
         )
     if cal.host_adamw_s_per_param > 0:
         lines.append(

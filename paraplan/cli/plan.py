@@ -132,6 +132,9 @@ def execute(args: argparse.Namespace) -> int:
         mismatch = cluster.calibration.device_mismatch(cluster.accelerator.name)
         if mismatch:
             print(f"paraplan: warning: {mismatch}", file=sys.stderr)
+        unsteady = cluster.calibration.unsteady_note()
+        if unsteady:
+            print(f"paraplan: note: {unsteady}", file=sys.stderr)
     # fp8 without fp8 tensor cores, or a precision the executor does not run: before tracing
     runtime = chosen_runtime(args, allow_auto=True)  # a bad --recompute-modules: before tracing
     refuse_precision(cluster, Precision(args.precision), args.any_engine or not is_own(runtime))

@@ -1,0 +1,102 @@
+"""The machine a calibration runs on: its name, its load, and how steady its speed is.
+
+A shared virtual machine does not run at one speed. On the 2-vCPU VM this project is built on
+(2026-11-28, nothing else running, no steal time reported) a fixed single-threaded workload
+of ~25 ms took 1.00-1.52x its fastest time from one third of a second to the next (median
+1.3x), one fused attention backward in bf16 switched between ~4.5 and ~8 ms in spells of 0.1-1
+s, and the same 2-rank FSDP2 plan measured 86 and 132 ms per step in two runs a minute apart.
+No figure measured over seconds can take that out of a run measured over seconds; what a
+calibration can do is say how large it was while it measured (`SteadinessProbe`), so that a
+prediction is read with that margin.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+PROBE_OPS = 64
+"""Tiny operators of the probe's autograd chain (forward and backward): host dispatch, what a
+small model's step is made of on a CPU."""
+PROBE_GEMM = 128
+"""Size of the probe's square GEMM (its kernel part)."""
+PROBE_CALLS = 5
+"""Calls per sample (about 1 ms each on the CPU above); the sample keeps their median."""
+PROBE_WARM_CALLS = 2
+"""Untimed calls first: a rank that has just waited (a collective, a barrier) runs slower for
+a while, here 1.8x for the first call after a 10 ms sleep and ~1.1x for the next few (2026-11-28,
+single process); the samples are of the machine's speed, not of that."""
+MIN_SAMPLES = 10
+"""Fewer samples than this say nothing about the spread (0 is reported)."""
+
+
+def device_name(device: torch.device) -> str:
+    """The device as torch (CUDA) or the OS (the CPU model in /proc/cpuinfo) names it."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.lower().startswith("model name") and ":" in line:
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def machine_load() -> float:
+    """The 1-minute load average now (0 where the OS does not say)."""
+    try:
+        return float(os.getloadavg()[0])
+    except (OSError, AttributeError):
+        return 0.0
+
+
+class SteadinessProbe:
+    """A fixed host workload, timed again at every progress point of a calibration (a few
+    hundred over its minutes, on every rank at about the same moment, as a training step's
+    ranks run): how much slower than its fastest it ran is how much this machine's speed
+    moved while the figures were measured. Only on a CPU: a GPU's kernels run on its own
+    clocks, and its host's jitter hides behind the launch queue."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.active = device.type == "cpu"
+        self.samples: list[float] = []
+        self._a = torch.randn(PROBE_GEMM, PROBE_GEMM)
+        self._w = torch.ones(1, requires_grad=True)
+
+    def _unit(self) -> None:
+        y = self._w
+        for _ in range(PROBE_OPS):
+            y = y * 1.0
+        y.sum().backward()
+        torch.mm(self._a, self._a)
+
+    def sample(self) -> None:
+        """Time the workload once more (nothing off a CPU)."""
+        if not self.active:
+            return
+        for _ in range(PROBE_WARM_CALLS):  # untimed: the first calls after a wait run slow
+            self._unit()
+        times = []
+        for _ in range(PROBE_CALLS):
+            start = time.perf_counter()
+            self._unit()
+            times.append(time.perf_counter() - start)
+        self.samples.append(statistics.median(times))
+
+    def spread(self) -> float:
+        """The 90th percentile of the samples over their 10th, less 1 (0.4: the slow tenth
+        ran 40% slower than the fast tenth); 0 with fewer than `MIN_SAMPLES` samples."""
+        return speed_spread(self.samples)
+
+
+def speed_spread(samples: list[float]) -> float:
+    """`SteadinessProbe.spread` of `samples` (seconds of the same workload)."""
+    if len(samples) < MIN_SAMPLES:
+        return 0.0
+    deciles = statistics.quantiles(samples, n=10, method="inclusive")
+    return max(0.0, deciles[8] / deciles[0] - 1.0)
