@@ -203,6 +203,10 @@ def format_report(r: RunReport) -> str:
         f"{'metric':<{width}}  {'measured':>14}  {'predicted':>14}  {'rel. error':>10}",
     ]
     lines += [f"{a:<{width}}  {b:>14}  {c:>14}  {d:>10}" for a, b, c, d in rows]
+    lines.append(
+        f"step times from {seconds(r.step_time_min_s)} to {seconds(r.step_time_max_s)} over "
+        "the timed steps"
+    )
     per_rank = ", ".join(f"r{i} {b / GIB:,.3f}" for i, b in enumerate(r.peak_memory_bytes))
     lines += [
         "",

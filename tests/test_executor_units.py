@@ -176,6 +176,8 @@ def test_report_json_and_table(tmp_path: os.PathLike[str]) -> None:
         assert json.load(fh)["peak_memory_bytes"] == [2e9, 1.5e9]
     table = format_report(report)
     # memory in GiB as every output (1.5e9 B = 1.397 GiB), not MB
+    # the spread of the timed steps beside their median (0.1 to 0.3 s)
+    assert "step times from 0.100 s to 0.300 s over the timed steps" in table
     for text in ("step time (median)", "-80.0%", "rc=full", "r1 1.397", "1.863 GiB", "RSS"):
         assert text in table
     assert " MB" not in table
