@@ -1,13 +1,16 @@
 """The machine a calibration runs on: its name, its load, and how steady its speed is.
 
 A shared virtual machine does not run at one speed. On the 2-vCPU VM this project is built on
-(2026-11-28, nothing else running, no steal time reported) a fixed single-threaded workload
-of ~25 ms took 1.00-1.52x its fastest time from one third of a second to the next (median
-1.3x), one fused attention backward in bf16 switched between ~4.5 and ~8 ms in spells of 0.1-1
-s, and the same 2-rank FSDP2 plan measured 86 and 132 ms per step in two runs a minute apart.
-No figure measured over seconds can take that out of a run measured over seconds; what a
-calibration can do is say how large it was while it measured (`SteadinessProbe`), so that a
-prediction is read with that margin.
+(2026-11-28, nothing else running, no steal time reported) a fixed host workload (~25 ms of
+256^3 GEMMs and autograd operators) run without pause for a minute took 1.02x its fastest time
+at the 10th percentile, 1.07x at the median and 1.26x at the 90th, in spells of 1.4x lasting
+about half a second (a neighbour on the host); after a 10 ms sleep its first call took 1.8x,
+after 50 ms the next 13 ms of calls 1.3-1.7x (a rank waking from a collective wait pays that);
+one fused attention backward in bf16 switched between ~4.5 and ~8 ms in spells of 0.1-1 s; the
+same 2-rank FSDP2 plan measured 86 and 132 ms per step in two runs a minute apart. No figure
+measured over seconds can take that out of a run measured over seconds; what a calibration can
+do is say how large it was while it measured (`SteadinessProbe`), so that a prediction is read
+with that margin.
 """
 
 from __future__ import annotations
