@@ -20,10 +20,10 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from ..planner.calibration import CollectiveKind, CollectivePoint
-from ..planner.cost.calibrated import AttentionCurve, GemmGrid, KernelFit
+from ..planner.cost.calibrated import GemmGrid, KernelFit
+from .microbench_attention import attention_curve
 from .microbench_cold import ColdPool
 from .microbench_stream import (
     _rotating,
@@ -34,16 +34,12 @@ from .microbench_stream import (
     stream_curve,
     stream_sizes_bytes,
 )
+from .microbench_timer import Timer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 """Planner dtype keys -> torch dtypes."""
 CHAIN_OPS = 64
 """Tiny ops in the chain that times per-op dispatch."""
-MIN_SPAN_S = 0.005
-"""Seconds the timed calls of one measurement span at least (a 10 us GEMM measured 5 times
-jittered by 1.5x between calibrations on this shared VM)."""
-MAX_REPEATS = 101
-"""Most timed calls per measurement."""
 MIN_RATE = 1e6
 """Floor of a measured rate (FLOP/s): a GEMM no slower than its dispatch still has a rate."""
 
@@ -125,54 +121,6 @@ def for_device(budget: Budget, device: torch.device) -> Budget:
         return budget
     seqs = GPU_ATTENTION_SEQS if budget.rounds > 1 else GPU_ATTENTION_SEQS[::2]
     return dataclasses.replace(budget, gemm_sizes=GPU_GEMM_SIZES, attention_seqs=seqs)
-
-
-class Timer:
-    """Times callables in lockstep with the other ranks (median of repeats)."""
-
-    def __init__(self, device: torch.device, repeats: int, *, group: bool) -> None:
-        self.device = device
-        self.repeats = repeats
-        self.group = group
-
-    def _repeats_for(self, warm_s: float) -> int:
-        """Timed calls for a call that took `warm_s` (its warm-up, an upper bound)."""
-        count = max(self.repeats, min(MAX_REPEATS, math.ceil(MIN_SPAN_S / max(warm_s, 1e-7))))
-        if self.group:  # the most any rank wants
-            t = torch.tensor([count], dtype=torch.int64, device=self.device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            count = int(t.item())
-        return count
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def __call__(
-        self,
-        fn: Callable[[], object],
-        repeats: int | None = None,
-        *,
-        mean: bool = False,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> float:
-        """Median (or `mean`) seconds of one call of `fn` (one untimed warm-up first). Without
-        `repeats`: at least `self.repeats` calls, more for a short call, so that the timed
-        calls span `MIN_SPAN_S` (agreed over the ranks: a collective needs as many calls on
-        each). `clock`: wall time, or `time.thread_time` for the calling thread's CPU time."""
-        start = time.perf_counter()
-        fn()
-        self._sync()
-        count = repeats or self._repeats_for(time.perf_counter() - start)
-        if self.group:
-            dist.barrier()
-        times = []
-        for _ in range(count):
-            start = clock()
-            fn()
-            self._sync()
-            times.append(clock() - start)
-        return statistics.mean(times) if mean else statistics.median(times)
 
 
 def dispatch_s(timer: Timer, dtype: torch.dtype) -> tuple[float, float]:
@@ -289,51 +237,6 @@ def _filled(rates: dict[tuple[int, int, int], float], shape: tuple[int, int, int
         if all(a <= b for a, b in zip(s, shape, strict=True))
     ]
     return max(below)[1] if below else min(rates.values())
-
-
-ATTENTION_WIDTH = 256
-"""heads * head_dim of the attention benchmark: every head size is measured at the same FLOPs
-(4 heads of 64, 16 of 16, 2 of 128)."""
-
-
-def attention_curve(
-    timer: Timer,
-    dtype: torch.dtype,
-    seqs: tuple[int, ...],
-    head_dims: tuple[int, ...],
-    pool: ColdPool,
-) -> AttentionCurve:
-    """Causal SDPA forward and backward rates against the dense forward FLOPs
-    (4 * heads * S^2 * head_dim per sequence: QK^T and AV), for each head size, operands from
-    memory."""
-    xs = [4.0 * ATTENTION_WIDTH * s * s for s in seqs]
-    f_rates, b_rates = [], []
-    for d in head_dims:
-        for s, dense in zip(seqs, xs, strict=True):
-            shape = (1, max(1, ATTENTION_WIDTH // d), s, d)  # (B, H, T, D)
-            fwd = pool.operands([shape] * 3)
-            train = pool.operands([shape] * 4, requires_grad=True)
-            with torch.no_grad():
-                f_s = timer(partial(_rotating, _sdpa, fwd))
-            t_s = timer(partial(_rotating, _sdpa_train, train))
-            f_rates.append(dense / max(f_s, 1e-9))
-            b_rates.append(dense / max(t_s - f_s, 1e-9))
-    return AttentionCurve(
-        head_dims=head_dims,
-        dense_fwd_flops=tuple(xs),
-        fwd_flops_per_s=tuple(f_rates),
-        bwd_flops_per_s=tuple(b_rates),
-    )
-
-
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal scaled dot-product attention (B, H, T, D) -> (B, H, T, D)."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
-def _sdpa_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: torch.Tensor) -> None:
-    """Forward and backward of `_sdpa` (gradients returned, not accumulated into the leaves)."""
-    torch.autograd.grad(_sdpa(q, k, v), (q, k, v), grad.detach())
 
 
 def kernel_fit(

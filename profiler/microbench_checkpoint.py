@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .microbench import Timer
+from .microbench_timer import Timer
 
 REGIONS = 4
 """Checkpointed blocks of the benchmark."""

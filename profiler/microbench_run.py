@@ -46,6 +46,7 @@ from .microbench_host import host_adamw_s_per_param
 from .microbench_machine import SteadinessProbe, device_name, machine_load
 from .microbench_rounds import median_fit
 from .microbench_skew import sync_skew_s
+from .microbench_timer import Timer
 from .microbench_tp import (
     FsdpUnitCost,
     dtensor_adamw_tensor_s,
@@ -168,7 +169,7 @@ def _measure(
     out: Any,
 ) -> None:
     budget = mb.for_device(budget, device)
-    timer = mb.Timer(device, budget.repeats, group=world > 1)
+    timer = Timer(device, budget.repeats, group=world > 1)
     probe = SteadinessProbe(device)  # sampled at every progress point, on every rank
 
     def tick(label: str) -> None:

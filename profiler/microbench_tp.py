@@ -17,7 +17,8 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import parallelize_module
 
 from ..planner.calibration_tp import TensorParallelBlock, TensorParallelDispatch
-from .microbench import Budget, Timer
+from .microbench import Budget
+from .microbench_timer import Timer
 
 TP_HEAD_DIM = 16
 """Head size of the tensor-parallel benchmark blocks (two heads per rank)."""

@@ -97,13 +97,14 @@ def test_gpu_budget_reaches_training_sizes_and_cpu_budget_is_unchanged() -> None
     import torch
 
     from paraplan.profiler import microbench as mb
+    from paraplan.profiler.microbench_attention import ATTENTION_WIDTH
 
     assert mb.for_device(mb.FULL, torch.device("cpu")) == mb.FULL
     gpu = mb.for_device(mb.FULL, torch.device("cuda"))
     assert max(gpu.gemm_sizes) >= 8192
     # a 1B Llama's attention (32 heads of 64), 4 sequences of 2048 per micro-batch: the curve
     # reaches it (4 dense FLOPs per head dimension and query-key pair, as the curve counts)
-    largest = 4 * mb.ATTENTION_WIDTH * max(gpu.attention_seqs) ** 2
+    largest = 4 * ATTENTION_WIDTH * max(gpu.attention_seqs) ** 2
     assert largest >= 4 * (32 * 64) * 2048**2 * 4
     assert gpu.collective_bytes == mb.FULL.collective_bytes and gpu.rounds == mb.FULL.rounds
 

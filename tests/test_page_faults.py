@@ -95,8 +95,8 @@ def test_a_head_pays_page_faults_once_its_fp32_logits_reach_the_threshold(
 def test_the_page_fault_benchmark_measures_fresh_pages() -> None:
     """On this CPU a fresh page costs ~0.4 ns per byte to first touch (loose bounds: a
     shared VM; a zero or negative result would mean the fresh mapping was not fresh)."""
-    from paraplan.profiler.microbench import Timer
     from paraplan.profiler.microbench_stream import page_fault_s_per_byte
+    from paraplan.profiler.microbench_timer import Timer
 
     seconds = page_fault_s_per_byte(Timer(torch.device("cpu"), 3, group=False))
     assert 1e-11 < seconds < 2e-8
