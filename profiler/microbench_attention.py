@@ -15,6 +15,16 @@ from .microbench_timer import Timer
 ATTENTION_WIDTH = 256
 """heads * head_dim of the attention benchmark: every head size is measured at the same FLOPs
 (4 heads of 64, 16 of 16, 2 of 128)."""
+ATTENTION_SWEEPS = 3
+"""Sweeps over the whole curve, each point timed in every sweep with a third of its calls and
+the sweeps averaged. A fused attention's time can move in spells: on this CPU (2026-11-28)
+bf16 SDPA's backward at 16 heads of 128 x 16 switched between ~4.5 and ~8 ms for 0.1-1 s at a
+time (192 oneDNN matmul primitives per call), so one burst of calls caught one spell (5.26,
+5.38, 5.40, 7.43 and 7.83 ms in five calibrations of one day) where a training run pays their
+mean (7.3 ms per call under the profiler in a 2-rank DDP step). Twelve 2-rank rounds of four
+points (bf16 and fp32, 16 heads of 128 x 16 and 4 of 256 x 64), one burst of at least five
+calls against three sweeps of two: round-to-round spread (cv) 23 -> 22%, 32 -> 17%, 51 -> 29%
+and 30 -> 22%, measured beside a running test suite."""
 
 
 def attention_curve(
@@ -26,19 +36,28 @@ def attention_curve(
 ) -> AttentionCurve:
     """Causal SDPA forward and backward rates against the dense forward FLOPs
     (4 * heads * S^2 * head_dim per sequence: QK^T and AV), for each head size, operands from
-    memory."""
+    memory; each point the mean of `ATTENTION_SWEEPS` sweeps over the whole curve, each
+    timing its share of the calls."""
     xs = [4.0 * ATTENTION_WIDTH * s * s for s in seqs]
-    f_rates, b_rates = [], []
-    for d in head_dims:
-        for s, dense in zip(seqs, xs, strict=True):
+    points = [(d, s, dense) for d in head_dims for s, dense in zip(seqs, xs, strict=True)]
+    fwd_s = [0.0] * len(points)
+    train_s = [0.0] * len(points)
+    for _ in range(ATTENTION_SWEEPS):
+        for i, (d, s, _dense) in enumerate(points):
             shape = (1, max(1, ATTENTION_WIDTH // d), s, d)  # (B, H, T, D)
             fwd = pool.operands([shape] * 3)
             train = pool.operands([shape] * 4, requires_grad=True)
             with torch.no_grad():
-                f_s = timer(partial(_rotating, _sdpa, fwd))
-            t_s = timer(partial(_rotating, _sdpa_train, train))
-            f_rates.append(dense / max(f_s, 1e-9))
-            b_rates.append(dense / max(t_s - f_s, 1e-9))
+                fwd_s[i] += timer(partial(_rotating, _sdpa, fwd), share=ATTENTION_SWEEPS)
+            train_s[i] += timer(partial(_rotating, _sdpa_train, train), share=ATTENTION_SWEEPS)
+    sweeps = float(ATTENTION_SWEEPS)
+    f_rates = [
+        dense / max(f / sweeps, 1e-9) for (_, _, dense), f in zip(points, fwd_s, strict=True)
+    ]
+    b_rates = [
+        dense / max((t - f) / sweeps, 1e-9)
+        for (_, _, dense), f, t in zip(points, fwd_s, train_s, strict=True)
+    ]
     return AttentionCurve(
         head_dims=head_dims,
         dense_fwd_flops=tuple(xs),

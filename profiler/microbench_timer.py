@@ -45,15 +45,20 @@ class Timer:
         *,
         mean: bool = False,
         clock: Callable[[], float] = time.perf_counter,
+        share: int = 1,
     ) -> float:
         """Median (or `mean`) seconds of one call of `fn` (one untimed warm-up first). Without
         `repeats`: at least `self.repeats` calls, more for a short call, so that the timed
         calls span `MIN_SPAN_S` (agreed over the ranks: a collective needs as many calls on
-        each). `clock`: wall time, or `time.thread_time` for the calling thread's CPU time."""
+        each). `clock`: wall time, or `time.thread_time` for the calling thread's CPU time.
+        `share`: the measurement is one of that many sweeps, each timing its share of the
+        calls (at least 2; `microbench_attention.ATTENTION_SWEEPS`)."""
         start = time.perf_counter()
         fn()
         self._sync()
         count = repeats or self._repeats_for(time.perf_counter() - start)
+        if share > 1:
+            count = max(2, math.ceil(count / share))
         if self.group:
             dist.barrier()
         times = []

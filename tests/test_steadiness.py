@@ -89,3 +89,36 @@ def test_plan_notes_an_unsteady_calibration(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         assert ("note: this machine's speed moved" in done.stderr) is noted
         assert ("up to 93% longer" in done.stderr) is noted
+
+
+def test_a_timer_sweep_times_its_share_of_the_calls() -> None:
+    """`Timer(share=k)`: one untimed warm-up, then the measurement's calls divided among k
+    sweeps (rounded up, at least 2); counted on the callable itself."""
+    from paraplan.profiler.microbench_timer import Timer
+
+    calls = [0]
+
+    def fn() -> None:
+        calls[0] += 1
+
+    timer = Timer(torch.device("cpu"), 5, group=False)
+    for repeats, share, timed in ((9, 1, 9), (9, 3, 3), (10, 3, 4), (3, 3, 2), (6, 3, 2)):
+        calls[0] = 0
+        assert timer(fn, repeats, share=share) >= 0.0
+        assert calls[0] == 1 + timed, (repeats, share)
+
+
+def test_the_attention_curve_averages_its_sweeps() -> None:
+    """A small curve measured for real: one rate per head size and length, all positive, on
+    the FLOPs grid the planner interpolates on."""
+    from paraplan.profiler.microbench_attention import ATTENTION_SWEEPS, attention_curve
+    from paraplan.profiler.microbench_cold import ColdPool
+    from paraplan.profiler.microbench_timer import Timer
+
+    assert ATTENTION_SWEEPS >= 3
+    timer = Timer(torch.device("cpu"), 3, group=False)
+    pool = ColdPool(torch.float32, torch.device("cpu"), nbytes=8 * 2**20)
+    curve = attention_curve(timer, torch.float32, (16, 32), (16, 64), pool)
+    assert curve.dense_fwd_flops == (4.0 * 256 * 16**2, 4.0 * 256 * 32**2)
+    assert len(curve.fwd_flops_per_s) == len(curve.bwd_flops_per_s) == 4
+    assert all(r > 0 for r in curve.fwd_flops_per_s + curve.bwd_flops_per_s)
