@@ -21,10 +21,12 @@ the sweeps averaged. A fused attention's time can move in spells: on this CPU (2
 bf16 SDPA's backward at 16 heads of 128 x 16 switched between ~4.5 and ~8 ms for 0.1-1 s at a
 time (192 oneDNN matmul primitives per call), so one burst of calls caught one spell (5.26,
 5.38, 5.40, 7.43 and 7.83 ms in five calibrations of one day) where a training run pays their
-mean (7.3 ms per call under the profiler in a 2-rank DDP step). Twelve 2-rank rounds of four
-points (bf16 and fp32, 16 heads of 128 x 16 and 4 of 256 x 64), one burst of at least five
-calls against three sweeps of two: round-to-round spread (cv) 23 -> 22%, 32 -> 17%, 51 -> 29%
-and 30 -> 22%, measured beside a running test suite."""
+mean (7.3 ms per call under the profiler in a 2-rank DDP step). Ten 2-rank rounds of the
+backward at 16 and 64 wide heads, 128 and 256 long, one burst of calls against three sweeps
+(nothing else running): round-to-round spread (cv) in bf16 21 -> 20%, 22 -> 15%, 26 -> 15%,
+18 -> 14%; in fp32 23 -> 16%, 11 -> 16%, 18 -> 19%, 11 -> 30% (one round's sweep at 2x, which
+the rounds' median drops). The median of three rounds, what a calibration keeps, moved by 0.14
+instead of 0.55 ms at GPT-2 tiny's bf16 point."""
 
 
 def attention_curve(
