@@ -185,8 +185,8 @@ class Calibration:
     """How much this machine's speed moved while it was measured: a fixed host workload's
     90th-percentile time over its 10th, less 1, sampled at every progress point
     (`profiler/microbench_machine.py`; 0: not measured, a GPU, or files before 2026-11-28).
-    Runs measured over seconds differ from a prediction, and from each other, by about as
-    much; `paraplan plan` says so where it is large."""
+    A run of a few seconds averages part of it out (on a VM whose probe read 1.0, one plan's
+    two runs minutes apart differed by up to 43%); `paraplan plan` notes it where it is large."""
 
     def __post_init__(self) -> None:
         for name in (*_NON_NEGATIVE, "host_adamw_s_per_param"):
@@ -274,9 +274,10 @@ class Calibration:
         return (
             f"this machine's speed moved while it was calibrated ({self.device_name}, "
             f"{self.date}): a fixed host workload took up to {self.speed_spread:.0%} longer "
-            "in its slow tenth than in its fast tenth; runs here differ from the prediction, "
-            "and from each other, by about as much (compare the median of several runs; "
-            "`paraplan calibrate --from-run` refits from their reports)"
+            "in its slow tenth than in its fast tenth; a run here is timed on a moving "
+            "machine and can miss the prediction, and another run, by tens of percent: "
+            "compare the median of several runs (`paraplan calibrate --from-run` refits "
+            "from their reports)"
         )
 
     def to_dict(self) -> dict[str, Any]:
