@@ -17,22 +17,13 @@ from __future__ import annotations
 import mmap
 from collections.abc import Callable
 from functools import partial
-from typing import Protocol
 
 import torch
 
 from ..planner.cost.calibrated import MMAP_THRESHOLD_BYTES, OpRate
 from .microbench_cold import ColdOperands, ColdPool
+from .microbench_timer import Timer
 from .tracer import SPECIAL_OPS
-
-
-class Timer(Protocol):
-    """What these benchmarks need of `microbench.Timer` (which imports this module)."""
-
-    device: torch.device
-
-    def __call__(self, fn: Callable[[], object], repeats: int | None = None) -> float: ...
-
 
 STREAM_SIZES_BYTES = (2**16, 2**18, 2**20, 2**22, 2**24)
 """Tensor sizes of the elementwise bandwidth curve: 64 KiB (L2) to 16 MiB (beyond L3 of a
