@@ -18,10 +18,11 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-import time
 from pathlib import Path
 
 import torch
+
+from .microbench_timer import Timer
 
 PROBE_OPS = 64
 """Tiny operators of the probe's autograd chain (forward and backward): host dispatch, what a
@@ -70,6 +71,7 @@ class SteadinessProbe:
         self.samples: list[float] = []
         self._a = torch.randn(PROBE_GEMM, PROBE_GEMM)
         self._w = torch.ones(1, requires_grad=True)
+        self._timer = Timer(torch.device("cpu"), PROBE_CALLS, group=False)
 
     def _unit(self) -> None:
         y = self._w
@@ -82,14 +84,9 @@ class SteadinessProbe:
         """Time the workload once more (nothing off a CPU)."""
         if not self.active:
             return
-        for _ in range(PROBE_WARM_CALLS):  # untimed: the first calls after a wait run slow
-            self._unit()
-        times = []
-        for _ in range(PROBE_CALLS):
-            start = time.perf_counter()
-            self._unit()
-            times.append(time.perf_counter() - start)
-        self.samples.append(statistics.median(times))
+        for _ in range(PROBE_WARM_CALLS - 1):  # untimed: the first calls after a wait run
+            self._unit()  # slow (the timer's own warm-up call is the last of them)
+        self.samples.append(self._timer(self._unit, PROBE_CALLS))
 
     def spread(self) -> float:
         """The 90th percentile of the samples over their 10th, less 1 (0.4: the slow tenth
