@@ -68,6 +68,19 @@ def _batch_and_seq(inputs: Any, shape: Shape | None) -> tuple[int, int]:
     return int(first.shape[0]), seq
 
 
+def traced_count(blocks: tuple[nn.Module, ...]) -> int:
+    """How many leading blocks a meta trace needs: up to the first block of the final run of
+    identical blocks (`same_structure`), the rest repeating it (`_assemble`). Every block but
+    the first alike (GPT, Llama): 2, the first standing after the embedding; a few dense blocks
+    before the MoE ones (DeepSeek-V3's first 3 of 61): those and one MoE block; no final run
+    (blocks alternating, as Llama 4's dense and MoE): all."""
+    n = len(blocks)
+    for rep in range(1, n - 1):
+        if all(same_structure(blocks[rep], b) for b in blocks[rep + 1 :]):
+            return rep + 1
+    return n
+
+
 @contextlib.contextmanager
 def _shrunk(model: nn.Module, blocks: BlockList, keep: int) -> Iterator[tuple[nn.Module, ...]]:
     """Temporarily keep only the first `keep` blocks (identical blocks cost the same)."""
@@ -127,7 +140,8 @@ def profile(
 
     mode="measure" also times each layer's forward and backward (median of `repeats` steps
     after `warmup`; repeats=0 skips timing) on the model's device; mode="meta" expects a model
-    and inputs on the meta device, traces only two of a run of identical blocks, and leaves
+    and inputs on the meta device, traces the blocks up to the first of their final run of
+    identical blocks (`traced_count`: two of a uniform model's), and leaves
     times to the roofline."""
     if mode not in ("measure", "meta"):
         raise ValueError(f"mode={mode!r} must be 'measure' or 'meta'")
@@ -145,10 +159,7 @@ def profile(
     found = find_blocks(model, blocks)
     digest = module_digest(model)
     loss_of = loss_fn or _default_loss
-    identical = len(found.modules) > 2 and all(
-        same_structure(found.modules[1], b) for b in found.modules[2:]
-    )
-    keep = 2 if (mode == "meta" and identical) else len(found.modules)
+    keep = traced_count(found.modules) if mode == "meta" else len(found.modules)
     bar = _progress(progress, 2 * (keep + 2) + (warmup + repeats if mode == "measure" else 0))
     model.train()
     faked = (
