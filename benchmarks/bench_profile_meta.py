@@ -27,6 +27,10 @@ CASES = [
     ("llama3-405b", 8192, 60.0, 4e9),
     ("llama3-70b", 8192, 60.0, 4e9),
     ("gpt2-xl", 1024, 60.0, 4e9),
+    # MoE presets: their experts traced as balanced routing (profiler/moe.py)
+    ("mixtral-8x7b", 4096, 60.0, 4e9),
+    ("gpt-oss-120b", 4096, 60.0, 4e9),
+    ("deepseek-v3", 4096, 60.0, 4e9),  # 3 dense blocks, then 58 MoE blocks of 256 experts
 ]
 
 
