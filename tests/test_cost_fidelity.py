@@ -4,9 +4,6 @@ at scale), and the published-runs validation within its recorded bounds."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,8 +16,7 @@ from paraplan.planner.model_parse import parse_model
 from paraplan.planner.pins import Pins
 from paraplan.planner.search import Search
 from paraplan.planner.strategy import DEFAULT_MESH_ORDER, MeshAxis, Recompute, Strategy
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.benchmark_module import benchmark_module
 
 
 def _best_zero3(model: str, gpus: int, batch: int, seq: int) -> float:
@@ -97,13 +93,7 @@ def test_causal_flash_attention_executes_half_the_dense_flops():
 
 
 def _validation():
-    path = ROOT / "benchmarks" / "validate_published.py"
-    spec = importlib.util.spec_from_file_location("validate_published", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["validate_published"] = module
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("validate_published")
 
 
 @pytest.mark.slow

@@ -4,21 +4,11 @@ recorded figures on the published step times and orders."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.benchmark_module import benchmark_module
 
 
 def _module():
-    path = ROOT / "benchmarks" / "validate_mpt.py"
-    spec = importlib.util.spec_from_file_location("validate_mpt", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["validate_mpt"] = module
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_module("validate_mpt")
 
 
 def test_every_mpt_model_has_the_published_parameter_count():
