@@ -31,7 +31,8 @@ class Shape:
     """Longest sequence the position embeddings allow."""
     head_dim: int = 0
     """Width of each attention head when the config sets it apart from hidden / heads (Qwen3,
-    Gemma, GPT-OSS); 0 otherwise (`ModelProfile.head_dim`)."""
+    Gemma, GPT-OSS; under multi-head latent attention, the query and key heads' width); 0
+    otherwise (`ModelProfile.head_dim`)."""
     windows: tuple[int, ...] = ()
     """Keys each query of block i attends to, one entry per block (0: the whole sequence); ()
     when no block has a sliding window."""
@@ -45,6 +46,11 @@ def shape_of(config: Any) -> Shape:
     hidden = g("hidden_size", "n_embd")
     heads = g("num_attention_heads", "n_head")
     head_dim = g("head_dim", default=0)
+    if g("kv_lora_rank", default=0) and g("qk_nope_head_dim", default=0):
+        # multi-head latent attention (DeepSeek-V2/V3): the scores run over q and k heads of
+        # qk_nope_head_dim + qk_rope_head_dim (transformers sets `head_dim` to the rotary
+        # part alone), the values, narrower, padded to that width by the flash kernel
+        head_dim = g("qk_nope_head_dim") + g("qk_rope_head_dim", default=0)
     return Shape(
         head_dim=0 if head_dim * heads == hidden else head_dim,
         hidden=hidden,

@@ -83,3 +83,14 @@ def test_deepseek_v3_has_no_analytic_spec(capsys: pytest.CaptureFixture[str]) ->
     err = capsys.readouterr().err
     assert code == 2 and "--model-source auto or trace" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_head_width_is_the_scores_width(profile) -> None:
+    """Under multi-head latent attention the profile's head width is the query and key heads'
+    (qk_nope_head_dim + qk_rope_head_dim = 96; transformers' `head_dim` is the rotary part
+    alone, 32): the width the traced attention core computes its scores over, so what the
+    planner derives from it (the K/V a context-parallel ring passes, q_dim) is that core's."""
+    assert profile.head_dim == QK
+    assert profile.layers[2].attn_core_fwd_flops == pytest.approx(
+        4 * SEQ**2 * profile.q_dim, rel=1e-6
+    )
