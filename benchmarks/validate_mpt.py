@@ -20,14 +20,16 @@ yamls/pretrain/mpt-*.yaml, Composer's FSDP helpers):
   checkpointing, where on, of every block (full recompute); decoupled AdamW;
 - mixed precision `DEFAULT` (Composer: parameters gathered in bf16, gradients reduced in
   fp32) under `amp_bf16`, or `PURE` (gathered and reduced in bf16) under `bf16`;
+- the loss flash-attn's fused cross-entropy (llmfoundry/models/mpt/modeling_mpt.py, `loss_fn`
+  default `fused_crossentropy`);
 - eager PyTorch (one kernel per operator) and MPT's `attn_impl: triton`, the Triton
   FlashAttention of Dao's flash_attn_triton.py, which its header says runs forward faster
   and backward slower than the CUDA kernel. paraplan prices attention at its SDPA
   (FlashAttention-2) rate: it has no rate of its own for that kernel.
 
 Each row is priced pinned (dp = GPUs, tp = pp = 1, the row's ZeRO stage, micro-batch and
-recompute; memory not checked: the run fitted) and compared with its step time, the global
-batch in tokens over the published tokens/s.
+recompute), compared with its step time (the global batch in tokens over the published
+tokens/s), and its priced peak memory checked against its GPU's: the run fitted.
 
     python benchmarks/validate_mpt.py [--json out.json]
 """
@@ -111,6 +113,15 @@ class MptResult:
 
     row: MptRow
     predicted_step_s: float
+    predicted_memory_bytes: float
+    """Peak bytes on the fullest GPU, as the cost model prices the row's configuration."""
+    capacity_bytes: float
+    """The row's GPU's memory (the catalog's)."""
+
+    @property
+    def fits(self) -> bool:
+        """Whether the cost model has the configuration, which ran, fit its GPU (no headroom)."""
+        return self.predicted_memory_bytes <= self.capacity_bytes
 
     @property
     def error(self) -> float:
@@ -159,17 +170,26 @@ def mpt_spec(row: MptRow) -> TransformerSpec:
     )
 
 
+def runtime_of(row: MptRow) -> Runtime:
+    """Eager PyTorch under FSDP; gradients reduced in fp32 under Composer's `DEFAULT` mixed
+    precision; the loss flash-attn's fused cross-entropy (llm-foundry's MPT `loss_fn`
+    default, `fused_crossentropy`: a Triton kernel over the logits, no fp32 copies of them
+    beside; paraplan's `torch_loss=False`)."""
+    return Runtime(fp32_grads=row.fp32_grads, torch_loss=False)
+
+
 def price(row: MptRow) -> MptResult:
     """The cost model's step time for the row, pinned to its configuration."""
     profile = mpt_spec(row).to_profile(seq_len=row.seq_len)
     cluster = parse_cluster(f"{row.gpus}x{GPUS[row.gpu]}")
-    roomy = with_calibration(cluster.accelerator, {"memory_bytes": 2**60})  # it ran: it fit
+    capacity = float(cluster.accelerator.memory_bytes)
+    roomy = with_calibration(cluster.accelerator, {"memory_bytes": 2**60})  # priced whatever fits
     cluster = dataclasses.replace(cluster, accelerator=roomy)
     train = TrainConfig(
         global_batch=row.global_batch,
         seq_len=row.seq_len,
         precision=Precision.FP8 if row.fp8 else Precision.BF16,
-        runtime=Runtime(fp32_grads=row.fp32_grads),  # eager PyTorch, FSDP, torch's loss
+        runtime=runtime_of(row),
         memory_headroom=0.0,
     )
     ev = Evaluator(profile, cluster, train, StageSplit.BALANCED)
@@ -190,7 +210,12 @@ def price(row: MptRow) -> MptResult:
     best = result.best or result.min_memory
     if best is None:
         raise ValueError(f"{row}: nothing valid under the row's pins")
-    return MptResult(row=row, predicted_step_s=best.step_time_s)
+    return MptResult(
+        row=row,
+        predicted_step_s=best.step_time_s,
+        predicted_memory_bytes=best.memory.total_bytes,
+        capacity_bytes=capacity,
+    )
 
 
 def group_of(r: MptResult) -> str:
@@ -269,10 +294,30 @@ def main(argv: list[str] | None = None) -> int:
         )
     same, total = order_pairs([r for r in results if not r.row.fp8])
     print(f"bf16 pairs ordered as published (per-GPU throughput apart by >10%): {same}/{total}")
+    refused = [r for r in results if not r.fits]
+    ratios = sorted(r.predicted_memory_bytes / r.capacity_bytes for r in results)
+    quartiles = ", ".join(f"{q:.2f}" for q in statistics.quantiles(ratios, n=4))
+    print(
+        f"configurations that ran but are priced over their GPU's memory: {len(refused)}/"
+        f"{len(results)} (priced peak over the GPU's memory: quartiles {quartiles}, "
+        f"max {ratios[-1]:.2f})"
+    )
+    for r in refused:
+        w = r.row
+        print(
+            f"  {w.gpu} {w.model} seq {w.seq_len} on {w.gpus}, micro-batch {w.micro_batch}: "
+            f"{r.predicted_memory_bytes / 2**30:.1f} GiB of {r.capacity_bytes / 2**30:.0f}"
+        )
     print(f"({time.perf_counter() - start:.1f} s)")
     if args.json:
         rows = [
-            dataclasses.asdict(r.row) | {"predicted_step_s": r.predicted_step_s} for r in results
+            dataclasses.asdict(r.row)
+            | {
+                "predicted_step_s": r.predicted_step_s,
+                "predicted_memory_bytes": r.predicted_memory_bytes,
+                "capacity_bytes": r.capacity_bytes,
+            }
+            for r in results
         ]
         payload = {"summary": table, "pairs": [same, total], "rows": rows}
         args.json.write_text(json.dumps(payload, indent=1) + "\n")

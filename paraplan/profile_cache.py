@@ -8,10 +8,10 @@ records those parts (`cache_key`) and the SHA-256 of the second line, the profil
 `store` wrote it from a validated profile. It is used only when the parts, the digest and its
 profile's sequence length match the trace asked for, and then built without the schema walk
 (`profile_from_dict(trusted=True)`: 25 s of DeepSeek-V3's 60 MB profile when every block
-was traced; 1.9 MB since the trace stops at the final run of identical blocks). An entry that does not load
-or does not match (corrupt, truncated, edited, another schema, another key, the one-document
-format before 2026-11-27) is ignored and rewritten; writes are atomic (temporary file, then
-rename).
+was traced; 1.9 MB since the trace stops at the final run of identical blocks). An entry
+that does not load or does not match (corrupt, truncated, edited, another schema, another
+key, the one-document format before 2026-11-27) is ignored and rewritten; writes are atomic
+(temporary file, then rename).
 
 Where: `planner/user_cache.cache_dir` (`$PARAPLAN_CACHE_DIR`, else `$XDG_CACHE_HOME/paraplan`,
 else `~/.cache/paraplan`); `PARAPLAN_NO_CACHE=1` turns it off. Nothing happens at import time.
