@@ -17,6 +17,7 @@ weight copies are priced per micro-batch, not per sequence).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -48,7 +49,9 @@ class _WeightCasts(TorchDispatchMode):
             and isinstance(out, torch.Tensor)
             and id(src.untyped_storage()) in self.params
         ):
-            self.copies.add(id(out.untyped_storage()))
+            st = out.untyped_storage()
+            self.copies.add(id(st))
+            weakref.finalize(st, self.copies.discard, id(st))  # its id may be reused once freed
         return out
 
 
@@ -101,10 +104,12 @@ def autocast_saved_bytes(
             casts = _WeightCasts(params)
 
             def pack(t: torch.Tensor) -> torch.Tensor:
-                key = id(t.untyped_storage())
+                st = t.untyped_storage()
+                key = id(st)
                 if key not in seen and key not in params and key not in casts.copies:
                     seen.add(key)
-                    saved[seg[0]] += t.untyped_storage().nbytes()
+                    weakref.finalize(st, seen.discard, key)  # a later storage may take its id
+                    saved[seg[0]] += st.nbytes()
                 return t
 
             hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)

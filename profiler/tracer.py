@@ -344,6 +344,8 @@ class Tracer(TorchDispatchMode):
     def _free(self, key: int) -> None:
         self.live -= self._live_ids.pop(key, 0)
         self._producer.pop(key, None)
+        self._replicated_ids.discard(key)  # a later storage may take the freed one's id
+        self._saved_ids.discard(key)  # (a graph discarded in forward frees what it saved)
 
     def mark_output(self, seg: int, t: torch.Tensor) -> None:
         """Record which node of `seg`'s graph produced `t`, the segment's output."""
