@@ -62,7 +62,7 @@ def test_dense_prefix_trace_matches_the_full_trace(monkeypatch) -> None:
     against 8), and every block's parameters, FLOPs, and bytes saved for backward (in the trace
     and under autocast), TP-sharded and replicated, as the full trace counts them. (The
     repeated block's transients and op count carry the boundary effect a uniform model's
-    repeated block always has: it is traced next to the head.) Until this session the tracers
+    repeated block always has: it is traced next to the head.) Before 2026-11-28 the tracers
     keyed storages by `id()` without forgetting freed ones, so a later storage taking a freed
     one's id was skipped or counted replicated: the full trace's blocks differed by a few KB
     from run to run."""
