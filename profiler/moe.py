@@ -97,15 +97,11 @@ def balanced_experts_forward(
     base, extra = divmod(n * k, experts)
     if base and not extra:
         out = _experts_batched(self, rows.view(experts, base, -1)).reshape(n * k, -1)
-        out = out * top_k_weights.reshape(n * k, 1).to(hidden.dtype)
-        return out.view(n, k, -1).sum(dim=1)  # (N, H)
-    sizes = [base + (1 if e < extra else 0) for e in range(experts)]
-    outs = []
-    for e, part in enumerate(rows.split(sizes)):
-        if part.shape[0] == 0:
-            continue
-        outs.append(_expert_ffn(self, e, part))  # (rows, H)
-    out = torch.cat(outs) * top_k_weights.reshape(n * k, 1).to(hidden.dtype)  # (N*k, H)
+    else:
+        sizes = [base + (1 if e < extra else 0) for e in range(experts)]
+        parts = enumerate(rows.split(sizes))
+        out = torch.cat([_expert_ffn(self, e, part) for e, part in parts if part.shape[0]])
+    out = out * top_k_weights.reshape(n * k, 1).to(hidden.dtype)  # (N*k, H)
     return out.view(n, k, -1).sum(dim=1)  # (N, H)
 
 

@@ -28,14 +28,9 @@ MIXTRAL = {
 SEQ = 32  # 64 (token, expert) assignments: 8 to each of the 8 experts
 
 
-def _one_by_one(self, hidden, top_k_index, top_k_weights):
-    """The expert-by-expert path (what the module ran for every shape before)."""
-    n, k = top_k_index.shape
-    rows = hidden.unsqueeze(1).expand(n, k, hidden.shape[1]).reshape(n * k, -1)
-    parts = rows.split(n * k // self.gate_up_proj.shape[0])
-    out = moe.torch.cat([moe._expert_ffn(self, e, p) for e, p in enumerate(parts)])
-    out = out * top_k_weights.reshape(n * k, 1).to(hidden.dtype)
-    return out.view(n, k, -1).sum(dim=1)
+def _one_by_one(self, rows):
+    """The experts expert by expert, each indexing its weight (every shape's path before)."""
+    return moe.torch.stack([moe._expert_ffn(self, e, part) for e, part in enumerate(rows)])
 
 
 def test_expert_backward_holds_each_weight_gradient_once(monkeypatch) -> None:
@@ -43,7 +38,7 @@ def test_expert_backward_holds_each_weight_gradient_once(monkeypatch) -> None:
     transients stay under them (the gate-and-up weight's gradient, then the down weight's);
     expert by expert they exceed them. FLOPs, parameters and saved bytes are the same."""
     batched = profile_hf(dict(MIXTRAL), seq_len=SEQ)
-    monkeypatch.setattr(moe, "balanced_experts_forward", _one_by_one)
+    monkeypatch.setattr(moe, "_experts_batched", _one_by_one)
     looped = profile_hf(dict(MIXTRAL), seq_len=SEQ)
     block, old = batched.layers[1], looped.layers[1]
     weights = 2 * block.expert_params  # bf16 bytes of the 8 experts' weights
