@@ -68,7 +68,7 @@ CONFIG_FIELDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("heads", ("num_attention_heads", "n_head")),
     ("kv_heads", ("num_key_value_heads",)),
     ("vocab", ("vocab_size",)),
-    ("experts", ("num_local_experts",)),
+    ("experts", ("num_local_experts", "num_experts", "n_routed_experts")),
 )
 """Plan model fields and the Hugging Face config keys (Llama/Mixtral, GPT-2) that hold them."""
 

@@ -10,7 +10,7 @@ from .cost.count_split import CountSplit
 from .cost.evaluate import Estimate, Evaluator
 from .cost.layout import StageSplit
 from .cost.recompute_pattern import RecomputePattern
-from .model import LayerKind, ModelProfile, attention_windows
+from .model import LayerKind, ModelProfile, attention_windows, dense_blocks
 from .options import hidden_costs
 from .plan import (
     SCHEMA_VERSION,
@@ -151,6 +151,10 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
             top_k=p.top_k if p.experts else 0,
             tied_embeddings=p.tied_embeddings,
             attention_windows=attention_windows(p),
+            dense_blocks=dense_blocks(p),
+            dense_ffn=p.dense_ffn,
+            shared_expert_ffn=p.shared_expert_ffn,
+            latent_attention=p.latent_attention,
         ),
         cluster=ClusterInfo(
             name=c.name,

@@ -93,13 +93,28 @@ _SIZE_KEYS: dict[str, Bound] = {
     "n_ctx": limits.SEQ_LEN,
     "num_local_experts": _EXPERTS,
     "num_experts": _EXPERTS,
+    "n_routed_experts": _EXPERTS,
     "num_experts_per_tok": _EXPERTS,
+    "shared_expert_intermediate_size": limits.FFN,
+    "intermediate_size_mlp": limits.FFN,
+    "kv_lora_rank": limits.HIDDEN,
+    "q_lora_rank": limits.HIDDEN,
+    "qk_nope_head_dim": limits.HIDDEN,
+    "qk_rope_head_dim": limits.HIDDEN,
+    "v_head_dim": limits.HIDDEN,
     "sliding_window": limits.SEQ_LEN,
 }
 """The size fields of Hugging Face configs (GPT-2, Llama, Mixtral, BERT naming) and their
 bounds: each, when present, is a whole number >= 1 within its bound (or null, for `_NULLABLE`)."""
 _NULLABLE = frozenset(
-    {"n_inner", "num_key_value_heads", "intermediate_size", "head_dim", "sliding_window"}
+    {
+        "n_inner",
+        "num_key_value_heads",
+        "intermediate_size",
+        "head_dim",
+        "sliding_window",
+        "q_lora_rank",
+    }
 )
 """Sizes a config may give as null, meaning the family's default (4 x hidden, heads,
 hidden / heads, no sliding window)."""

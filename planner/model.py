@@ -154,6 +154,23 @@ class LayerGraph:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class LatentAttention:
+    """Multi-head latent attention's low-rank projections (DeepSeek-V2/V3: Hugging Face's
+    `q_lora_rank`, `kv_lora_rank`, `qk_rope_head_dim`, `v_head_dim`; Megatron-Core's
+    `MLATransformerConfig`). The query and key heads are `ModelProfile.head_dim` wide, of which
+    `qk_rope_head_dim` carry the rotary part."""
+
+    q_lora_rank: int
+    """Rank of the queries' down-projection (0: queries projected at full rank)."""
+    kv_lora_rank: int
+    """Rank of the compressed keys and values every head expands from."""
+    qk_rope_head_dim: int
+    """Rotary part of each query and key head."""
+    v_head_dim: int
+    """Width of each value head."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ModelProfile:
     """A model as the planner sees it: shape facts plus the layer chain."""
 
@@ -191,6 +208,17 @@ class ModelProfile:
     """Accelerator catalog name the layer times were measured on ('' when not measured)."""
     op_graphs: tuple[LayerGraph, ...] = ()
     """Op-level graphs of representative layers (a traced profile; empty for a spec)."""
+    dense_ffn: int = 0
+    """MLP inner size of a MoE model's blocks without experts where the config sets it apart
+    from the experts' `ffn` (DeepSeek's first blocks, Qwen-MoE's `mlp_only_layers`); 0
+    otherwise. Which blocks those are: the blocks without `LayerCost.expert_params`."""
+    shared_expert_ffn: int = 0
+    """Inner size of the shared experts every token of a MoE block also runs, all of them
+    together (DeepSeek's n_shared_experts x moe_intermediate_size, Qwen2-MoE's
+    shared_expert_intermediate_size); 0 without."""
+    latent_attention: LatentAttention | None = None
+    """The attention's low-rank projections under multi-head latent attention (None: plain
+    multi-head or grouped-query attention)."""
 
     def __post_init__(self) -> None:
         kinds = [layer.kind for layer in self.layers]
@@ -209,6 +237,11 @@ class ModelProfile:
         (`LayerCost.act_glu_copy_bytes`, filled by the spec for SwiGLU and by the tracer where
         a multiply saves a silu's output; a gate through another activation is not told)."""
         return any(x.act_glu_copy_bytes > 0 for x in self.layers if x.kind == LayerKind.BLOCK)
+
+    @property
+    def moe_blocks(self) -> tuple[bool, ...]:
+        """Whether each block holds experts, in block order (all False for a dense model)."""
+        return tuple(x.expert_params > 0 for x in self.layers if x.kind == LayerKind.BLOCK)
 
     @property
     def head_size(self) -> int:
@@ -243,14 +276,24 @@ class ModelProfile:
     def fingerprint(self) -> str:
         """Stable short digest of everything the planner reads from this profile."""
         fields = asdict(self)
-        if not fields["head_dim"]:  # profiles from before head_dim keep their fingerprint
-            del fields["head_dim"]
+        for name in ("head_dim", "dense_ffn", "shared_expert_ffn", "latent_attention"):
+            if not fields[name]:  # profiles from before these keep their fingerprint
+                del fields[name]
         for layer in fields["layers"]:  # and traced ones from before the copies were split out
             for name in ("act_norm_copy_bytes", "act_glu_copy_bytes", "attn_window"):
                 if not layer[name]:
                     del layer[name]
         payload = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def dense_blocks(profile: ModelProfile) -> tuple[int, ...]:
+    """The blocks without experts of a MoE model, counted from 0; empty when every block has
+    them and for a dense model (`ModelInfo.dense_blocks`)."""
+    moe = profile.moe_blocks
+    if not any(moe):
+        return ()
+    return tuple(i for i, has in enumerate(moe) if not has)
 
 
 def attention_windows(profile: ModelProfile) -> tuple[int, ...]:

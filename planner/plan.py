@@ -15,10 +15,13 @@ from .cost.estimate import Replay, TimeBreakdown
 from .cost.hidden import HiddenCosts
 from .cost.memory import MemoryBreakdown
 from .jsonio import to_json
+from .model import LatentAttention
 from .strategy import MeshAxis, Recompute, Schedule, Strategy
 
-SCHEMA_VERSION = 12
-"""Bumped on any incompatible change of the plan JSON (12: `ModelInfo.attention_windows`; 11:
+SCHEMA_VERSION = 13
+"""Bumped on any incompatible change of the plan JSON (13: a MoE model's dense blocks, their MLP,
+the shared experts and multi-head latent attention in `ModelInfo`; 12:
+`ModelInfo.attention_windows`; 11:
 the model's MLP and routing; 9: `Runtime.recompute_modules`; 8: `parallelism.expert_tp` and
 `Runtime.ep_comm_overlap`; 7: `ModelInfo.head_dim` and `TrainInfo.runtime`; 6:
 `Predicted.model_flops_per_s_per_gpu`; 5: PowerSGD, offload and asynchronous pipeline
@@ -78,6 +81,16 @@ class ModelInfo:
     """Keys each query sees in each block's attention, in block order (`LayerCost.attn_window`:
     a sliding window, 0 the whole sequence); empty when no block has a window (and in plans
     before version 12)."""
+    dense_blocks: tuple[int, ...] = ()
+    """Blocks without experts in a MoE model, counted from 0 (DeepSeek-V3's first 3); empty
+    when every block has them, for a dense model, and in plans before version 13."""
+    dense_ffn: int = 0
+    """MLP hidden size of those dense blocks where it differs from the experts' `ffn`
+    (`ModelProfile.dense_ffn`; 0 otherwise)."""
+    shared_expert_ffn: int = 0
+    """Hidden size of the shared experts every token also runs, all together (0: none)."""
+    latent_attention: LatentAttention | None = None
+    """Multi-head latent attention's ranks (None: plain attention, and plans before 13)."""
 
     @property
     def windowed(self) -> bool:

@@ -82,10 +82,26 @@ def _v9_presets() -> tuple[tuple[dict[str, typing.Any], dict[str, typing.Any]], 
 
 
 def upgrade(data: typing.Any) -> typing.Any:
-    """A version-4 to -11 plan document as the current version (`upgrade_v4` to
-    `upgrade_v11`); anything else unchanged (the schema then says what is wrong)."""
+    """A version-4 to -12 plan document as the current version (`upgrade_v4` to
+    `upgrade_v12`); anything else unchanged (the schema then says what is wrong)."""
     older = upgrade_v8(upgrade_v7(upgrade_v6(upgrade_v5(upgrade_v4(data)))))
-    return upgrade_v11(upgrade_v10(upgrade_v9(older)))
+    return upgrade_v12(upgrade_v11(upgrade_v10(upgrade_v9(older))))
+
+
+_SINCE_V13 = {"dense_blocks": [], "dense_ffn": 0, "shared_expert_ffn": 0, "latent_attention": None}
+"""`model` keys a version-12 plan did not record."""
+
+
+def upgrade_v12(data: typing.Any) -> typing.Any:
+    """A version-12 plan document as version 13: its MoE model's dense blocks, their MLP, the
+    shared experts and latent attention not recorded (an export writes what it wrote before);
+    anything else unchanged."""
+    if not isinstance(data, dict) or data.get("schema_version") != 12:
+        return data
+    out = dict(data, schema_version=13)
+    if isinstance(out.get("model"), dict):
+        out["model"] = {**_SINCE_V13, **out["model"]}
+    return out
 
 
 def upgrade_v11(data: typing.Any) -> typing.Any:

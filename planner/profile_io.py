@@ -23,8 +23,9 @@ from .jsonio import (
 from .model import ModelProfile
 
 _AGAIN = "profile the model again with paraplan profile -o"
-PROFILE_SCHEMA_VERSION = 9
-"""Bumped on any incompatible change of the profile JSON (9: each layer's `attn_window`; 8: each
+PROFILE_SCHEMA_VERSION = 10
+"""Bumped on any incompatible change of the profile JSON (10: `dense_ffn`, `shared_expert_ffn`,
+`latent_attention`, read from version 9 as absent; 9: each layer's `attn_window`; 8: each
 layer's `act_norm_copy_bytes` and `act_glu_copy_bytes`; 7: each layer's `autocast_saved_bytes`;
 6: each layer's `saved_tensors`; 5: the embedding's `bwd_tmp_bytes` is per micro-batch,
 weight-sized; 4 held it per traced sequence)."""
@@ -65,6 +66,7 @@ def profile_from_dict(data: typing.Any, *, trusted: bool = False) -> ModelProfil
     profiler's own source and the schema version): built without the schema walk, which takes
     most of a large trace's reading (25 s of DeepSeek-V3's 60 MB of op graphs); the built
     profile's own checks still run."""
+    data = _upgrade_v9(data)
     if isinstance(data, dict) and data.get("schema_version") not in (
         None,
         PROFILE_SCHEMA_VERSION,
@@ -85,6 +87,22 @@ def profile_from_dict(data: typing.Any, *, trusted: bool = False) -> ModelProfil
     profile: ModelProfile = from_json(ModelProfile, data["profile"])
     limits.check_profile(profile, where="profile")
     return profile
+
+
+_SINCE_V10 = {"dense_ffn": 0, "shared_expert_ffn": 0, "latent_attention": None}
+"""`profile` keys a version-9 profile did not record: what a model without a dense MLP size set
+apart, shared experts or latent attention has (a version-9 profile of DeepSeek-V3 leaves its
+Megatron export without them, as it was written then)."""
+
+
+def _upgrade_v9(data: typing.Any) -> typing.Any:
+    """A version-9 profile document as version 10 (anything else unchanged)."""
+    if not isinstance(data, dict) or data.get("schema_version") != 9:
+        return data
+    out = dict(data, schema_version=PROFILE_SCHEMA_VERSION)
+    if isinstance(out.get("profile"), dict):
+        out["profile"] = {**_SINCE_V10, **out["profile"]}
+    return out
 
 
 def save_profile(profile: ModelProfile, path: str | os.PathLike[str]) -> None:

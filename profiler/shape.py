@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from paraplan.planner.model import LatentAttention
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Shape:
@@ -36,6 +38,13 @@ class Shape:
     windows: tuple[int, ...] = ()
     """Keys each query of block i attends to, one entry per block (0: the whole sequence); ()
     when no block has a sliding window."""
+    dense_ffn: int = 0
+    """A MoE model's dense MLP size where the config sets it apart from the experts'
+    (`ModelProfile.dense_ffn`); 0 otherwise."""
+    shared_expert_ffn: int = 0
+    """Inner size of the shared experts, all together (`ModelProfile.shared_expert_ffn`)."""
+    latent: LatentAttention | None = None
+    """Multi-head latent attention's ranks (`ModelProfile.latent_attention`)."""
 
 
 def shape_of(config: Any) -> Shape:
@@ -51,22 +60,48 @@ def shape_of(config: Any) -> Shape:
         # qk_nope_head_dim + qk_rope_head_dim (transformers sets `head_dim` to the rotary
         # part alone), the values, narrower, padded to that width by the flash kernel
         head_dim = g("qk_nope_head_dim") + g("qk_rope_head_dim", default=0)
+    experts = g("num_local_experts", "num_experts", "n_routed_experts", default=0)
+    # MoE families that keep a dense size beside the experts' (DeepSeek, Qwen2/3-MoE) name the
+    # experts' `moe_intermediate_size`; Mixtral's and Llama 4's `intermediate_size` is the
+    # experts' (Llama 4's dense blocks: `intermediate_size_mlp`)
+    dense = g("intermediate_size", "n_inner", default=4 * hidden) or 4 * hidden
+    ffn = (g("moe_intermediate_size", default=0) if experts else 0) or dense
+    if experts:
+        dense = g("intermediate_size_mlp", default=0) or dense
+    shared = g("shared_expert_intermediate_size", default=0) or (
+        g("n_shared_experts", default=0) * g("moe_intermediate_size", default=0)
+    )
     return Shape(
         head_dim=0 if head_dim * heads == hidden else head_dim,
         hidden=hidden,
         heads=heads,
         kv_heads=g("num_key_value_heads", default=heads),
-        # MoE families that keep a dense size beside the experts' (Qwen2/3-MoE) name the
-        # experts' `moe_intermediate_size`; Mixtral's `intermediate_size` is the experts'
-        ffn=(g("moe_intermediate_size", default=0) if g("num_local_experts", default=0) else 0)
-        or g("intermediate_size", "n_inner", default=4 * hidden)
-        or 4 * hidden,
+        ffn=ffn,
         vocab=g("vocab_size"),
-        experts=g("num_local_experts", default=0),
-        top_k=g("num_experts_per_tok", default=0) if g("num_local_experts", default=0) else 0,
+        experts=experts,
+        top_k=g("num_experts_per_tok", default=0) if experts else 0,
         tied=bool(getattr(config, "tie_word_embeddings", False)),
         max_seq=g("max_position_embeddings", "n_positions", default=2048),
         windows=windows_of(config),
+        dense_ffn=dense if experts and dense != ffn else 0,
+        shared_expert_ffn=shared if experts else 0,
+        latent=latent_of(config),
+    )
+
+
+def latent_of(config: Any) -> LatentAttention | None:
+    """Multi-head latent attention's ranks as DeepSeek-V2/V3's configs state them (None where
+    the config has no `kv_lora_rank`: plain attention)."""
+    kv_rank = getattr(config, "kv_lora_rank", None)
+    nope = getattr(config, "qk_nope_head_dim", None)
+    if not kv_rank or not nope:
+        return None
+    rope = getattr(config, "qk_rope_head_dim", None) or 0
+    return LatentAttention(
+        q_lora_rank=getattr(config, "q_lora_rank", None) or 0,
+        kv_lora_rank=int(kv_rank),
+        qk_rope_head_dim=int(rope),
+        v_head_dim=getattr(config, "v_head_dim", None) or int(nope) + int(rope),
     )
 
 

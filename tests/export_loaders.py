@@ -87,15 +87,22 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
 
     import torch
     from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+        get_moe_layer_pattern,
+    )
     from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
     from megatron.core.optimizer import OptimizerConfig
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
     from megatron.core.transformer.utils import is_layer_window_attention
 
     from paraplan.export.megatron import parse_args
 
     args = parse_args(Path(item["path"]).read_text())
-    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    # Megatron-LM builds MLATransformerConfig under --multi-latent-attention (its
+    # `core_transformer_config_from_args`), passing --q-lora-rank's default None (full rank)
+    config_class = MLATransformerConfig if "multi-latent-attention" in args else TransformerConfig
+    fields = {f.name for f in dataclasses.fields(config_class)}
     kw: dict[str, Any] = {}
     for flag, value in args.items():
         name = _MEGATRON_DEST.get(flag, flag.replace("-", "_"))
@@ -104,17 +111,13 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
         if flag == "window-size":  # Megatron-LM's `tuple_type`
             kw["window_size"] = tuple(int(i) for i in str(value).strip("()").split(","))
             continue
-        if flag == "window-attn-skip-freq":  # Megatron-LM's `moe_freq_type`: a Python list
-            text = str(value)  # expression (its `_eval_pattern`), else a whole number
-            kw["window_attn_skip_freq"] = (
-                eval(text, {"__builtins__": {}}) if "[" in text else int(text)
-            )
+        if flag in ("window-attn-skip-freq", "moe-layer-freq"):  # Megatron-LM's `moe_freq_type`:
+            text = str(value)  # a Python list expression (its `_eval_pattern`), else a number
+            kw[name] = eval(text, {"__builtins__": {}}) if "[" in text else int(text)
             continue
         if name not in fields:
             raise ValueError(f"--{flag} is neither a TransformerConfig field nor a known argument")
-        field_type = str(
-            next(f.type for f in dataclasses.fields(TransformerConfig) if f.name == name)
-        )
+        field_type = str(next(f.type for f in dataclasses.fields(config_class) if f.name == name))
         if value is not None and "List" in field_type:  # nargs="*" (--recompute-modules)
             kw[name] = value.split()
             continue
@@ -124,7 +127,9 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
         kw["virtual_pipeline_model_parallel_size"] = int(
             args["num-virtual-stages-per-pipeline-rank"]
         )
-    config = TransformerConfig(
+    if config_class is MLATransformerConfig:
+        kw.setdefault("q_lora_rank", None)
+    config = config_class(
         **kw,
         bf16="bf16" in args,
         fp16="fp16" in args,
@@ -171,6 +176,20 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
         "ffn": config.ffn_hidden_size,
         "gated": config.gated_linear_unit,
         "top_k": config.moe_router_topk if config.num_moe_experts else 0,
+        "moe_ffn": config.moe_ffn_hidden_size,
+        "shared_expert_ffn": config.moe_shared_expert_intermediate_size,
+        "moe_pattern": get_moe_layer_pattern(config) if config.num_moe_experts else [],
+        "mla": (
+            [
+                config.q_lora_rank,
+                config.kv_lora_rank,
+                config.qk_head_dim,
+                config.qk_pos_emb_head_dim,
+                config.v_head_dim,
+            ]
+            if config.multi_latent_attention
+            else None
+        ),
         "untied": "untie-embeddings-and-output-weights" in args,
         "pp": config.pipeline_model_parallel_size,
         "cp": config.context_parallel_size,

@@ -15,6 +15,7 @@ from ..planner.config import Precision
 from ..planner.cost.stage_core import ep_overlap_applies
 from ..planner.plan import Plan
 from ..planner.strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
+from .megatron_moe import architecture_args
 from .megatron_read import _CORE, _FSDP_STRATEGY, parse_args, read
 from .megatron_windows import window_args
 from .setup import Gap, Target, option_gaps, uniform_recompute
@@ -135,13 +136,15 @@ def render(plan: Plan, s: Strategy) -> str:
         ("hidden-size", m.hidden),
         ("num-attention-heads", m.heads),
     ]
-    if m.head_dim:  # heads set apart from hidden / heads (Qwen3): Megatron's kv_channels
-        args.append(("kv-channels", m.head_dim))
+    if m.head_dim and m.latent_attention is None:  # heads set apart from hidden / heads
+        args.append(("kv-channels", m.head_dim))  # (Qwen3): Megatron's kv_channels
     if m.kv_heads != m.heads:
         args += [("group-query-attention", None), ("num-query-groups", m.kv_heads)]
     args += window_args(m)
     if m.ffn:  # the MLP as planned (Megatron's default: 4 x hidden, GELU, tied embeddings)
-        args.append(("ffn-hidden-size", m.ffn))  # each expert's too, unless told otherwise
+        # the dense blocks' where a MoE model sets them apart (the experts' then follows as
+        # --moe-ffn-hidden-size), else each expert's too
+        args.append(("ffn-hidden-size", m.dense_ffn or m.ffn))
         if m.gated_mlp:
             args.append(("swiglu", None))
         if not m.tied_embeddings:
@@ -150,6 +153,7 @@ def render(plan: Plan, s: Strategy) -> str:
         args += [("num-experts", m.experts), ("moe-grouped-gemm", None)]
         if m.top_k:  # Megatron-Core's default routes each token to 2
             args.append(("moe-router-topk", m.top_k))
+    args += architecture_args(m)  # latent attention, dense blocks, shared experts
     args += [
         ("seq-length", t.seq_len),
         ("max-position-embeddings", t.seq_len),

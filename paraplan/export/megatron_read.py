@@ -14,6 +14,7 @@ from ..planner.cost.count_split import CountSplit
 from ..planner.cost.recompute_pattern import PatternRule, RecomputePattern
 from ..planner.frameworks import Framework
 from ..planner.strategy import Recompute, Schedule, Strategy
+from .megatron_moe import architecture_said
 from .megatron_windows import windows_said
 from .setup import ModelSays, RuntimeSays, Stated, Target, TrainerSetup, check_batch
 from .shell_words import script_words
@@ -57,6 +58,13 @@ _VALUE_FLAGS = (
     "transformer-impl",
     "window-size",
     "window-attn-skip-freq",
+    "moe-layer-freq",
+    "moe-shared-expert-intermediate-size",
+    "q-lora-rank",
+    "kv-lora-rank",
+    "qk-head-dim",
+    "qk-pos-emb-head-dim",
+    "v-head-dim",
 )
 """Flags with a value that `read` interprets."""
 _SWITCHES = (
@@ -84,6 +92,7 @@ _SWITCHES = (
     "swiglu",
     "untie-embeddings-and-output-weights",
     "checkpoint-activations",
+    "multi-latent-attention",
 )
 """Flags without a value that `read` interprets (`--tp-comm-overlap` and
 `--overlap-moe-expert-parallel-comm`: the runtime, NeMo's preset where either is on,
@@ -182,6 +191,7 @@ def _model_says(
         top_k=stated("moe-router-topk")  # Megatron-Core's default: 2
         or (Stated(2, "no --moe-router-topk") if "num-experts" in args else None),
         windows=windows_said(args, num("num-layers", 1), source) if "num-layers" in args else None,
+        architecture=architecture_said(args, num, source),
     )
 
 

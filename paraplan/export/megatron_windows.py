@@ -15,6 +15,7 @@ list as a Python expression (`moe_freq_type`), e.g. ``[1,1,1,0]*3``.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 
 from ..planner.plan import ModelInfo
 from .setup import StatedWindows
@@ -78,27 +79,48 @@ def _pattern(skip: str | None, blocks: int, source: str) -> tuple[bool, ...]:
     """Which of `blocks` blocks have the window under ``--window-attn-skip-freq skip``."""
     if skip is None:
         return (True,) * blocks
-    text = skip.strip()
+    return block_bits(
+        skip,
+        blocks,
+        "--window-attn-skip-freq",
+        source,
+        every=lambda i, n: (i + 1) % n != 0,
+        meaning="every n-th block attends to the whole sequence",
+    )
+
+
+def block_bits(
+    text: str,
+    blocks: int,
+    flag: str,
+    source: str,
+    *,
+    every: Callable[[int, int], bool],
+    meaning: str,
+) -> tuple[bool, ...]:
+    """One bit per block from a Megatron-LM pattern flag (`moe_freq_type`: a whole number n,
+    each block i's bit `every(i, n)` counted from 0; or a list expression of 0 and 1, one per
+    block); ValueError naming the flag, the value and the forms taken."""
+    text = text.strip()
     if "[" not in text:  # a whole number, as Megatron-LM's `moe_freq_type` reads it
         if not text.isdigit() or int(text) < 1:
             raise ValueError(
-                f"{source}: --window-attn-skip-freq {skip!r} must be a whole number n >= 1 "
-                "(every n-th block attends to the whole sequence) or a list of 0 and 1 such "
-                "as ([1]*3+[0])*2"
+                f"{source}: {flag} {text!r} must be a whole number n >= 1 ({meaning}) or a "
+                "list of 0 and 1 such as ([1]*3+[0])*2"
             )
         n = int(text)
-        return tuple((i + 1) % n != 0 for i in range(blocks))
+        return tuple(every(i, n) for i in range(blocks))
     try:
         items = _list_of_bits(ast.parse(text, mode="eval").body)
     except (SyntaxError, ValueError):
         raise ValueError(
-            f"{source}: --window-attn-skip-freq {skip!r} is not a list of 0 and 1 (lists, "
-            "+ and * by a whole number, as in ([1]*3+[0])*2)"
+            f"{source}: {flag} {text!r} is not a list of 0 and 1 (lists, + and * by a whole "
+            "number, as in ([1]*3+[0])*2)"
         ) from None
     if len(items) != blocks:
         raise ValueError(
-            f"{source}: --window-attn-skip-freq {skip!r} names {len(items)} blocks, but "
-            f"--num-layers is {blocks}; give one 0 or 1 per block"
+            f"{source}: {flag} {text!r} names {len(items)} blocks, but --num-layers is "
+            f"{blocks}; give one 0 or 1 per block"
         )
     return tuple(bool(item) for item in items)
 

@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 
 from ..planner.config import Precision, RecomputeModule, Runtime
 from ..planner.cost.count_split import CountSplit
 from ..planner.cost.recompute_pattern import RecomputePattern
 from ..planner.frameworks import Framework
-from ..planner.model import LayerKind, ModelProfile
+from ..planner.model import LatentAttention, LayerKind, ModelProfile
 from ..planner.pins import Pins
 from ..planner.plan import Plan
 from ..planner.strategy import Recompute, Schedule, Strategy
@@ -112,6 +112,61 @@ class StatedWindows:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class StatedLatent:
+    """Multi-head latent attention as an argument file states it (None fields: not stated,
+    not compared)."""
+
+    on: bool
+    """Whether `--multi-latent-attention` is given."""
+    q_lora_rank: int | None = None
+    """`--q-lora-rank` (0: not given under `--multi-latent-attention`: full rank)."""
+    kv_lora_rank: int | None = None
+    """`--kv-lora-rank`."""
+    qk_head_dim: int | None = None
+    """`--qk-head-dim` + `--qk-pos-emb-head-dim`: each query and key head's whole width."""
+    qk_rope_head_dim: int | None = None
+    """`--qk-pos-emb-head-dim`."""
+    v_head_dim: int | None = None
+    """`--v-head-dim`."""
+
+    def mismatch(self, latent: LatentAttention | None, head_dim: int) -> str | None:
+        """What differs from a model with `latent` attention and heads `head_dim` wide, in words
+        (the flag, both values); None when everything stated agrees."""
+        if latent is None:
+            return "--multi-latent-attention, but the model has plain attention" * self.on or None
+        if not self.on:
+            return "no --multi-latent-attention, but the model has latent attention"
+        ours = {
+            "q-lora-rank": (self.q_lora_rank, latent.q_lora_rank),
+            "kv-lora-rank": (self.kv_lora_rank, latent.kv_lora_rank),
+            "qk-head-dim + --qk-pos-emb-head-dim": (self.qk_head_dim, head_dim),
+            "qk-pos-emb-head-dim": (self.qk_rope_head_dim, latent.qk_rope_head_dim),
+            "v-head-dim": (self.v_head_dim, latent.v_head_dim),
+        }
+        for flag, (said, have) in ours.items():
+            if said is not None and said != have:
+                return f"--{flag} gives {said}, but the model has {have}"
+        return None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StatedArchitecture:
+    """What an argument file states of a MoE model's layout and its latent attention."""
+
+    dense_ffn: Stated | None = None
+    """The dense blocks' MLP (`--ffn-hidden-size`, where `--moe-ffn-hidden-size` sets the
+    experts' apart)."""
+    shared_expert_ffn: Stated | None = None
+    """The shared experts, all together (`--moe-shared-expert-intermediate-size`; 0 without)."""
+    moe_blocks: tuple[bool, ...] | None = None
+    """Whether each block has experts (`--moe-layer-freq`; every block without it)."""
+    moe_blocks_flag: str = ""
+    """How the file states `moe_blocks`."""
+    latent: StatedLatent | None = None
+    """The attention's latent projections (None where the file does not state the model)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSays:
     """The model's sizes as a trainer configuration states them (None: not stated), checked
     against the model planned (`mismatch`): a configuration judged on another model than its
@@ -134,6 +189,8 @@ class ModelSays:
     `--moe-ffn-hidden-size`; without them, Megatron-LM's default)."""
     windows: StatedWindows | None = None
     """Each block's sliding window (`--window-size`, `--window-attn-skip-freq`)."""
+    architecture: StatedArchitecture = field(default_factory=StatedArchitecture)
+    """A MoE model's dense blocks and shared experts, and latent attention (Megatron's)."""
 
     def mismatch(self, profile: ModelProfile) -> str | None:
         """The first size that differs from `profile`'s, in words naming both values and the
@@ -148,7 +205,7 @@ class ModelSays:
             "top_k": profile.top_k if profile.experts else None,
         }
         for f in fields(self):
-            if f.name == "windows":
+            if f.name in ("windows", "architecture"):
                 continue
             said: Stated | None = getattr(self, f.name)
             have = ours[f.name]
@@ -159,7 +216,35 @@ class ModelSays:
                     f"{have}: the configuration is for another model; plan its model with "
                     f"--model{fix}"
                 )
-        return self._windows_mismatch(profile)
+        return self._windows_mismatch(profile) or self._architecture_mismatch(profile)
+
+    def _architecture_mismatch(self, profile: ModelProfile) -> str | None:
+        """Where the stated MoE layout or latent attention differs from `profile`'s, in words;
+        None when they agree or are not stated."""
+        said = self.architecture
+        moe = profile.moe_blocks
+        problem = None
+        if said.latent is not None:
+            problem = said.latent.mismatch(profile.latent_attention, profile.head_size)
+        stated_moe = said.moe_blocks or moe  # a count that differs is told by `blocks`
+        differs = len(stated_moe) == len(moe) and stated_moe != moe
+        if problem is None and profile.experts and differs:
+            dense = [i for i, has in enumerate(stated_moe) if not has]
+            ours = [i for i, has in enumerate(moe) if not has]
+            problem = (
+                f"{said.moe_blocks_flag} gives dense blocks {_blocks(dense)}, but "
+                f"{profile.name} has {_blocks(ours)}"
+            )
+        sizes = (
+            (said.dense_ffn, profile.dense_ffn or profile.ffn, profile.experts and not all(moe)),
+            (said.shared_expert_ffn, profile.shared_expert_ffn, profile.experts > 0),
+        )
+        for stated, have, applies in sizes:
+            if problem is None and stated is not None and applies and stated.value != have:
+                problem = f"{stated.flag} gives {stated.value}, but {profile.name} has {have}"
+        if problem is None:
+            return None
+        return f"{problem}: the configuration is for another model; plan its model with --model"
 
     def _windows_mismatch(self, profile: ModelProfile) -> str | None:
         """Where the stated windows differ from `profile`'s blocks' (`LayerCost.attn_window`),
@@ -177,6 +262,15 @@ class ModelSays:
             f"{StatedWindows.describe(have)}: the configuration is for another model; plan "
             f"its model with --model" + (f" (or fix {said.flag})" if said.flag[:1] == "-" else "")
         )
+
+
+def _blocks(indices: list[int]) -> str:
+    """Block indices in words (a run as first-last)."""
+    if not indices:
+        return "none"
+    if indices == list(range(indices[0], indices[-1] + 1)) and len(indices) > 2:
+        return f"{indices[0]}-{indices[-1]}"
+    return ", ".join(map(str, indices))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
