@@ -61,19 +61,29 @@ def _expert_ffn(self: Any, e: int, rows: torch.Tensor) -> torch.Tensor:
     return out + self.down_proj_bias[e] if bias else out
 
 
+def _project_batched(self: Any, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x (E, R, in) through every expert's slice of a 3-D `weight` at once: (E, R, out).
+
+    The weight's gradient is formed in the weight's own layout, as torch's grouped GEMM
+    (`torch._grouped_mm`, which torchtitan runs its experts on) writes it: for (E, in, out)
+    weights (`is_transposed`, GPT-OSS) x W, whose gradient x^T dy is (E, in, out); for
+    (E, out, in), (W x^T)^T, whose gradient dy^T x is (E, out, in). Batched as x W^T instead,
+    the gradient comes out transposed and accumulating it into the weight copies it: a whole
+    expert weight of backward transient no grouped GEMM has (DeepSeek-V3's gate-and-up weight,
+    15 GB, was priced per sequence)."""
+    if getattr(self, "is_transposed", False):
+        return torch.bmm(x, weight)
+    return torch.bmm(weight, x.transpose(1, 2)).transpose(1, 2)
+
+
 def _experts_batched(self: Any, rows: torch.Tensor) -> torch.Tensor:
     """Every expert's FFN at once on `rows` (E, R, H), as one batched matmul over each 3-D
-    weight, the way a grouped GEMM runs them: its backward computes each weight's gradient once,
-    where indexing the weight per expert (`_expert_ffn`) makes every expert's backward
-    materialize a zero gradient of the whole (E, out, in) weight (the profile then priced
-    1.5-1.7x the block's expert weights as backward transients)."""
-    transposed = bool(getattr(self, "is_transposed", False))
+    weight (`_project_batched`), the way a grouped GEMM runs them: its backward computes each
+    weight's gradient once, where indexing the weight per expert (`_expert_ffn`) makes every
+    expert's backward materialize a zero gradient of the whole (E, out, in) weight (the profile
+    then priced 1.5-1.7x the block's expert weights as backward transients)."""
     bias = bool(getattr(self, "has_bias", False))
-
-    def project(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return torch.bmm(x, weight if transposed else weight.transpose(1, 2))
-
-    gate_up = project(rows, self.gate_up_proj)  # (E, R, 2F)
+    gate_up = _project_batched(self, rows, self.gate_up_proj)  # (E, R, 2F)
     if bias:
         gate_up = gate_up + self.gate_up_proj_bias.unsqueeze(1)
     if hasattr(self, "_apply_gate"):
@@ -81,7 +91,7 @@ def _experts_batched(self: Any, rows: torch.Tensor) -> torch.Tensor:
     else:
         gate, up = gate_up.chunk(2, dim=-1)
         act = self.act_fn(gate) * up
-    out = project(act, self.down_proj)  # (E, R, H)
+    out = _project_batched(self, act, self.down_proj)  # (E, R, H)
     return out + self.down_proj_bias.unsqueeze(1) if bias else out
 
 
