@@ -13,15 +13,21 @@ from typing import Any
 
 
 def torchtitan_view(item: dict[str, Any]) -> dict[str, Any]:
-    """torchtitan >= 0.3: ConfigManager.parse_args on `--module llama3 --config llama3_8b` and
-    the file's keys as overrides."""
+    """torchtitan >= 0.3: ConfigManager.parse_args on `--module llama3 --config llama3_8b` (or
+    the item's `module` and `config`) and the file's keys as overrides."""
     from torchtitan.config.manager import ConfigManager
 
     from paraplan.export.torchtitan import cli_args
 
     text = Path(item["path"]).read_text()
     config = ConfigManager().parse_args(
-        ["--module", "llama3", "--config", "llama3_8b", *cli_args(text)]
+        [
+            "--module",
+            item.get("module", "llama3"),
+            "--config",
+            item.get("config", "llama3_8b"),
+            *cli_args(text),
+        ]
     )
     par, tr, ac = config.parallelism, config.training, config.activation_checkpoint
     parts = par.module_fqns_per_model_part
@@ -33,6 +39,7 @@ def torchtitan_view(item: dict[str, Any]) -> dict[str, Any]:
         "sp": par.enable_sequence_parallel,
         "pp": par.pipeline_parallel_degree,
         "cp": par.context_parallel_degree,
+        "ep": par.expert_parallel_degree,
         "schedule": par.pipeline_parallel_schedule,
         "chunks": len(parts) if parts else None,
         "chunk_modules": sum(len(p) for p in parts) if parts else None,

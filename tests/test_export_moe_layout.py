@@ -7,6 +7,7 @@ attention: a DeepSeek-V3 export built another model, silently."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import json
@@ -191,3 +192,30 @@ def test_older_documents_read_without_the_layout() -> None:
         del profile_doc["profile"][key]
     read_back = profile_from_dict(profile_doc)
     assert read_back.latent_attention is None and read_back.dense_ffn == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "module", "config"),
+    [
+        ("deepseek-v3", "deepseek_v3", "deepseek_v3_671b"),
+        ("gpt-oss-120b", "gpt_oss", "gpt_oss_120b"),
+    ],
+)
+def test_torchtitan_export_names_the_models_own_configuration(
+    name: str, module: str, config: str, tmp_path: Path
+) -> None:
+    """A plan of a MoE preset torchtitan ships names torchtitan's own configuration function
+    for it, and torchtitan's config manager, given that function and the written file, reads
+    back the plan's degrees (expert parallelism included) and batch."""
+    plan, costing = _plan()
+    plan = dataclasses.replace(plan, model=dataclasses.replace(plan.model, name=name))
+    text = export_plan(plan, Target.TORCHTITAN, costing).text
+    assert f"--module {module} --config {config} " in text
+    if importlib.util.find_spec("torchtitan") is None:
+        return
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    item = {"path": str(path), "world_size": 8, "module": module, "config": config}
+    got = run_loaders("torchtitan", [item])[0]
+    assert (got["shard"], got["tp"], got["pp"], got["ep"]) == (8, 1, 1, 8)
+    assert (got["local_batch"], got["global_batch"], got["seq_len"]) == (1, 16, SEQ)

@@ -42,11 +42,16 @@ __all__ = [
 ]
 
 REGISTRY_CONFIGS = {
-    "llama3-8b": "llama3_8b",
-    "llama3-70b": "llama3_70b",
-    "llama3-405b": "llama3_405b",
+    "llama3-8b": ("llama3", "llama3_8b"),
+    "llama3-70b": ("llama3", "llama3_70b"),
+    "llama3-405b": ("llama3", "llama3_405b"),
+    "deepseek-v3": ("deepseek_v3", "deepseek_v3_671b"),
+    "gpt-oss-20b": ("gpt_oss", "gpt_oss_20b"),
+    "gpt-oss-120b": ("gpt_oss", "gpt_oss_120b"),
 }
-"""paraplan presets with a torchtitan `config_registry` function (module `llama3`)."""
+"""paraplan presets with a torchtitan (>= 0.3) `config_registry` function: module, function
+(torchtitan's `models/<module>/config_registry.py`, checked by parsing them in the export
+tests); the written flags override the function's parallelism, batch and recompute."""
 _PRECISION_PARAM = {
     Precision.BF16: "bfloat16",
     Precision.FP8: "bfloat16",
@@ -166,8 +171,10 @@ def render(plan: Plan, s: Strategy) -> str:
     }
     if s.offload_params:  # FSDP2 CPUOffloadPolicy: parameters, gradients, optimizer states
         training["enable_cpu_offload"] = True
-    if pipelined:
-        training["disable_cuda_graphs"] = True  # torchtitan refuses CUDA graphs with PP
+    if pipelined or s.ep > 1:  # torchtitan refuses CUDA graphs with PP, and with EP over its
+        # default all-to-all token dispatcher, which synchronizes with the CPU
+        # (`Trainer.Config.__post_init__`; priced with the all-to-all)
+        training["disable_cuda_graphs"] = True
     sections = {"parallelism": parallelism, "training": training}
     runtime = plan.train.runtime
     if runtime.fused_elementwise:  # priced compiled (`--runtime torchtitan-compile`)
@@ -175,8 +182,8 @@ def render(plan: Plan, s: Strategy) -> str:
         if runtime.tp_comm_overlap and s.tp > 1:  # and Async TP (`torchtitan-async-tp`)
             sections["compile"]["enable_async_tensor_parallel"] = True
     args = " ".join(cli_args_of(sections, s))
-    base = REGISTRY_CONFIGS.get(plan.model.name)
-    module = f"--module llama3 --config {base}" if base else "--module <model> --config <config>"
+    known = REGISTRY_CONFIGS.get(plan.model.name)
+    module = "--module {} --config {}".format(*(known or ("<model>", "<config>")))
     fp8 = plan.train.precision == Precision.FP8
     lines = [
         f"# torchtitan job config written by {plan.generator} for {plan.model.name} on "
