@@ -32,6 +32,8 @@ class Job:
     """Degrees and choices."""
     experts: int
     """MoE experts per block (0 for a dense model)."""
+    dense_blocks: bool = False
+    """Whether some blocks of a MoE model have no experts (DeepSeek's first blocks)."""
     precision: Precision
     """Training precision."""
     optimizer: Optimizer
@@ -120,6 +122,12 @@ def _experts(j: Job) -> str | None:
     s = j.strategy
     if not j.experts:
         return None
+    if s.ep > 1 and j.dense_blocks:
+        return (
+            f"ep={s.ep} over a model whose first or other blocks have no experts: the "
+            "executor shards the experts of every block (Mixtral's layout); use --fix ep=1, "
+            "or `paraplan export` the plan to Megatron-LM (--moe-layer-freq)"
+        )
     if s.tp == 1 and s.pp == 1 and s.cp == 1 and s.shard_dp == s.dp:
         return None
     return (
@@ -275,6 +283,7 @@ def plan_gaps(plan: Plan) -> tuple[str, ...]:
             Job(
                 strategy=plan.strategy(),
                 experts=plan.model.experts,
+                dense_blocks=bool(plan.model.dense_blocks),
                 precision=plan.train.precision,
                 optimizer=plan.train.optimizer,
                 block_recompute=tuple(

@@ -483,6 +483,7 @@ class Search:
         job = Job(
             strategy=s,
             experts=self.ev.profile.experts,
+            dense_blocks=not all(self.ev.profile.moe_blocks),
             precision=t.precision,
             optimizer=t.optimizer,
         )

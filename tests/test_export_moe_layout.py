@@ -64,7 +64,9 @@ def _profile() -> ModelProfile:
 
 def _plan() -> tuple[Plan, Costing]:
     profile = _profile()
-    plan = make(profile, CLUSTER, global_batch=16, seq_len=SEQ, fix=FIX, top_k=0).plan
+    plan = make(
+        profile, CLUSTER, global_batch=16, seq_len=SEQ, fix=FIX, top_k=0, any_engine=True
+    ).plan
     return plan, Costing(profile, parse_cluster(CLUSTER), plan)
 
 
@@ -219,3 +221,19 @@ def test_torchtitan_export_names_the_models_own_configuration(
     got = run_loaders("torchtitan", [item])[0]
     assert (got["shard"], got["tp"], got["pp"], got["ep"]) == (8, 1, 1, 8)
     assert (got["local_batch"], got["global_batch"], got["seq_len"]) == (1, 16, SEQ)
+
+
+def test_executor_refuses_expert_parallelism_over_dense_blocks() -> None:
+    """paraplan's executor shards every block's experts (Mixtral's layout), so a plan with
+    ep > 1 over a model with dense blocks is named as one it cannot run, and the search for an
+    executor plan says so when nothing else is left; ep=1 stays runnable."""
+    from paraplan.planner.capabilities import plan_gaps
+
+    plan, _ = _plan()
+    gaps = plan_gaps(plan)
+    assert any("ep=8 over a model whose first or other blocks have no experts" in g for g in gaps)
+    with pytest.raises(ValueError, match="have no experts"):
+        make(_profile(), CLUSTER, global_batch=16, seq_len=SEQ, fix=FIX, top_k=0)
+    dense_ep = FIX.replace("ep=8", "ep=1")
+    runnable = make(_profile(), CLUSTER, global_batch=16, seq_len=SEQ, fix=dense_ep, top_k=0)
+    assert not any("no experts" in g for g in plan_gaps(runnable.plan))
