@@ -17,6 +17,7 @@ values `v_head_dim` wide. Hugging Face's DeepSeek configs name the same sizes
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 from ..planner.plan import ModelInfo
@@ -32,13 +33,7 @@ def moe_layer_freq(model: ModelInfo) -> str | None:
         return None
     dense = set(model.dense_blocks)
     bits = [0 if i in dense else 1 for i in range(model.num_blocks)]
-    runs: list[tuple[int, int]] = []
-    for bit in bits:
-        if runs and runs[-1][0] == bit:
-            runs[-1] = (bit, runs[-1][1] + 1)
-        else:
-            runs.append((bit, 1))
-    return "+".join(f"[{bit}]*{count}" for bit, count in runs)
+    return "+".join(f"[{bit}]*{len(list(run))}" for bit, run in itertools.groupby(bits))
 
 
 def architecture_args(model: ModelInfo) -> list[tuple[str, object]]:
