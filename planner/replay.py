@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .cost.estimate import Replay
 from .cost.evaluate import Evaluator
-from .cost.memory import MemoryBreakdown
+from .cost.memory import MemoryBreakdown, head_in_flight
 from .cost.options import has_options
 from .cost.schedules import PENDING_W_ACT_FACTOR, is_split_backward
 from .solvers.replay_table import replay_stages
@@ -65,7 +65,7 @@ def replay(ev: Evaluator, s: Strategy) -> Replay:
             params_bytes=static.params_bytes,
             grads_bytes=static.grads_bytes,
             optimizer_bytes=static.optimizer_bytes,
-            activations_bytes=acts[rep].peak_bytes(held, mbs),
+            activations_bytes=acts[rep].peak_bytes(held, mbs, head_in_flight(s.schedule, held)),
             other_bytes=static.other_bytes + ev.pipeline_buffer_bytes(s),
         )
         if has_options(s):  # offload, PowerSGD's buffers, stashed weights (cost/options.py)

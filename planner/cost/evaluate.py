@@ -28,7 +28,7 @@ from .estimate import Estimate, StageTime, TimeBreakdown
 from .float8 import block_weight_elements
 from .layout import Stage, StageSplit
 from .memo import memo_method
-from .memory import MemoryBreakdown, in_flight_microbatches
+from .memory import MemoryBreakdown, head_in_flight, in_flight_microbatches
 from .mixed_precision import autocast_held_bytes, autocast_s
 from .options import OptionModel, has_options, option_problem
 from .per_layer import PerLayerRecompute
@@ -197,7 +197,7 @@ class Evaluator:
         inflight = self.in_flight(s.schedule, s.pp, self.num_microbatches(s), s.virtual_stages)[
             stage.index
         ]
-        kept = acts.peak_bytes(inflight, s.micro_batch_size)
+        kept = acts.peak_bytes(inflight, s.micro_batch_size, head_in_flight(s.schedule, inflight))
         held = autocast_held_bytes(s, stage, self.stage_model, inflight, self.policy(s))
         mem = MemoryBreakdown(
             params_bytes=static.params_bytes,

@@ -188,6 +188,17 @@ backward or weight gradient, so when that micro-batch starts its forward on a st
 chunk the stage holds it on all of its chunks (tests/test_search_memory_bound.py)."""
 
 
+def head_in_flight(schedule: Schedule, inflight: float) -> float:
+    """Micro-batches whose head (and loss) activations the last stage holds at its peak, given
+    the `inflight` it holds of the whole stage. Under interleaved 1F1B the head sits in the last
+    stage's last chunk, whose forward of a micro-batch runs right before that chunk's backward of
+    it (Megatron-LM's order, and torch's `ScheduleInterleaved1F1B`): it holds one at a time,
+    while the stage's other chunks hold pp each at the peak ((v - 1) pp + 1 chunk micro-batches
+    in all; tests/test_head_in_flight.py replays torch's order). Every other schedule holds the
+    head's as many as the stage's (1F1B's last stage: one)."""
+    return min(1.0, inflight) if schedule == Schedule.INTERLEAVED_1F1B else inflight
+
+
 def in_flight_microbatches(
     schedule: Schedule, *, pp: int, stage: int, num_microbatches: int, virtual_stages: int
 ) -> float:

@@ -11,7 +11,7 @@ from ..strategy import Recompute, Strategy
 from . import schedules as split_schedules
 from .evaluate import Evaluator
 from .layout import Layout, Stage
-from .memory import MIN_SPLIT_IN_FLIGHT
+from .memory import MIN_SPLIT_IN_FLIGHT, head_in_flight
 from .mixed_precision import autocast_memory
 from .options import has_options
 
@@ -133,4 +133,7 @@ def _act_totals(
         table = ev.in_flight(s.schedule, s.pp, ev.num_microbatches(s), s.virtual_stages)
         inflight = [table[st.index] for st in stages]
     mbs = s.micro_batch_size
-    return [a.peak_bytes(inflight[i], mbs) + boundary for i, a in enumerate(sums)]
+    return [
+        a.peak_bytes(held, mbs, head_in_flight(s.schedule, held)) + boundary
+        for held, a in zip(inflight, sums, strict=True)
+    ]

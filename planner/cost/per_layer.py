@@ -15,7 +15,7 @@ from ..strategy import DEFAULT_MESH_ORDER, Recompute, Strategy
 from .float8 import layer_kept_bytes
 from .layout import Stage
 from .memo import memo_method
-from .memory import in_flight_microbatches, layer_tmp_bytes, step_tmp_bytes
+from .memory import head_in_flight, in_flight_microbatches, layer_tmp_bytes, step_tmp_bytes
 from .mixed_precision import (
     autocast_layer_bytes,
     autocast_memory,
@@ -165,9 +165,12 @@ class PerLayerRecompute:
                 inflight = self._inflight[where] = in_flight_microbatches(
                     s.schedule, pp=s.pp, stage=stage.index, num_microbatches=m, virtual_stages=v
                 )
+            # the head's kept bytes for the micro-batches the stage holds it for, in units of
+            # the stage's in-flight count (`memory.head_in_flight`)
+            head_share = head_in_flight(s.schedule, inflight) / inflight if inflight else 1.0
             yield StageProblem(
                 choices=parts.choices,
-                fixed_bytes=parts.fixed_bytes,
+                fixed_bytes=parts.fixed_bytes - parts.head_bytes * (1.0 - head_share),
                 inflight=inflight,
                 transient_bytes=parts.transient_bytes,
                 head_bytes=parts.head_bytes,

@@ -75,7 +75,8 @@ class StageProblem:
     choices: tuple[LayerChoice | None, ...]
     """Per layer of the stage: its options, or None for a layer that never recomputes."""
     fixed_bytes: float
-    """Kept bytes per sequence of the layers that never recompute."""
+    """Kept bytes per sequence of the layers that never recompute, per micro-batch in flight
+    (the head's scaled to the micro-batches the stage holds it for: `memory.head_in_flight`)."""
     inflight: float
     """Micro-batches whose activations the stage holds at its peak."""
     transient_bytes: float

@@ -85,9 +85,13 @@ class StageActivations:
     step_transient_bytes: float = 0.0
     """A transient on top that does not grow with the micro-batch, per micro-batch (the
     embedding's weight-sized backward: `memory.step_tmp_bytes`)."""
+    head_kept_bytes: float = 0.0
+    """Of `kept_bytes`, the head's (0 on a stage without it), which a schedule may hold for
+    fewer micro-batches than the rest of the stage (`memory.head_in_flight`)."""
 
-    def peak_bytes(self, inflight: float, mbs: int) -> float:
-        """Activation bytes at the stage's peak with `inflight` micro-batches of `mbs`."""
-        return self.kept_bytes * inflight * mbs + max(
-            self.transient_bytes * mbs, self.step_transient_bytes
-        )
+    def peak_bytes(self, inflight: float, mbs: int, head_inflight: float | None = None) -> float:
+        """Activation bytes at the stage's peak with `inflight` micro-batches of `mbs` (the
+        head's for `head_inflight` of them where given)."""
+        head = self.head_kept_bytes * (inflight if head_inflight is None else head_inflight)
+        kept = (self.kept_bytes - self.head_kept_bytes) * inflight + head
+        return kept * mbs + max(self.transient_bytes * mbs, self.step_transient_bytes)

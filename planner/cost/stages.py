@@ -484,10 +484,10 @@ class StageModel:
             per_seq = sum(prefix[c.last_layer + 1] - prefix[c.first_layer] for c in stage.chunks)
             spans = [(c.first_layer, c.last_layer + 1) for c in stage.chunks]
             worst = max(max(back[a:b]) for a, b in spans)
-            if stage.has_head:
-                worst -= prefix[-1] - prefix[-2]
-            transient = max(0.0, worst, max(max(tmp[a:b]) for a, b in spans))
+            head = prefix[-1] - prefix[-2] if stage.has_head else 0.0
+            transient = max(0.0, worst - head, max(max(tmp[a:b]) for a, b in spans))
             step = max(max(steps[a:b]) for a, b in spans)
             acts = StageActivations(kept_bytes=per_seq, transient_bytes=transient)
+            acts = replace(acts, head_kept_bytes=head) if head else acts
             out.append(replace(acts, step_transient_bytes=step) if step else acts)
         return tuple(out)
