@@ -27,6 +27,7 @@ from .cost.options import has_options, option_problem
 from .cost.rules import Rule, Violation
 from .framework_pins import space_pins
 from .frameworks import FrameworkSpace
+from .model import dense_blocks
 from .pins import Pins
 from .search_blocks import (
     PER_LAYER,
@@ -84,6 +85,7 @@ class Search:
         unless told `any_engine`); False: the whole space the cost model prices."""
         self.consent = consent  # options changing the training math it may offer (`options.py`)
         self._unrunnable: str | None = None
+        self._dense_blocks = bool(dense_blocks(ev.profile))  # the executor's EP needs none
         self._min_mem: tuple[float, Strategy] | None = None  # least memory `run` saw, and where
         # Offloading only adds time when the host streams no faster than HBM (true of every
         # catalog entry; a calibration could break it, and then offload is never pruned).
@@ -483,7 +485,7 @@ class Search:
         job = Job(
             strategy=s,
             experts=self.ev.profile.experts,
-            dense_blocks=not all(self.ev.profile.moe_blocks),
+            dense_blocks=self._dense_blocks,
             precision=t.precision,
             optimizer=t.optimizer,
         )

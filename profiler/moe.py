@@ -38,6 +38,15 @@ def is_fused_experts(module: nn.Module) -> bool:
     )
 
 
+def _gated(self: Any, gate_up: torch.Tensor) -> torch.Tensor:
+    """(..., 2F) -> (..., F): the class's own gate where it has one (`_apply_gate`: GPT-OSS's
+    clamped, interleaved pairs), else act(gate) * up over the concatenated [gate; up]."""
+    if hasattr(self, "_apply_gate"):
+        return self._apply_gate(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return self.act_fn(gate) * up
+
+
 def _expert_ffn(self: Any, e: int, rows: torch.Tensor) -> torch.Tensor:
     """Expert `e`'s FFN on `rows` (R, H) in the module's own layout, as transformers'
     `use_experts_implementation` states it: weights (E, out, in), or (E, in, out) when
@@ -52,12 +61,7 @@ def _expert_ffn(self: Any, e: int, rows: torch.Tensor) -> torch.Tensor:
     gate_up = project(rows, self.gate_up_proj[e])  # (R, 2F)
     if bias:
         gate_up = gate_up + self.gate_up_proj_bias[e]
-    if hasattr(self, "_apply_gate"):
-        act = self._apply_gate(gate_up)
-    else:
-        gate, up = gate_up.chunk(2, dim=-1)  # (R, F) each
-        act = self.act_fn(gate) * up
-    out = project(act, self.down_proj[e])  # (R, H)
+    out = project(_gated(self, gate_up), self.down_proj[e])  # (R, H)
     return out + self.down_proj_bias[e] if bias else out
 
 
@@ -86,12 +90,7 @@ def _experts_batched(self: Any, rows: torch.Tensor) -> torch.Tensor:
     gate_up = _project_batched(self, rows, self.gate_up_proj)  # (E, R, 2F)
     if bias:
         gate_up = gate_up + self.gate_up_proj_bias.unsqueeze(1)
-    if hasattr(self, "_apply_gate"):
-        act = self._apply_gate(gate_up)
-    else:
-        gate, up = gate_up.chunk(2, dim=-1)
-        act = self.act_fn(gate) * up
-    out = _project_batched(self, act, self.down_proj)  # (E, R, H)
+    out = _project_batched(self, _gated(self, gate_up), self.down_proj)  # (E, R, H)
     return out + self.down_proj_bias.unsqueeze(1) if bias else out
 
 

@@ -5,7 +5,6 @@ per-layer recompute solver read it; everything is memoized (the search asks agai
 
 from __future__ import annotations
 
-from dataclasses import replace
 from functools import cache, partial
 from itertools import accumulate
 
@@ -487,7 +486,12 @@ class StageModel:
             head = prefix[-1] - prefix[-2] if stage.has_head else 0.0
             transient = max(0.0, worst - head, max(max(tmp[a:b]) for a, b in spans))
             step = max(max(steps[a:b]) for a, b in spans)
-            acts = StageActivations(kept_bytes=per_seq, transient_bytes=transient)
-            acts = replace(acts, head_kept_bytes=head) if head else acts
-            out.append(replace(acts, step_transient_bytes=step) if step else acts)
+            out.append(
+                StageActivations(
+                    kept_bytes=per_seq,
+                    transient_bytes=transient,
+                    step_transient_bytes=step,
+                    head_kept_bytes=head,
+                )
+            )
         return tuple(out)
