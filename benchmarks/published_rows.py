@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from paraplan.planner.cluster import Cluster, parse_cluster
-from paraplan.planner.config import Precision, RecomputeModule, Runtime, TrainConfig
+from paraplan.planner.config import EpDispatch, Precision, RecomputeModule, Runtime, TrainConfig
 from paraplan.planner.cost.count_split import CountSplit
 from paraplan.planner.cost.layout import StageSplit
 from paraplan.planner.frameworks import RUNTIMES, Framework, torchtitan_framework
@@ -153,7 +153,10 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
       communication overlap (--tp-comm-overlap) and run Transformer Engine's fused attention;
       so do NeMo's Megatron-Bridge performance recipes (Megatron-Core with Transformer Engine;
       where the notes quote a recipe with `tp_comm_overlap=False`, without TP overlap, and with
-      `overlap_moe_expert_parallel_comm=True`, the experts' all-to-alls overlapped;
+      `overlap_moe_expert_parallel_comm=True`, the experts' all-to-alls overlapped; the
+      experts' tokens dispatched as the recipe says, `moe_token_dispatcher_type 'alltoall'`
+      as one all-to-all, the flex dispatcher (`moe_flex_dispatcher_backend` deepep or
+      hybridep) once per node, NeMo's default where the notes quote neither;
       NeMo 2.0's Llama 3 70B recipe adds `MegatronCommOverlapCallback(tp_comm_overlap=True)`
       with the userbuffers of h8192, tp4, mbs1, seq 8192, the row's own shape; a recipe's
       `recompute_modules`, in the row's config, is what its selective recompute redoes; NeMo's
@@ -182,6 +185,10 @@ def runtime_of(row: dict[str, Any]) -> Runtime:
         runtime = RUNTIMES[Framework.MEGATRON if tp_off else Framework.NEMO]
         ep_overlap = "overlap_moe_expert_parallel_comm=True" in text
         runtime = dataclasses.replace(runtime, ep_comm_overlap=ep_overlap)
+        if "moe_token_dispatcher_type 'alltoall'" in text:  # the recipe's own dispatcher
+            runtime = dataclasses.replace(runtime, ep_dispatch=EpDispatch.ALL_TO_ALL)
+        elif "moe_flex_dispatcher_backend" in text:  # flex: DeepEP or HybridEP
+            runtime = dataclasses.replace(runtime, ep_dispatch=EpDispatch.HIERARCHICAL)
         if rid.startswith("megatron_readme"):  # Megatron-LM's own runs: its defaults (fp32
             runtime = dataclasses.replace(runtime, fp32_grads=True, fp8_all_gather=False)
         modules = row["config"].get("recompute_modules")  # the recipe's `recompute_modules`

@@ -95,6 +95,7 @@ def plan(
     allow_async: bool = False,
     runtime: str = "paraplan",
     recompute_modules: str | None = None,
+    ep_dispatch: str | None = None,
 ) -> PlanOutcome:
     """Plan `model` (a preset/spec string, a `TransformerSpec` or a `ModelProfile`) on
     `cluster` (e.g. ``"8xh100"`` or a `Cluster`), with `fix` pins (`--fix` text or `Pins`).
@@ -103,7 +104,9 @@ def plan(
     torchtitan-async-tp, megatron, nemo: planner/frameworks.py), whose runtime the plan is
     then priced for; `recompute_modules` ("layernorm,moe_act") what Megatron's and NeMo's
     selective recompute redoes (`--recompute-modules`; default their attention core), or
-    "auto": the faster plan of each of `frameworks.MODULE_CHOICES`.
+    "auto": the faster plan of each of `frameworks.MODULE_CHOICES`; `ep_dispatch` how MoE
+    tokens reach their experts ("alltoall", "hierarchical": `config.EpDispatch`; default the
+    runtime's).
     PowerSGD (`allow_compression`) and the asynchronous PipeDream-2BW pipeline
     (`allow_async`) change the training math and are searched only when allowed.
     A model string is read as the CLI reads `--model`: `model_source` "auto" (the default of
@@ -112,7 +115,7 @@ def plan(
     fits."""
     from .planner.api import NoFeasiblePlanError, make_plan
     from .planner.cluster import Cluster, parse_cluster
-    from .planner.config import TrainConfig
+    from .planner.config import EpDispatch, TrainConfig
     from .planner.frameworks import RUNTIMES, module_choices, parse_framework
     from .planner.model import ModelProfile
     from .planner.model_spec import TransformerSpec
@@ -122,6 +125,14 @@ def plan(
     framework = parse_framework(runtime)  # a bad name fails before any tracing
     chosen = RUNTIMES[framework]
     choices = module_choices(recompute_modules, framework, allow_auto=True)  # and a bad list
+    if ep_dispatch is not None:
+        try:
+            chosen = replace(chosen, ep_dispatch=EpDispatch(ep_dispatch))
+        except ValueError:
+            named = ", ".join(d.value for d in EpDispatch)
+            raise ValueError(
+                f"ep_dispatch={ep_dispatch!r} is not a dispatcher; use {named}"
+            ) from None
     spec: TransformerSpec | ModelProfile | str
     if isinstance(model, str):
         spec = model_profile(model, seq_len=seq_len, precision=precision, source=model_source)

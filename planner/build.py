@@ -155,6 +155,8 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
             dense_ffn=p.dense_ffn,
             shared_expert_ffn=p.shared_expert_ffn,
             latent_attention=p.latent_attention,
+            routing_groups=p.routing_groups,
+            routing_group_top_k=p.routing_group_top_k,
         ),
         cluster=ClusterInfo(
             name=c.name,

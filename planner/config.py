@@ -93,6 +93,23 @@ class Float8Casts(StrEnum):
     set through `set_is_first_microbatch`)."""
 
 
+class EpDispatch(StrEnum):
+    """How a MoE layer's tokens travel to their experts' ranks and back (`Runtime.ep_dispatch`;
+    priced in `cost/routing.py` and `Collectives.dispatch`)."""
+
+    ALL_TO_ALL = "alltoall"
+    """One pairwise all-to-all of every (token, expert) copy (Megatron-Core's `alltoall`
+    dispatcher, torchtitan's default, paraplan's executor): a token whose k experts sit on other
+    nodes crosses the network k times."""
+    HIERARCHICAL = "hierarchical"
+    """Node-deduplicated: a token crosses once to each other node holding any of its experts,
+    over RDMA to the GPU of its own local index there, which forwards it over NVLink to the
+    experts' GPUs, the two pipelined; combine runs the reverse (DeepEP's normal kernels,
+    DeepSeek-V3 arXiv 2412.19437 §3.2.2 and github.com/deepseek-ai/DeepEP; HybridEP; Megatron-
+    Core's `--moe-token-dispatcher-type flex` with `--moe-flex-dispatcher-backend deepep` or
+    `hybridep`; torchtitan's `deepep` and `hybridep` communication backends)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Runtime:
     """How the training framework runs a step's kernels. The defaults are paraplan's own
@@ -112,6 +129,8 @@ class Runtime:
     backward, each one's dispatch and combine on a communication stream under the other's
     compute (the computation-communication overlap of DeepSeek-V3, arXiv 2412.19437 §3.2.1,
     across micro-batches). Needs two micro-batches or more; False: on the critical path."""
+    ep_dispatch: EpDispatch = EpDispatch.ALL_TO_ALL
+    """How the experts' tokens are dispatched and combined across the expert-parallel group."""
     grad_reduce_overlap: bool = True
     """Data-parallel gradient reductions overlap the backward that produces them (torch DDP's
     buckets, FSDP2's, Megatron-LM's `--overlap-grad-reduce`, on in every Megatron-Bridge

@@ -11,7 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from .config import AttentionKernel, Float8Casts, RecomputeModule, Runtime, SelectiveRecompute
+from .config import (
+    AttentionKernel,
+    EpDispatch,
+    Float8Casts,
+    RecomputeModule,
+    Runtime,
+    SelectiveRecompute,
+)
 from .strategy import Schedule
 
 
@@ -44,7 +51,9 @@ class Framework(StrEnum):
     """NeMo's Megatron-Bridge performance recipes: `MEGATRON` with TP communication overlapped
     with the GEMMs (userbuffers, `tp_comm_overlap`) and, for MoE models, the experts'
     all-to-alls overlapped with another micro-batch's compute (`ep_comm_overlap`: the
-    recipes' `overlap_moe_expert_parallel_comm`, on for Qwen3 and DeepSeek-V3), gradients
+    recipes' `overlap_moe_expert_parallel_comm`, on for Qwen3 and DeepSeek-V3) and dispatched
+    once per node (`ep_dispatch` hierarchical: the flex dispatcher with DeepEP or HybridEP, what
+    most of Megatron-Bridge's MoE performance recipes set, and NeMo 2.0's on H100), gradients
     reduced in bf16 (`fp32_grads` off: the performance recipes' `grad_reduce_in_fp32 = False`)
     and, under fp8, parameters gathered in fp8 (`fp8_all_gather`: the fp8 presets'
     `fp8_param_gather = True`)."""
@@ -76,7 +85,12 @@ RUNTIMES: dict[Framework, Runtime] = {
     Framework.TORCHTITAN_ASYNC_TP: replace(_TORCHTITAN_COMPILED, tp_comm_overlap=True),
     Framework.MEGATRON: _MEGATRON,
     Framework.NEMO: replace(
-        _MEGATRON, tp_comm_overlap=True, ep_comm_overlap=True, fp32_grads=False, fp8_all_gather=True
+        _MEGATRON,
+        tp_comm_overlap=True,
+        ep_comm_overlap=True,
+        ep_dispatch=EpDispatch.HIERARCHICAL,
+        fp32_grads=False,
+        fp8_all_gather=True,
     ),
 }
 """Each framework's runtime."""
@@ -114,6 +128,7 @@ CONFIGURED_FIELDS = (
     "glu_keeps_input_only",
     "fp8_all_gather",
     "pp_comm_overlap",
+    "ep_dispatch",
 )
 """`Runtime` fields a Megatron configuration sets itself (`MODULE_RECOMPUTE`)."""
 
@@ -178,9 +193,17 @@ def framework_of(runtime: Runtime) -> Framework | None:
     `Runtime`)."""
     default = {f: getattr(Runtime(), f) for f in CONFIGURED_FIELDS}
     plain = replace(runtime, **default)
+    dispatch = Runtime().ep_dispatch  # a trainer's setting (torchtitan's comm backend too),
+    # which paraplan's executor has not: its all-to-all alone
     for framework, known in RUNTIMES.items():
-        if known == runtime or (
-            framework in MODULE_RECOMPUTE and replace(known, **default) == plain
+        ours = framework == Framework.PARAPLAN
+        if (
+            known == runtime
+            or (
+                not ours
+                and replace(known, ep_dispatch=dispatch) == replace(runtime, ep_dispatch=dispatch)
+            )
+            or (framework in MODULE_RECOMPUTE and replace(known, **default) == plain)
         ):
             return framework
     return None

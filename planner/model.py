@@ -219,6 +219,13 @@ class ModelProfile:
     latent_attention: LatentAttention | None = None
     """The attention's low-rank projections under multi-head latent attention (None: plain
     multi-head or grouped-query attention)."""
+    routing_groups: int = 1
+    """Expert groups of group-limited routing, consecutive experts each (DeepSeek-V2/V3's
+    `n_group`, Megatron-Core's `moe_router_num_groups`; 1: not limited): a token routes to
+    `routing_group_top_k` groups only (`cost/routing.py`)."""
+    routing_group_top_k: int = 1
+    """Groups each token may route to (DeepSeek's `topk_group`, Megatron-Core's
+    `moe_router_group_topk`)."""
 
     def __post_init__(self) -> None:
         kinds = [layer.kind for layer in self.layers]
@@ -230,6 +237,12 @@ class ModelProfile:
             )
         if self.num_blocks < 1:
             raise ValueError(f"model {self.name!r}: the chain has no blocks; add at least one")
+        if not 1 <= self.routing_group_top_k <= self.routing_groups:
+            raise ValueError(
+                f"model {self.name!r}: routing_group_top_k={self.routing_group_top_k} must be "
+                f"between 1 and routing_groups={self.routing_groups}; set both to 1 for routing "
+                "that is not group-limited"
+            )
 
     @property
     def gated_mlp(self) -> bool:
@@ -278,6 +291,9 @@ class ModelProfile:
         fields = asdict(self)
         for name in ("head_dim", "dense_ffn", "shared_expert_ffn", "latent_attention"):
             if not fields[name]:  # profiles from before these keep their fingerprint
+                del fields[name]
+        for name in ("routing_groups", "routing_group_top_k"):
+            if fields[name] == 1:  # likewise (1: not group-limited)
                 del fields[name]
         for layer in fields["layers"]:  # and traced ones from before the copies were split out
             for name in ("act_norm_copy_bytes", "act_glu_copy_bytes", "attn_window"):

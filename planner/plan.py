@@ -18,8 +18,9 @@ from .jsonio import to_json
 from .model import LatentAttention
 from .strategy import MeshAxis, Recompute, Schedule, Strategy
 
-SCHEMA_VERSION = 13
-"""Bumped on any incompatible change of the plan JSON (13: a MoE model's dense blocks, their MLP,
+SCHEMA_VERSION = 14
+"""Bumped on any incompatible change of the plan JSON (14: `Runtime.ep_dispatch` and
+`ModelInfo.routing_groups`, `routing_group_top_k`; 13: a MoE model's dense blocks, their MLP,
 the shared experts and multi-head latent attention in `ModelInfo`; 12:
 `ModelInfo.attention_windows`; 11:
 the model's MLP and routing; 9: `Runtime.recompute_modules`; 8: `parallelism.expert_tp` and
@@ -91,6 +92,11 @@ class ModelInfo:
     """Hidden size of the shared experts every token also runs, all together (0: none)."""
     latent_attention: LatentAttention | None = None
     """Multi-head latent attention's ranks (None: plain attention, and plans before 13)."""
+    routing_groups: int = 1
+    """Expert groups of group-limited routing (`ModelProfile.routing_groups`; 1: not limited,
+    and plans before 14)."""
+    routing_group_top_k: int = 1
+    """Groups each token may route to (`ModelProfile.routing_group_top_k`)."""
 
     @property
     def windowed(self) -> bool:

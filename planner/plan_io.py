@@ -82,10 +82,26 @@ def _v9_presets() -> tuple[tuple[dict[str, typing.Any], dict[str, typing.Any]], 
 
 
 def upgrade(data: typing.Any) -> typing.Any:
-    """A version-4 to -12 plan document as the current version (`upgrade_v4` to
-    `upgrade_v12`); anything else unchanged (the schema then says what is wrong)."""
+    """A version-4 to -13 plan document as the current version (`upgrade_v4` to
+    `upgrade_v13`); anything else unchanged (the schema then says what is wrong)."""
     older = upgrade_v8(upgrade_v7(upgrade_v6(upgrade_v5(upgrade_v4(data)))))
-    return upgrade_v12(upgrade_v11(upgrade_v10(upgrade_v9(older))))
+    return upgrade_v13(upgrade_v12(upgrade_v11(upgrade_v10(upgrade_v9(older)))))
+
+
+def upgrade_v13(data: typing.Any) -> typing.Any:
+    """A version-13 plan document as version 14: its experts' tokens dispatched as one
+    all-to-all of every copy (`train.runtime.ep_dispatch`, as every version-13 plan was priced)
+    and its model's routing not group-limited (`ModelInfo.routing_groups` 1); anything else
+    unchanged."""
+    if not isinstance(data, dict) or data.get("schema_version") != 13:
+        return data
+    out = dict(data, schema_version=14)
+    train = out.get("train")
+    if isinstance(train, dict) and isinstance(train.get("runtime"), dict):
+        out["train"] = {**train, "runtime": {"ep_dispatch": "alltoall", **train["runtime"]}}
+    if isinstance(out.get("model"), dict):
+        out["model"] = {"routing_groups": 1, "routing_group_top_k": 1, **out["model"]}
+    return out
 
 
 _SINCE_V13 = {"dense_blocks": [], "dense_ffn": 0, "shared_expert_ffn": 0, "latent_attention": None}

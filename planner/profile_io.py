@@ -23,10 +23,12 @@ from .jsonio import (
 from .model import ModelProfile
 
 _AGAIN = "profile the model again with paraplan profile -o"
-PROFILE_SCHEMA_VERSION = 10
-"""Bumped on any incompatible change of the profile JSON (10: `dense_ffn`, `shared_expert_ffn`,
-`latent_attention`, read from version 9 as absent; 9: each layer's `attn_window`; 8: each
-layer's `act_norm_copy_bytes` and `act_glu_copy_bytes`; 7: each layer's `autocast_saved_bytes`;
+PROFILE_SCHEMA_VERSION = 11
+"""Bumped on any incompatible change of the profile JSON (11: `routing_groups`,
+`routing_group_top_k`, read from older versions as not group-limited; 10: `dense_ffn`,
+`shared_expert_ffn`, `latent_attention`, read from version 9 as absent; 9: each layer's
+`attn_window`; 8: each layer's `act_norm_copy_bytes` and `act_glu_copy_bytes`; 7: each layer's
+`autocast_saved_bytes`;
 6: each layer's `saved_tensors`; 5: the embedding's `bwd_tmp_bytes` is per micro-batch,
 weight-sized; 4 held it per traced sequence)."""
 
@@ -66,7 +68,7 @@ def profile_from_dict(data: typing.Any, *, trusted: bool = False) -> ModelProfil
     profiler's own source and the schema version): built without the schema walk, which takes
     most of a large trace's reading (25 s of DeepSeek-V3's 60 MB of op graphs); the built
     profile's own checks still run."""
-    data = _upgrade_v9(data)
+    data = _upgrade_older(data)
     if isinstance(data, dict) and data.get("schema_version") not in (
         None,
         PROFILE_SCHEMA_VERSION,
@@ -95,13 +97,19 @@ apart, shared experts or latent attention has (a version-9 profile of DeepSeek-V
 Megatron export without them, as it was written then)."""
 
 
-def _upgrade_v9(data: typing.Any) -> typing.Any:
-    """A version-9 profile document as version 10 (anything else unchanged)."""
-    if not isinstance(data, dict) or data.get("schema_version") != 9:
+_SINCE_V11 = {"routing_groups": 1, "routing_group_top_k": 1}
+"""`profile` keys a version-10 profile did not record: routing not group-limited (a version-10
+profile of DeepSeek-V3 prices its dispatch as if any node could receive a token's experts)."""
+
+
+def _upgrade_older(data: typing.Any) -> typing.Any:
+    """A version-9 or -10 profile document as the current version (anything else unchanged)."""
+    if not isinstance(data, dict) or data.get("schema_version") not in (9, 10):
         return data
+    since = {**_SINCE_V11, **(_SINCE_V10 if data.get("schema_version") == 9 else {})}
     out = dict(data, schema_version=PROFILE_SCHEMA_VERSION)
     if isinstance(out.get("profile"), dict):
-        out["profile"] = {**_SINCE_V10, **out["profile"]}
+        out["profile"] = {**since, **out["profile"]}
     return out
 
 

@@ -385,6 +385,8 @@ def _assemble(
         dense_ffn=shape.dense_ffn if shape else 0,
         shared_expert_ffn=shape.shared_expert_ffn if shape else 0,
         latent_attention=shape.latent if shape else None,
+        routing_groups=shape.routing_groups if shape else 1,
+        routing_group_top_k=shape.routing_group_top_k if shape else 1,
         measured_on=measured_on,
         module_digest=digest,
         op_graphs=tuple(graphs),

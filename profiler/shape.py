@@ -45,6 +45,10 @@ class Shape:
     """Inner size of the shared experts, all together (`ModelProfile.shared_expert_ffn`)."""
     latent: LatentAttention | None = None
     """Multi-head latent attention's ranks (`ModelProfile.latent_attention`)."""
+    routing_groups: int = 1
+    """Expert groups of group-limited routing (`ModelProfile.routing_groups`; 1: none)."""
+    routing_group_top_k: int = 1
+    """Groups each token may route to (`ModelProfile.routing_group_top_k`)."""
 
 
 def shape_of(config: Any) -> Shape:
@@ -71,6 +75,12 @@ def shape_of(config: Any) -> Shape:
     shared = g("shared_expert_intermediate_size", default=0) or (
         g("n_shared_experts", default=0) * g("moe_intermediate_size", default=0)
     )
+    # group-limited routing (DeepSeek-V2/V3's `n_group` and `topk_group`; some ports name the
+    # groups `num_expert_group`): each token picks `topk_group` groups, then its experts there
+    groups = g("n_group", "num_expert_group", default=1) if experts else 1
+    group_top_k = g("topk_group", default=groups) if groups > 1 else 1
+    if not 1 <= group_top_k < groups:
+        groups = group_top_k = 1  # every group allowed: not limited
     return Shape(
         head_dim=0 if head_dim * heads == hidden else head_dim,
         hidden=hidden,
@@ -86,6 +96,8 @@ def shape_of(config: Any) -> Shape:
         dense_ffn=dense if experts and dense != ffn else 0,
         shared_expert_ffn=shared if experts else 0,
         latent=latent_of(config),
+        routing_groups=groups,
+        routing_group_top_k=group_top_k,
     )
 
 

@@ -186,6 +186,8 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
         "moe_ffn": config.moe_ffn_hidden_size,
         "shared_expert_ffn": config.moe_shared_expert_intermediate_size,
         "moe_pattern": get_moe_layer_pattern(config) if config.num_moe_experts else [],
+        "flex_backend": config.moe_flex_dispatcher_backend,
+        "router_groups": [config.moe_router_num_groups, config.moe_router_group_topk],
         "mla": (
             [
                 config.q_lora_rank,

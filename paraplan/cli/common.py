@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from ..api import model_profile
 from ..planner import limits
-from ..planner.config import Runtime
+from ..planner.config import EpDispatch, Runtime
 from ..planner.frameworks import RUNTIMES, Framework, module_choices
 from ..planner.limits import MAX_SECONDS, Bound
 
@@ -206,6 +206,13 @@ def add_runtime_arg(parser: argparse.ArgumentParser, what: str) -> None:
         "communication overlap, MoE all-to-alls overlapped, bf16 gradients and fp8 parameter "
         f"gathers, as its recipes set): {what}",
     )
+    parser.add_argument(
+        "--ep-dispatch",
+        default=None,
+        choices=[d.value for d in EpDispatch],
+        help="how MoE tokens reach their experts: alltoall (every copy, the default; nemo's "
+        "default is hierarchical), hierarchical (once per node, DeepEP/HybridEP)",
+    )
 
 
 def runtime_name(args: argparse.Namespace) -> str:
@@ -233,6 +240,8 @@ def chosen_runtime(args: argparse.Namespace, *, allow_auto: bool = False) -> Run
     text = getattr(args, "recompute_modules", None)
     choices = module_choices(text, framework, allow_auto=allow_auto)
     runtime = RUNTIMES[framework]
+    if getattr(args, "ep_dispatch", None):
+        runtime = replace(runtime, ep_dispatch=EpDispatch(args.ep_dispatch))
     return replace(runtime, recompute_modules=choices[0]) if len(choices) == 1 else runtime
 
 

@@ -167,6 +167,7 @@ def execute(args: argparse.Namespace) -> int:
                 allow_async=args.allow_async,
                 runtime=runtime_name(args),
                 recompute_modules=args.recompute_modules,
+                ep_dispatch=args.ep_dispatch,
             )
     except NoFeasiblePlanError as exc:
         print(f"paraplan: no plan fits: {exc}", file=sys.stderr)

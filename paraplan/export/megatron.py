@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..planner.config import Precision
+from ..planner.config import EpDispatch, Precision
 from ..planner.cost.stage_core import ep_overlap_applies
 from ..planner.plan import Plan
 from ..planner.strategy import DEFAULT_MESH_ORDER, Recompute, Schedule, Strategy
@@ -162,9 +162,17 @@ def render(plan: Plan, s: Strategy) -> str:
         ("context-parallel-size", s.cp),
     ]
     if s.ep > 1:
-        # the token dispatch priced: all-to-all (Megatron-LM's default is "allgather")
+        # the token dispatch priced (Megatron-LM's default is "allgather"): one all-to-all, or
+        # once per node through the flex dispatcher's DeepEP (`EpDispatch.HIERARCHICAL`)
         args.append(("expert-model-parallel-size", s.ep))
-        args.append(("moe-token-dispatcher-type", "alltoall"))
+        if t.runtime.ep_dispatch == EpDispatch.HIERARCHICAL:
+            args.append(("moe-token-dispatcher-type", "flex"))
+            args.append(("moe-flex-dispatcher-backend", "deepep"))
+        else:
+            args.append(("moe-token-dispatcher-type", "alltoall"))
+    if m.experts and m.routing_groups > 1:  # group-limited routing, as priced
+        args.append(("moe-router-num-groups", m.routing_groups))
+        args.append(("moe-router-group-topk", m.routing_group_top_k))
     if s.folded_experts:  # Megatron's default is tp: experts split as the dense layers
         args.append(("expert-tensor-parallel-size", 1))
     if s.virtual_stages > 1:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from ..planner.config import Precision, RecomputeModule
+from ..planner.config import EpDispatch, Precision, RecomputeModule
 from ..planner.cost.count_split import CountSplit
 from ..planner.cost.recompute_pattern import PatternRule, RecomputePattern
 from ..planner.frameworks import Framework
@@ -416,6 +416,8 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
             f"the {dispatcher} token dispatcher is priced as all-to-all dispatch (paraplan "
             "prices expert parallelism's tokens by all-to-all)"
         )
+    flex = dispatcher == "flex"  # DeepEP or HybridEP (`--moe-flex-dispatcher-backend`)
+    ep_dispatch = (EpDispatch.HIERARCHICAL if flex else EpDispatch.ALL_TO_ALL) if ep > 1 else None
     cp_comm = args.get("cp-comm-type") or "p2p"  # Megatron-Core's default: the ring
     if cp > 1 and cp_comm != "p2p":
         notes.append(
@@ -461,6 +463,7 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
             glu_keeps_input_only="no-bias-swiglu-fusion" not in args,
             pp_comm_overlap="no-overlap-p2p-communication" not in args,
             fp8_all_gather=("fp8-param-gather" in args) if precision == Precision.FP8 else None,
+            ep_dispatch=ep_dispatch,
         ),
     )
     return check_batch(setup)

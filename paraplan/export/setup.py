@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 
-from ..planner.config import Precision, RecomputeModule, Runtime
+from ..planner.config import EpDispatch, Precision, RecomputeModule, Runtime
 from ..planner.cost.count_split import CountSplit
 from ..planner.cost.recompute_pattern import RecomputePattern
 from ..planner.frameworks import Framework
@@ -44,7 +44,7 @@ class RuntimeSays:
     """What a Megatron configuration sets of its runtime (`Runtime`'s fields of the same
     names): `--recompute-modules`, `--overlap-grad-reduce`, `--overlap-param-gather`,
     `--grad-reduce-in-bf16`, `--no-bias-swiglu-fusion`, `--fp8-param-gather`,
-    `--no-overlap-p2p-communication`."""
+    `--no-overlap-p2p-communication`, `--moe-token-dispatcher-type`."""
 
     recompute_modules: tuple[RecomputeModule, ...]
     """What selective recompute redoes."""
@@ -63,6 +63,9 @@ class RuntimeSays:
     fp8_all_gather: bool | None = None
     """Parameters gathered in fp8: `--fp8-param-gather` (Megatron-LM's default: bf16); None
     outside fp8 training, where it means nothing (the runtime's own kept)."""
+    ep_dispatch: EpDispatch | None = None
+    """How the experts' tokens travel: `--moe-token-dispatcher-type flex` (DeepEP or HybridEP,
+    once per node), else one all-to-all; None without expert parallelism (the runtime's own)."""
 
     def apply(self, runtime: Runtime) -> Runtime:
         """`runtime` with these settings (its fields of the same names)."""

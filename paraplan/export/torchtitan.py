@@ -16,7 +16,7 @@ import tomllib
 from dataclasses import replace
 from typing import Any
 
-from ..planner.config import Precision
+from ..planner.config import EpDispatch, Precision
 from ..planner.plan import Plan
 from ..planner.strategy import DEFAULT_MESH_ORDER, Recompute, Strategy
 from .setup import Gap, StatedWindows, Target, option_gaps, uniform_recompute
@@ -205,6 +205,15 @@ def render(plan: Plan, s: Strategy) -> str:
                 "converters"
             ]
             if fp8
+            else []
+        ),
+        *(
+            [
+                "# the experts' tokens are priced dispatched once per node (DeepEP): torchtitan "
+                "takes it from the config registry, the model's token dispatcher built with "
+                "comm_backend='deepep' (make_token_dispatcher_config)"
+            ]
+            if s.ep > 1 and runtime.ep_dispatch == EpDispatch.HIERARCHICAL
             else []
         ),
         "",

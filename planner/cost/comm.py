@@ -17,8 +17,10 @@ from enum import StrEnum
 from functools import cache
 from math import ceil, lcm
 
+from ..config import EpDispatch
 from ..hardware import Accelerator
 from ..strategy import MeshAxis
+from .routing import Routing, remote_nodes
 
 
 class CollectiveKind(StrEnum):
@@ -342,6 +344,39 @@ class Collectives:
         inter = _transfer_s(inter_bytes, inter_bw, inter_half)
         lat = inter_lat if link.nodes > 1 else intra_lat
         return intra + inter + (n - 1) * lat + self._skew_s
+
+    def dispatch(self, token_bytes: float, routing: Routing, link: AxisLink) -> float:
+        """Seconds for one MoE dispatch (or combine) over the expert-parallel group, each rank
+        holding `token_bytes` of tokens (one copy each) routed as `routing` says.
+
+        - `EpDispatch.ALL_TO_ALL`: an all-to-all of top_k copies of every token.
+        - `EpDispatch.HIERARCHICAL` over several nodes (DeepEP's normal kernels): each token
+          crosses the network once per other node holding any of its experts
+          (`cost/routing.remote_nodes`), on the rank's own NIC, while the copies for the experts'
+          GPUs within each node (all but the 1/m landing on the forwarding GPU itself) move over
+          NVLink, pipelined with it: the slower of the two, one latency per peer node and per
+          NVLink peer. Within one node it is the all-to-all."""
+        copies = token_bytes * routing.top_k
+        if routing.dispatch == EpDispatch.ALL_TO_ALL:
+            return self.all_to_all(copies, link)
+        if self._lower_bound:
+            # a bound for any placement: the nodes the group spans decide the bytes (within one
+            # node it sends the most), so no time is the safe bound
+            return 0.0
+        if link.nodes <= 1:
+            return self.all_to_all(copies, link)
+        key = ("dispatch", token_bytes, routing, link)
+        if key not in self._cache:
+            m = link.per_node
+            intra_bw, intra_lat, intra_half = self._intra_for(CollectiveKind.ALL_TO_ALL)
+            inter_bw, inter_lat, inter_half = self._inter
+            rdma_bytes = token_bytes * remote_nodes(routing, link.nodes)
+            nvlink_bytes = copies * (m - 1) / m
+            rdma = _transfer_s(rdma_bytes, inter_bw, inter_half)
+            nvlink = _transfer_s(nvlink_bytes, intra_bw, intra_half)
+            lat = (link.nodes - 1) * inter_lat + (m - 1) * intra_lat
+            self._cache[key] = max(rdma, nvlink) + lat + self._skew_s
+        return self._cache[key]
 
     def p2p(self, nbytes: float, cross_node: bool) -> float:
         """Seconds to send `nbytes` to one peer."""

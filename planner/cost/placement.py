@@ -20,6 +20,7 @@ from dataclasses import fields
 
 from ..hardware import Accelerator
 from .comm import AxisLink, Collectives, Links
+from .routing import Routing
 
 
 class PlacementBound(Collectives):
@@ -87,6 +88,19 @@ class PlacementBound(Collectives):
     def all_to_all(self, nbytes: float, link: AxisLink) -> float:
         """The least all-to-all time over the candidate links of this size."""
         return self._min("all_to_all", nbytes, link)
+
+    def dispatch(self, token_bytes: float, routing: Routing, link: AxisLink) -> float:
+        """The least dispatch time over the candidate links of this size."""
+        key = ("dispatch", token_bytes, routing, link.size)
+        found = self._least.get(key)
+        if found is None:
+            options = self.candidates.get(link.size)
+            if options is None:
+                found = self.fallback.dispatch(token_bytes, routing, link)
+            else:
+                found = min(self.real.dispatch(token_bytes, routing, one) for one in options)
+            self._least[key] = found
+        return found
 
     def p2p(self, nbytes: float, cross_node: bool) -> float:
         """The faster of a send inside a node and one between nodes."""

@@ -18,6 +18,7 @@ from .data_parallel import hidden_behind
 from .layout import Layout, Stage, p2p_sends
 from .mixed_precision import autocasts, residual_widening
 from .per_layer import PerLayerRecompute
+from .routing import routing_of
 from .stage_parts import StageCompute
 from .stages import StageModel
 
@@ -67,8 +68,8 @@ def stage_core(
     kv_shard = max(1, min(s.tp, p.kv_heads))
     kv_bytes = 2 * tokens * p.kv_dim / kv_shard * train.act_bytes
     hop_s = coll.p2p(kv_bytes, links.cp.nodes > 1) if s.cp > 1 else 0.0
-    a2a_bytes = act * p.top_k / (s.tp if s.sequence_parallel else 1)
-    a2a = coll.all_to_all(a2a_bytes, links.ep) if s.ep > 1 else 0.0
+    token_bytes = act / (s.tp if s.sequence_parallel else 1)  # each rank's tokens, once
+    a2a = coll.dispatch(token_bytes, routing_of(p, train), links.ep) if s.ep > 1 else 0.0
     p2p = coll.p2p(sm.boundary_bytes(s) * tp.wide, links.pp.nodes > 1) if s.pp > 1 else 0.0
     ep_overlap = train.runtime.ep_comm_overlap and ep_overlap_applies(
         s, sm.num_microbatches(s), train.precision
@@ -109,7 +110,7 @@ def stage_core(
             per_block = (s.cp - 1) * hidden_behind(hop_s, step_f, contention)
             per_block += (s.cp - 1) * hidden_behind(2 * hop_s, step_b, contention)
             comm += stage.n_blocks * per_block
-        # EP: dispatch and combine all-to-all, forward and backward (Lepikhin et al. 2020)
+        # EP: dispatch and combine, forward and backward (Lepikhin et al. 2020)
         a2a_s = (stage.n_moe_blocks * 4 + n_full_moe * 2) * a2a
         if ep_overlap:
             # Megatron-Core's --overlap-moe-expert-parallel-comm: one micro-batch's forward
