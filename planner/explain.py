@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .config import Precision, RecomputeModule
+from .config import EpDispatch, Precision, RecomputeModule
 from .explain_options import option_lines, option_rows
 from .frameworks import runtime_note
 from .model import LayerKind, ModelProfile, windows_text
@@ -50,6 +50,19 @@ def _chunk_text(plan: Plan) -> str:
     return ", ".join(str(n) if k == 1 else f"{n} (x{k})" for n, k in runs)
 
 
+def _experts_text(plan: Plan) -> str:
+    """A MoE plan's routing and how its tokens reach the experts (`Runtime.ep_dispatch`)."""
+    m = plan.model
+    text = f"{m.experts} per block, {m.top_k} per token"
+    if m.routing_groups > 1:
+        text += f" within {m.routing_group_top_k} of {m.routing_groups} groups"
+    if plan.parallelism.ep <= 1:
+        return text + "; no expert parallelism"
+    if plan.train.runtime.ep_dispatch == EpDispatch.HIERARCHICAL:
+        return text + "; tokens dispatched once per node (DeepEP/HybridEP), NVLink within it"
+    return text + "; tokens dispatched by all-to-all (each routed copy)"
+
+
 def format_plan(plan: Plan) -> str:
     """The human-readable summary table of a plan."""
     p, m, c, t = plan.parallelism, plan.model, plan.cluster, plan.train
@@ -72,6 +85,7 @@ def format_plan(plan: Plan) -> str:
         "Plan" + ("" if plan.feasible else "  ** DOES NOT FIT: " + plan.infeasible_reason + " **"),
         f"  degrees       dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp} ep={p.ep}"
         + (" (experts whole, ep folded over tp: expert_tp=1)" if p.expert_tp < p.tp else ""),
+        *([f"  experts       {_experts_text(plan)}"] if m.experts else []),
         f"  sharding      ZeRO-{p.zero_stage}, sequence parallel {'on' if p.sequence_parallel else 'off'}"
         f", optimizer offload {'on' if p.offload_optimizer else 'off'}",
         f"  mesh          {mesh}  (outermost -> innermost)",

@@ -112,6 +112,7 @@ def test_cli_records_the_dispatch_and_refuses_another(tmp_path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(out.read_text())["train"]["runtime"]["ep_dispatch"] == "hierarchical"
+    assert "8 per block, 2 per token; tokens dispatched once per node" in done.stdout
     bad = subprocess.run([*base, "--ep-dispatch", "deepep2"], capture_output=True, text=True)
     assert bad.returncode == 2
     assert "--ep-dispatch" in bad.stderr and "hierarchical" in bad.stderr
