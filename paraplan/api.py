@@ -96,6 +96,7 @@ def plan(
     runtime: str = "paraplan",
     recompute_modules: str | None = None,
     ep_dispatch: str | None = None,
+    mtp_layers: int | None = None,
 ) -> PlanOutcome:
     """Plan `model` (a preset/spec string, a `TransformerSpec` or a `ModelProfile`) on
     `cluster` (e.g. ``"8xh100"`` or a `Cluster`), with `fix` pins (`--fix` text or `Pins`).
@@ -106,7 +107,8 @@ def plan(
     selective recompute redoes (`--recompute-modules`; default their attention core), or
     "auto": the faster plan of each of `frameworks.MODULE_CHOICES`; `ep_dispatch` how MoE
     tokens reach their experts ("alltoall", "hierarchical": `config.EpDispatch`; default the
-    runtime's).
+    runtime's); `mtp_layers` the multi-token-prediction modules trained after the blocks
+    (default: the model's own where the runtime's recipes train them, NeMo's; else none).
     PowerSGD (`allow_compression`) and the asynchronous PipeDream-2BW pipeline
     (`allow_async`) change the training math and are searched only when allowed.
     A model string is read as the CLI reads `--model`: `model_source` "auto" (the default of
@@ -117,6 +119,7 @@ def plan(
     from .planner.cluster import Cluster, parse_cluster
     from .planner.config import EpDispatch, TrainConfig
     from .planner.frameworks import RUNTIMES, module_choices, parse_framework
+    from .planner.frameworks import mtp_layers as mtp_of
     from .planner.model import ModelProfile
     from .planner.model_spec import TransformerSpec
     from .planner.options import Consent
@@ -125,6 +128,7 @@ def plan(
     framework = parse_framework(runtime)  # a bad name fails before any tracing
     chosen = RUNTIMES[framework]
     choices = module_choices(recompute_modules, framework, allow_auto=True)  # and a bad list
+    mtp_of(mtp_layers, 0, framework, any_engine)  # and a bad count
     if ep_dispatch is not None:
         try:
             chosen = replace(chosen, ep_dispatch=EpDispatch(ep_dispatch))
@@ -161,6 +165,7 @@ def plan(
         optimizer=optimizer,
         memory_headroom=memory_headroom,  # type: ignore[arg-type]
         runtime=chosen,
+        mtp_layers=mtp_of(mtp_layers, profile.mtp_modules, framework, any_engine),
     )
     pins = Pins.parse(fix) if isinstance(fix, str) else fix
     consent = Consent(compression=allow_compression, async_pipeline=allow_async)

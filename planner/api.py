@@ -15,10 +15,11 @@ from .cost.evaluate import Estimate, Evaluator
 from .cost.float8 import fp8_problem
 from .cost.layout import StageSplit
 from .cost.recompute_pattern import RecomputePattern
-from .framework_pins import framework_pins, refuse_framework_cluster
+from .framework_pins import framework_pins, mtp_pins, refuse_framework_cluster
 from .frameworks import is_own, space_of
 from .limits import check_planning
 from .model import ModelProfile
+from .mtp import with_mtp
 from .options import NO_CONSENT, Consent
 from .pins import Pins
 from .plan import Plan
@@ -108,6 +109,7 @@ def make_plan(
     recomputes, priced for `per_layer` in place of the solver's choice (`recompute_pattern.py`)."""
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be >= 0")
+    profile = with_mtp(profile, train.mtp_layers)  # the modules trained, in the chain
     check_planning(profile, cluster, train, pins)  # every count in bounds before any search
     own = is_own(train.runtime)  # priced for paraplan's executor: rank only what it runs
     refuse_precision(cluster, train.precision, any_engine or not own)
@@ -115,6 +117,7 @@ def make_plan(
     if within_framework:
         refuse_framework_cluster(cluster, train.runtime)
         pins = framework_pins(pins, train.runtime, consent)
+        pins = mtp_pins(pins, train.runtime, train.mtp_layers)
     pins = host_offload_pins(cluster, pins)
     ev = Evaluator(profile, cluster, train, split, pattern)
     space = space_of(train.runtime) if within_framework else None  # what it runs

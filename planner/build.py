@@ -138,7 +138,7 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
             name=p.name,
             fingerprint=p.fingerprint(),
             num_params=p.num_params,
-            num_blocks=p.num_blocks,
+            num_blocks=p.decoder_blocks,
             hidden=p.hidden,
             heads=p.heads,
             kv_heads=p.kv_heads,
@@ -173,6 +173,7 @@ def build_plan(ctx: PlanContext, chosen: Estimate, runners_up: tuple[Estimate, .
             optimizer=t.optimizer,
             memory_headroom=t.memory_headroom,
             runtime=t.runtime,
+            mtp_layers=p.mtp_blocks,
         ),
         parallelism=parallelism_of(s),
         mesh=Mesh(

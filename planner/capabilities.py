@@ -276,9 +276,20 @@ def plan_gaps(plan: Plan) -> tuple[str, ...]:
             "or run it in a trainer that keeps the window",
         )
     )
+    mtp = plan.train.mtp_layers
+    predicting = (
+        ()
+        if not mtp
+        else (
+            f"it trains {mtp} multi-token-prediction module(s) after the blocks, which the "
+            "executor does not build (it runs the model's own forward and loss); plan with "
+            "--mtp-layers 0 to run it here, or `paraplan export` it to Megatron-LM",
+        )
+    )
     return (
         priced
         + windowed
+        + predicting
         + executor_gaps(
             Job(
                 strategy=plan.strategy(),

@@ -219,12 +219,18 @@ class TrainConfig:
     """Fraction of device memory kept free for allocator fragmentation and spikes."""
     runtime: Runtime = Runtime()
     """How the framework runs the kernels (paraplan's executor by default)."""
+    mtp_layers: int = 0
+    """Multi-token-prediction modules trained after the decoder's blocks (`planner/mtp.py`;
+    Megatron's `--mtp-num-layers`); 0: none."""
 
     def __post_init__(self) -> None:
         for name in ("global_batch", "seq_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
+        m = self.mtp_layers
+        if not isinstance(m, int) or isinstance(m, bool) or m < 0:
+            raise ValueError(f"mtp_layers={m!r} must be a whole number >= 0")
         for name, enum in (("precision", Precision), ("optimizer", Optimizer)):
             value = getattr(self, name)
             try:

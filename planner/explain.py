@@ -86,6 +86,15 @@ def format_plan(plan: Plan) -> str:
         f"  degrees       dp={p.dp} tp={p.tp} pp={p.pp} cp={p.cp} ep={p.ep}"
         + (" (experts whole, ep folded over tp: expert_tp=1)" if p.expert_tp < p.tp else ""),
         *([f"  experts       {_experts_text(plan)}"] if m.experts else []),
+        *(
+            [
+                f"  mtp           {t.mtp_layers} multi-token-prediction module(s) trained after "
+                f"the {m.num_blocks} blocks: each a block, projection and head pass, on the "
+                "last stage"
+            ]
+            if t.mtp_layers
+            else []
+        ),
         f"  sharding      ZeRO-{p.zero_stage}, sequence parallel {'on' if p.sequence_parallel else 'off'}"
         f", optimizer offload {'on' if p.offload_optimizer else 'off'}",
         f"  mesh          {mesh}  (outermost -> innermost)",

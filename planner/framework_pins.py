@@ -82,3 +82,23 @@ def _consent_outside(consent: Consent, space: FrameworkSpace) -> str | None:
     if consent.async_pipeline:
         return f"--allow-async: {space.name} has no asynchronous pipeline; leave it out"
     return None
+
+
+def mtp_pins(pins: Pins | None, runtime: Runtime, mtp_layers: int) -> Pins | None:
+    """`pins` for a search that trains `mtp_layers` multi-token-prediction modules: torchtitan
+    trains them without pipeline or context parallelism (its MTPDecoder raises
+    NotImplementedError for either, torchtitan 0.3.0 models/deepseek_v3/mtp.py), so both are
+    pinned to 1 there; ValueError for a pin above 1."""
+    space = space_of(runtime)
+    if not mtp_layers or space is None or not space.name.startswith("torchtitan"):
+        return pins
+    pins = pins or Pins()
+    for name in ("pp", "cp"):
+        value = getattr(pins, name)
+        if value is not None and value > 1:
+            raise ValueError(
+                f"--fix {name}={value} with {mtp_layers} multi-token-prediction module(s) on "
+                f"--runtime {space.name}: torchtitan trains them without pipeline or context "
+                "parallelism; drop the pin, plan --mtp-layers 0, or --runtime megatron or nemo"
+            )
+    return replace(pins, pp=1, cp=1)

@@ -133,6 +133,32 @@ CONFIGURED_FIELDS = (
 """`Runtime` fields a Megatron configuration sets itself (`MODULE_RECOMPUTE`)."""
 
 
+MTP_BY_DEFAULT = (Framework.NEMO,)
+"""Frameworks whose recipes train the model's own multi-token-prediction modules
+(Megatron-Bridge's DeepSeek-V3 recipe sets `mtp_num_layers = 1`, its config's
+`num_nextn_predict_layers`); Megatron-LM (`--mtp-num-layers`, default none) and torchtitan
+(`model_registry(num_mtp_layers=)`, default 0) train them when asked; paraplan's executor has
+none (`mtp_layers`)."""
+
+
+def mtp_layers(asked: int | None, declared: int, framework: Framework, any_engine: bool) -> int:
+    """Multi-token-prediction modules a plan trains (`TrainConfig.mtp_layers`): `asked`
+    (`--mtp-layers`), else the model's `declared` ones where `framework` trains them by default
+    (`MTP_BY_DEFAULT`), else none. ValueError for a count below 0 or modules asked of paraplan's
+    executor, which cannot run them (unless `any_engine`: priced for any trainer)."""
+    if asked is None:
+        return declared if framework in MTP_BY_DEFAULT else 0
+    if not isinstance(asked, int) or isinstance(asked, bool) or asked < 0:
+        raise ValueError(f"--mtp-layers {asked!r}: give a whole number >= 0 (0: none)")
+    if asked and framework == Framework.PARAPLAN and not any_engine:
+        raise ValueError(
+            f"--mtp-layers {asked}: paraplan's executor trains no multi-token-prediction "
+            "modules; plan for the trainer that will (--runtime megatron, nemo or torchtitan) "
+            "or leave --mtp-layers out"
+        )
+    return asked
+
+
 AUTO_MODULES = "auto"
 """`--recompute-modules auto`: the search tries each of `MODULE_CHOICES` and keeps the faster."""
 MODULE_CHOICES: tuple[tuple[RecomputeModule, ...], ...] = (

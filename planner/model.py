@@ -226,6 +226,14 @@ class ModelProfile:
     routing_group_top_k: int = 1
     """Groups each token may route to (DeepSeek's `topk_group`, Megatron-Core's
     `moe_router_group_topk`)."""
+    mtp_modules: int = 0
+    """Multi-token-prediction modules the model declares (DeepSeek-V3's
+    `num_nextn_predict_layers`, transformers' `num_mtp_layers`): what a trainer may train
+    beside the blocks (`planner/mtp.py`); 0: none."""
+    mtp_blocks: int = 0
+    """Of the chain's blocks, the last `mtp_blocks` are multi-token-prediction modules being
+    trained (`mtp.with_mtp`; each a block with its own projection and norms, its head pass
+    counted in the head's work); 0: the chain is the decoder alone."""
 
     def __post_init__(self) -> None:
         kinds = [layer.kind for layer in self.layers]
@@ -237,6 +245,12 @@ class ModelProfile:
             )
         if self.num_blocks < 1:
             raise ValueError(f"model {self.name!r}: the chain has no blocks; add at least one")
+        if not 0 <= self.mtp_blocks < self.num_blocks or self.mtp_modules < 0:
+            raise ValueError(
+                f"model {self.name!r}: mtp_blocks={self.mtp_blocks} (mtp_modules="
+                f"{self.mtp_modules}) must be >= 0 and leave at least one decoder block of the "
+                f"{self.num_blocks}; build the chain with `mtp.with_mtp`"
+            )
         if not 1 <= self.routing_group_top_k <= self.routing_groups:
             raise ValueError(
                 f"model {self.name!r}: routing_group_top_k={self.routing_group_top_k} must be "
@@ -277,6 +291,12 @@ class ModelProfile:
         return sum(1 for layer in self.layers if layer.kind == LayerKind.BLOCK)
 
     @property
+    def decoder_blocks(self) -> int:
+        """Blocks of the decoder itself: `num_blocks` less the multi-token-prediction modules
+        trained after them (what a trainer's `num_layers` counts)."""
+        return self.num_blocks - self.mtp_blocks
+
+    @property
     def num_params(self) -> int:
         """Total parameter count (tied embeddings counted once)."""
         return sum(layer.params + layer.expert_params for layer in self.layers)
@@ -295,6 +315,9 @@ class ModelProfile:
         for name in ("routing_groups", "routing_group_top_k"):
             if fields[name] == 1:  # likewise (1: not group-limited)
                 del fields[name]
+        for name in ("mtp_modules", "mtp_blocks"):
+            if not fields[name]:  # likewise (0: no multi-token prediction)
+                del fields[name]
         for layer in fields["layers"]:  # and traced ones from before the copies were split out
             for name in ("act_norm_copy_bytes", "act_glu_copy_bytes", "attn_window"):
                 if not layer[name]:
@@ -304,17 +327,19 @@ class ModelProfile:
 
 
 def dense_blocks(profile: ModelProfile) -> tuple[int, ...]:
-    """The blocks without experts of a MoE model, counted from 0; empty when every block has
-    them and for a dense model (`ModelInfo.dense_blocks`)."""
-    moe = profile.moe_blocks
+    """The decoder blocks without experts of a MoE model, counted from 0; empty when every
+    block has them and for a dense model (`ModelInfo.dense_blocks`)."""
+    moe = profile.moe_blocks[: profile.decoder_blocks]
     if not any(moe):
         return ()
     return tuple(i for i, has in enumerate(moe) if not has)
 
 
 def attention_windows(profile: ModelProfile) -> tuple[int, ...]:
-    """Each block's `LayerCost.attn_window`, in block order; empty when no block has one."""
-    windows = tuple(x.attn_window for x in profile.layers if x.kind == LayerKind.BLOCK)
+    """Each decoder block's `LayerCost.attn_window`, in block order; empty when no block has
+    one."""
+    blocks = [x for x in profile.layers if x.kind == LayerKind.BLOCK][: profile.decoder_blocks]
+    windows = tuple(x.attn_window for x in blocks)
     return windows if any(windows) else ()
 
 

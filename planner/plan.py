@@ -18,8 +18,9 @@ from .jsonio import to_json
 from .model import LatentAttention
 from .strategy import MeshAxis, Recompute, Schedule, Strategy
 
-SCHEMA_VERSION = 14
-"""Bumped on any incompatible change of the plan JSON (14: `Runtime.ep_dispatch` and
+SCHEMA_VERSION = 15
+"""Bumped on any incompatible change of the plan JSON (15: `TrainInfo.mtp_layers`; 14:
+`Runtime.ep_dispatch` and
 `ModelInfo.routing_groups`, `routing_group_top_k`; 13: a MoE model's dense blocks, their MLP,
 the shared experts and multi-head latent attention in `ModelInfo`; 12:
 `ModelInfo.attention_windows`; 11:
@@ -135,6 +136,10 @@ class TrainInfo:
     """How the framework the plan was priced for runs its kernels (`frameworks.py`: paraplan's
     executor unless planned with `--runtime`); absent in older plans, which were priced for
     paraplan's executor."""
+    mtp_layers: int = field(default=0, metadata={"minimum": 0})
+    """Multi-token-prediction modules trained after the decoder's `ModelInfo.num_blocks`
+    blocks (each a layer of the plan's chain between the last block and the head,
+    `planner/mtp.py`); 0: none."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

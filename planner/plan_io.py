@@ -82,10 +82,22 @@ def _v9_presets() -> tuple[tuple[dict[str, typing.Any], dict[str, typing.Any]], 
 
 
 def upgrade(data: typing.Any) -> typing.Any:
-    """A version-4 to -13 plan document as the current version (`upgrade_v4` to
-    `upgrade_v13`); anything else unchanged (the schema then says what is wrong)."""
+    """A version-4 to -14 plan document as the current version (`upgrade_v4` to
+    `upgrade_v14`); anything else unchanged (the schema then says what is wrong)."""
     older = upgrade_v8(upgrade_v7(upgrade_v6(upgrade_v5(upgrade_v4(data)))))
-    return upgrade_v13(upgrade_v12(upgrade_v11(upgrade_v10(upgrade_v9(older)))))
+    newer = upgrade_v13(upgrade_v12(upgrade_v11(upgrade_v10(upgrade_v9(older)))))
+    return upgrade_v14(newer)
+
+
+def upgrade_v14(data: typing.Any) -> typing.Any:
+    """A version-14 plan document as version 15: no multi-token-prediction modules trained
+    (`train.mtp_layers` 0, as every version-14 plan was priced); anything else unchanged."""
+    if not isinstance(data, dict) or data.get("schema_version") != 14:
+        return data
+    out = dict(data, schema_version=15)
+    if isinstance(out.get("train"), dict):
+        out["train"] = {"mtp_layers": 0, **out["train"]}
+    return out
 
 
 def upgrade_v13(data: typing.Any) -> typing.Any:
@@ -320,6 +332,14 @@ def _check_limits(plan: Plan) -> None:
         _fail(
             "layers",
             f"{len(plan.layers):,} layers, over the limit of {limits.LAYERS.maximum} blocks",
+        )
+    chain = plan.model.num_blocks + plan.train.mtp_layers + 2
+    if plan.train.mtp_layers and len(plan.layers) != chain:
+        _fail(
+            "layers",
+            f"{len(plan.layers):,} layers for {plan.model.num_blocks} blocks and "
+            f"{plan.train.mtp_layers} multi-token-prediction modules (the chain has "
+            f"{chain}: embedding, blocks, modules, head)",
         )
     windows = plan.model.attention_windows
     if windows and (len(windows) != plan.model.num_blocks or not plan.model.windowed):

@@ -23,8 +23,9 @@ from .jsonio import (
 from .model import ModelProfile
 
 _AGAIN = "profile the model again with paraplan profile -o"
-PROFILE_SCHEMA_VERSION = 11
-"""Bumped on any incompatible change of the profile JSON (11: `routing_groups`,
+PROFILE_SCHEMA_VERSION = 12
+"""Bumped on any incompatible change of the profile JSON (12: `mtp_modules`, `mtp_blocks`,
+read from older versions as none; 11: `routing_groups`,
 `routing_group_top_k`, read from older versions as not group-limited; 10: `dense_ffn`,
 `shared_expert_ffn`, `latent_attention`, read from version 9 as absent; 9: each layer's
 `attn_window`; 8: each layer's `act_norm_copy_bytes` and `act_glu_copy_bytes`; 7: each layer's
@@ -102,11 +103,22 @@ _SINCE_V11 = {"routing_groups": 1, "routing_group_top_k": 1}
 profile of DeepSeek-V3 prices its dispatch as if any node could receive a token's experts)."""
 
 
+_SINCE_V12 = {"mtp_modules": 0, "mtp_blocks": 0}
+"""`profile` keys a version-11 profile did not record: no multi-token-prediction modules (a
+version-11 profile of DeepSeek-V3 prices its decoder alone, as it did then)."""
+
+
 def _upgrade_older(data: typing.Any) -> typing.Any:
-    """A version-9 or -10 profile document as the current version (anything else unchanged)."""
-    if not isinstance(data, dict) or data.get("schema_version") not in (9, 10):
+    """A version-9 to -11 profile document as the current version (anything else
+    unchanged)."""
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if version not in (9, 10, 11):
         return data
-    since = {**_SINCE_V11, **(_SINCE_V10 if data.get("schema_version") == 9 else {})}
+    since = {
+        **_SINCE_V12,
+        **(_SINCE_V11 if version in (9, 10) else {}),
+        **(_SINCE_V10 if version == 9 else {}),
+    }
     out = dict(data, schema_version=PROFILE_SCHEMA_VERSION)
     if isinstance(out.get("profile"), dict):
         out["profile"] = {**since, **out["profile"]}

@@ -387,6 +387,7 @@ def _assemble(
         latent_attention=shape.latent if shape else None,
         routing_groups=shape.routing_groups if shape else 1,
         routing_group_top_k=shape.routing_group_top_k if shape else 1,
+        mtp_modules=shape.mtp_modules if shape else 0,
         measured_on=measured_on,
         module_digest=digest,
         op_graphs=tuple(graphs),

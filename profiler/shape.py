@@ -49,6 +49,8 @@ class Shape:
     """Expert groups of group-limited routing (`ModelProfile.routing_groups`; 1: none)."""
     routing_group_top_k: int = 1
     """Groups each token may route to (`ModelProfile.routing_group_top_k`)."""
+    mtp_modules: int = 0
+    """Multi-token-prediction modules the config declares (`ModelProfile.mtp_modules`)."""
 
 
 def shape_of(config: Any) -> Shape:
@@ -98,6 +100,9 @@ def shape_of(config: Any) -> Shape:
         latent=latent_of(config),
         routing_groups=groups,
         routing_group_top_k=group_top_k,
+        # DeepSeek-V3's config.json names them `num_nextn_predict_layers`; transformers' own
+        # configs (DeepSeek-V3, GLM-4.5) `num_mtp_layers`, mapped to the former
+        mtp_modules=max(0, int(g("num_mtp_layers", "num_nextn_predict_layers", default=0))),
     )
 
 

@@ -188,6 +188,7 @@ def megatron_view(item: dict[str, Any]) -> dict[str, Any]:
         "moe_pattern": get_moe_layer_pattern(config) if config.num_moe_experts else [],
         "flex_backend": config.moe_flex_dispatcher_backend,
         "router_groups": [config.moe_router_num_groups, config.moe_router_group_topk],
+        "mtp_layers": config.mtp_num_layers,
         "mla": (
             [
                 config.q_lora_rank,

@@ -84,7 +84,7 @@ def test_hierarchical_dispatch_sends_less_than_all_to_all_across_nodes() -> None
 def test_older_plans_read_as_all_to_all_without_groups() -> None:
     doc = {"schema_version": 13, "train": {"runtime": {"fused_elementwise": True}}, "model": {}}
     out = upgrade(doc)
-    assert out["schema_version"] == 14
+    assert out["schema_version"] == 15  # through version 14 to the current
     assert out["train"]["runtime"]["ep_dispatch"] == "alltoall"
     assert (out["model"]["routing_groups"], out["model"]["routing_group_top_k"]) == (1, 1)
 
@@ -217,3 +217,38 @@ def test_older_profiles_read_as_not_group_limited() -> None:
     old = profile_from_dict(doc)
     assert (old.routing_groups, old.routing_group_top_k) == (1, 1)
     assert old.fingerprint() != grouped.fingerprint()
+
+
+def test_megatron_file_with_other_groups_is_priced_with_its_own(tmp_path, capsys) -> None:
+    """A Megatron-LM file that routes the grouped model over other groups than its config's is
+    priced as it runs, and says so; groups without the groups per token are refused (exit 2)."""
+    pytest.importorskip("transformers")
+    from paraplan.api import plan as make
+    from paraplan.cli import main
+    from paraplan.export.exporter import Costing, Target, export_plan
+    from profiler.hf import profile_hf
+
+    model = tmp_path / "grouped.json"
+    model.write_text(json.dumps({**GROUPED, "num_nextn_predict_layers": 0}))
+    profile = profile_hf(json.loads(model.read_text()), seq_len=32)
+    fix = "dp=16,tp=1,pp=1,ep=16,zero=1,mbs=1,recompute=none,schedule=none"
+    kw = dict(global_batch=32, seq_len=32, fix=fix, top_k=0, any_engine=True, runtime="nemo")
+    cluster = parse_cluster("16xh100")
+    plan = make(profile, cluster, **kw).plan  # type: ignore[arg-type]
+    text = export_plan(plan, Target.MEGATRON, Costing(profile, cluster, plan)).text
+    assert "--moe-router-group-topk 2" in text.splitlines()
+    base = ["plan", "--model", str(model), "--cluster", "16xh100", "--no-progress"]
+    same = tmp_path / "same.args"
+    same.write_text(text)
+    assert main([*base, "--from-config", str(same)]) == 0
+    assert "routed as configured" not in capsys.readouterr().out
+    other = tmp_path / "other.args"
+    other.write_text(text.replace("--moe-router-group-topk 2", "--moe-router-group-topk 1"))
+    assert main([*base, "--from-config", str(other)]) == 0
+    out = capsys.readouterr().out
+    assert "experts routed as configured (1 of 4 groups; the model's own: 2 of 4)" in out
+    bad = tmp_path / "bad.args"
+    bad.write_text(text.replace("--moe-router-group-topk 2\n", ""))
+    assert main([*base, "--from-config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "--moe-router-group-topk (none)" in err and "Traceback" not in err

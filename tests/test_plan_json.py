@@ -38,9 +38,9 @@ def test_round_trip_is_exact(plan: Plan, tmp_path: Path) -> None:
 
 def test_required_fields_present(plan: Plan) -> None:
     d = plan.to_dict()
-    # v14: the experts' dispatch and routing groups; v13: MoE layout, latent attention; v12:
-    # attention windows; v11: the model's MLP
-    assert d["schema_version"] == 14
+    # v15: multi-token-prediction modules trained; v14: the experts' dispatch and routing
+    # groups; v13: MoE layout, latent attention; v12: attention windows; v11: the model's MLP
+    assert d["schema_version"] == 15
     assert set(d["parallelism"]) >= {
         "dp",
         "tp",

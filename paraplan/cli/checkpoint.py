@@ -35,7 +35,6 @@ from .common import (
     parse_seconds,
     print_notes,
     progress_bar,
-    sequences,
 )
 
 if TYPE_CHECKING:
@@ -343,3 +342,9 @@ def format_schedule_summary(s: CheckpointSchedule) -> str:
     else:
         lines.append("everything fits: no layer is recomputed")
     return "\n".join(lines)
+
+
+def sequences(count: int) -> str:
+    """``1 sequence``, ``8 sequences``: a micro-batch's size in words (never a bare number
+    that could be read as a micro-batch count)."""
+    return f"{count:,} sequence{'' if count == 1 else 's'}"

@@ -221,7 +221,8 @@ def runtime_name(args: argparse.Namespace) -> str:
 
 
 def add_recompute_modules_arg(parser: argparse.ArgumentParser) -> None:
-    """`--recompute-modules`: what Megatron's selective recompute redoes (`chosen_runtime`)."""
+    """`--recompute-modules`: what Megatron's selective recompute redoes (`chosen_runtime`), and
+    `--mtp-layers`: the multi-token-prediction modules trained (`frameworks.mtp_layers`)."""
     parser.add_argument(
         "--recompute-modules",
         default=None,
@@ -229,6 +230,14 @@ def add_recompute_modules_arg(parser: argparse.ArgumentParser) -> None:
         help="with --runtime megatron or nemo: what selective recompute redoes in each block, "
         "Megatron-Core's --recompute-modules (core_attn, layernorm, moe_act; default core_attn); "
         "plan also takes auto: the faster of core_attn and layernorm,moe_act",
+    )
+    parser.add_argument(
+        "--mtp-layers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="multi-token-prediction modules trained after the blocks (DeepSeek-V3's; Megatron's "
+        "--mtp-num-layers): default the model's own with --runtime nemo, as its recipes, else 0",
     )
 
 
@@ -395,12 +404,6 @@ def print_notes(notes: list[str]) -> None:
     """Notes for the user (not errors) on stderr."""
     for note in notes:
         print(f"paraplan: note: {note}", file=sys.stderr)
-
-
-def sequences(count: int) -> str:
-    """``1 sequence``, ``8 sequences``: a micro-batch's size in words (never a bare number
-    that could be read as a micro-batch count)."""
-    return f"{count:,} sequence{'' if count == 1 else 's'}"
 
 
 # ---- progress and errors -----------------------------------------------------------------------

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..planner import limits
 from ..planner.framework_pins import refuse_framework_cluster
-from ..planner.frameworks import describe_runtime, is_own
+from ..planner.frameworks import Framework, describe_runtime, is_own, mtp_layers
+from ..planner.mtp import with_mtp
 from .common import (
     EXIT_BAD_INPUT,
     EXIT_OK,
@@ -33,6 +34,7 @@ from .common import (
     progress_bar,
     read_cluster,
     read_model,
+    runtime_name,
 )
 
 if TYPE_CHECKING:
@@ -150,6 +152,8 @@ def execute(args: argparse.Namespace) -> int:
             f"{args.runtime}), not for paraplan's executor: `paraplan export` writes them for "
             "that framework; `paraplan run` refuses them."
         )
+    framework = Framework(runtime_name(args))
+    mtp_layers(args.mtp_layers, 0, framework, False)  # a bad --mtp-layers, before tracing
     profile, batch = read_model(args, notes)
     train = TrainConfig(
         global_batch=batch,
@@ -158,7 +162,9 @@ def execute(args: argparse.Namespace) -> int:
         optimizer=args.optimizer,
         memory_headroom=args.memory_headroom,
         runtime=runtime,
+        mtp_layers=mtp_layers(args.mtp_layers, profile.mtp_modules, framework, False),
     )
+    profile = with_mtp(profile, train.mtp_layers)  # the modules trained, in the chain
     with progress_bar(args, desc="compare", total=report_step_count(options), unit="step") as bar:
 
         def on_step(label: str) -> None:

@@ -108,8 +108,8 @@ def execute(args: argparse.Namespace) -> int:
     from ..planner.config import Precision
     from ..planner.cost.rules import cluster_violation
     from ..planner.explain import format_plan
-    from ..planner.framework_pins import framework_pins, refuse_framework_cluster
-    from ..planner.frameworks import is_own
+    from ..planner.framework_pins import framework_pins, mtp_pins, refuse_framework_cluster
+    from ..planner.frameworks import Framework, is_own, mtp_layers
     from ..planner.jsonio import dumps_finite
     from ..planner.options import Consent
     from ..planner.pins import Pins
@@ -137,11 +137,14 @@ def execute(args: argparse.Namespace) -> int:
             print(f"paraplan: note: {unsteady}", file=sys.stderr)
     # fp8 without fp8 tensor cores, or a precision the executor does not run: before tracing
     runtime = chosen_runtime(args, allow_auto=True)  # a bad --recompute-modules: before tracing
+    framework = Framework(runtime_name(args))
+    mtp_layers(args.mtp_layers, 0, framework, args.any_engine)  # and a bad --mtp-layers
     refuse_precision(cluster, Precision(args.precision), args.any_engine or not is_own(runtime))
     fix = Pins.parse(args.fix)  # bad --fix fails before any tracing
     consent = Consent(compression=args.allow_compression, async_pipeline=args.allow_async)
     refuse_framework_cluster(cluster, runtime)  # a GPU trainer on CPUs
     framework_pins(fix, runtime, consent)  # and pins it cannot run
+    mtp_pins(fix, runtime, args.mtp_layers or 0)  # or cannot run with the modules asked
     broken = cluster_violation(cluster.num_gpus, fix)  # and degrees the cluster cannot hold
     if broken is not None:
         named = fix.describe(broken.rule.fields) or fix.describe()
@@ -168,6 +171,7 @@ def execute(args: argparse.Namespace) -> int:
                 runtime=runtime_name(args),
                 recompute_modules=args.recompute_modules,
                 ep_dispatch=args.ep_dispatch,
+                mtp_layers=args.mtp_layers,
             )
     except NoFeasiblePlanError as exc:
         print(f"paraplan: no plan fits: {exc}", file=sys.stderr)

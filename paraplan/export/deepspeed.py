@@ -25,6 +25,13 @@ def nearest(plan: Plan, s: Strategy) -> tuple[Strategy, list[Gap]]:
     gaps: list[Gap] = []
     if plan.train.precision == Precision.FP8:
         gaps.append(Gap(feature="fp8 linear layers (precision fp8)", nearest=""))
+    if plan.train.mtp_layers:  # DeepSpeed trains the model it is given: no modules of its own
+        gaps.append(
+            Gap(
+                feature=f"{plan.train.mtp_layers} multi-token-prediction module(s)",
+                nearest="the model's own forward (DeepSpeed adds none)",
+            )
+        )
     if s.cp > 1:
         gaps.append(
             Gap(

@@ -12,6 +12,7 @@ from ..planner.config import TrainConfig
 from ..planner.cost.estimate import Estimate
 from ..planner.cost.evaluate import Evaluator
 from ..planner.model import ModelProfile
+from ..planner.mtp import with_mtp
 from ..planner.plan import Plan
 from ..planner.profile_io import load_profile
 from ..planner.strategy import Strategy
@@ -73,6 +74,8 @@ class Costing:
     """Prices strategies for the model, cluster and training configuration of a plan."""
 
     def __init__(self, profile: ModelProfile, cluster: Cluster, plan: Plan) -> None:
+        if profile.mtp_blocks != plan.train.mtp_layers:  # the modules the plan trains
+            profile = with_mtp(profile, plan.train.mtp_layers)
         if profile.fingerprint() != plan.model.fingerprint:
             raise ValueError(
                 f"the model profile ({profile.name}, fingerprint {profile.fingerprint()}) is not "
@@ -87,6 +90,7 @@ class Costing:
             optimizer=t.optimizer,
             memory_headroom=t.memory_headroom,
             runtime=t.runtime,  # priced as the plan was
+            mtp_layers=t.mtp_layers,
         )
         self.evaluator = Evaluator(profile, cluster, train)
 

@@ -246,6 +246,9 @@ def run_from_config(
         problem = setup.model_says.mismatch(profile)
         if problem is not None:
             raise ValueError(f"{args.from_config}: {problem}")
+        profile, routed = setup.model_says.routed(profile)  # its routing, as it runs
+        if routed is not None:
+            setup = replace(setup, notes=(*setup.notes, routed))
     split = setup.split
     if split is not None:  # the trainer's own split of the blocks, checked before a search
         s = setup.strategy
@@ -255,7 +258,7 @@ def run_from_config(
             if v is not None:  # torchtitan's layers per stage: its chunk count
                 s = replace(s, virtual_stages=v)
                 setup = replace(setup, strategy=s)
-            split.counts(profile.num_blocks, s.pp, s.virtual_stages)
+            split.counts(profile.num_blocks, s.pp, s.virtual_stages, mtp=setup.mtp_layers)
         except ValueError as exc:
             raise ValueError(f"{args.from_config}: {exc}") from None
     train = TrainConfig(
@@ -265,6 +268,7 @@ def run_from_config(
         optimizer=args.optimizer,
         memory_headroom=args.memory_headroom,
         runtime=runtime,
+        mtp_layers=setup.mtp_layers,
     )
     comparison = compare(
         args.from_config, setup, profile, cluster, train, top_k=args.top, progress=progress

@@ -112,14 +112,16 @@ def nearest(plan: Plan, s: Strategy) -> tuple[Strategy, list[Gap]]:
 
 def pipeline_layout(plan: Plan) -> str | None:
     """The plan's pipeline chunks as Megatron-Core's `--pipeline-model-parallel-layout` ("E" the
-    embedding, "t" a block, "L" the head and loss, "|" between chunks, in model order: chunk c
-    runs on rank c mod pp, as Megatron's interleaving places them), when they are not
-    Megatron's default even split of the blocks (else None: nothing to write)."""
+    embedding, "t" a block, "m" a multi-token-prediction module, "L" the head and loss, "|"
+    between chunks, in model order: chunk c runs on rank c mod pp, as Megatron's interleaving
+    places them), when they are not Megatron's default even split of the blocks (which puts
+    the modules on the last stage too; else None: nothing to write)."""
     last = len(plan.layers) - 1
+    first_mtp = last - plan.train.mtp_layers
     chunks = sorted((c for st in plan.stages for c in st.chunks), key=lambda c: c.chunk)
     parts = [
         "".join(
-            "E" if i == 0 else "L" if i == last else "t"
+            "E" if i == 0 else "L" if i == last else "m" if i >= first_mtp else "t"
             for i in range(c.first_layer, c.last_layer + 1)
         )
         for c in chunks
@@ -154,6 +156,8 @@ def render(plan: Plan, s: Strategy) -> str:
         if m.top_k:  # Megatron-Core's default routes each token to 2
             args.append(("moe-router-topk", m.top_k))
     args += architecture_args(m)  # latent attention, dense blocks, shared experts
+    if t.mtp_layers:  # trained after the blocks, as priced (Megatron's default: none)
+        args.append(("mtp-num-layers", t.mtp_layers))
     args += [
         ("seq-length", t.seq_len),
         ("max-position-embeddings", t.seq_len),
@@ -185,7 +189,7 @@ def render(plan: Plan, s: Strategy) -> str:
         if t.runtime.tp_comm_overlap and s.tp > 1:  # priced with it (`--runtime nemo`)
             args.append(("tp-comm-overlap", None))
     nmb = t.global_batch // (s.dp * s.micro_batch_size)
-    if t.runtime.ep_comm_overlap and ep_overlap_applies(s, nmb, t.precision):
+    if t.runtime.ep_comm_overlap and ep_overlap_applies(s, nmb, t.precision, t.mtp_layers):
         # priced with the experts' all-to-alls under another micro-batch (`--runtime nemo`)
         args += [("overlap-moe-expert-parallel-comm", None), ("delay-wgrad-compute", None)]
     args += [("micro-batch-size", s.micro_batch_size), ("global-batch-size", t.global_batch)]

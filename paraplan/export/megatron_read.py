@@ -65,6 +65,9 @@ _VALUE_FLAGS = (
     "qk-head-dim",
     "qk-pos-emb-head-dim",
     "v-head-dim",
+    "mtp-num-layers",
+    "moe-router-num-groups",
+    "moe-router-group-topk",
 )
 """Flags with a value that `read` interprets."""
 _SWITCHES = (
@@ -192,7 +195,26 @@ def _model_says(
         or (Stated(2, "no --moe-router-topk") if "num-experts" in args else None),
         windows=windows_said(args, num("num-layers", 1), source) if "num-layers" in args else None,
         architecture=architecture_said(args, num, source),
+        routing=_routing_said(args, num, source) if "num-experts" in args else None,
     )
+
+
+def _routing_said(
+    args: dict[str, str | None], num: Callable[[str, int], int], source: str
+) -> tuple[int, int]:
+    """(groups, groups per token) of `--moe-router-num-groups` / `--moe-router-group-topk`
+    ((1, 1) without them: Megatron-Core's default routes over every expert); ValueError where
+    megatron-core refuses them (one without the other, or more groups per token than groups)."""
+    groups, top_k = num("moe-router-num-groups", 0), num("moe-router-group-topk", 0)
+    if not groups and not top_k:
+        return 1, 1
+    if not groups or not 1 <= top_k <= groups:
+        raise ValueError(
+            f"{source}: --moe-router-num-groups {groups or '(none)'} with "
+            f"--moe-router-group-topk {top_k or '(none)'}: give both, the second between 1 "
+            "and the first"
+        )
+    return (1, 1) if top_k == groups else (groups, top_k)
 
 
 _UNPRICED_VALUES = {
@@ -455,6 +477,7 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
         split=split,
         pattern=pattern,
         model_says=_model_says(args, num, source),
+        mtp_layers=num("mtp-num-layers", 0),
         runtime_says=RuntimeSays(
             recompute_modules=modules if recompute == Recompute.SELECTIVE else _CORE,
             grad_reduce_overlap=grads_overlap,

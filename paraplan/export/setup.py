@@ -194,12 +194,38 @@ class ModelSays:
     """Each block's sliding window (`--window-size`, `--window-attn-skip-freq`)."""
     architecture: StatedArchitecture = field(default_factory=StatedArchitecture)
     """A MoE model's dense blocks and shared experts, and latent attention (Megatron's)."""
+    routing: tuple[int, int] | None = None
+    """Expert groups and the groups each token may route to (`--moe-router-num-groups`,
+    `--moe-router-group-topk`; (1, 1): not group-limited); None: not a MoE configuration.
+    A routing setting, not a size: the judged model takes it (`routed`)."""
+
+    def routed(self, profile: ModelProfile) -> tuple[ModelProfile, str | None]:
+        """`profile` with the configuration's group-limited routing where it states another
+        than the model's, and a note saying so; `profile` and None otherwise."""
+        if self.routing is None or not profile.experts:
+            return profile, None
+        groups, top_k = self.routing
+        if (groups, top_k) == (profile.routing_groups, profile.routing_group_top_k):
+            return profile, None
+        if groups > 1 and profile.experts % groups:
+            raise ValueError(
+                f"--moe-router-num-groups {groups} does not divide {profile.name}'s "
+                f"{profile.experts} experts (Megatron-Core requires it); fix the configuration"
+            )
+        said = f"{top_k} of {groups} groups" if groups > 1 else "no group limit"
+        ours = (
+            f"{profile.routing_group_top_k} of {profile.routing_groups}"
+            if profile.routing_groups > 1
+            else "none"
+        )
+        routed = replace(profile, routing_groups=groups, routing_group_top_k=top_k)
+        return routed, f"experts routed as configured ({said}; the model's own: {ours})"
 
     def mismatch(self, profile: ModelProfile) -> str | None:
         """The first size that differs from `profile`'s, in words naming both values and the
         configuration's flag; None when all agree."""
         ours = {
-            "blocks": profile.num_blocks,
+            "blocks": profile.decoder_blocks,
             "hidden": profile.hidden,
             "heads": profile.heads,
             "kv_heads": profile.kv_heads,
@@ -208,7 +234,7 @@ class ModelSays:
             "top_k": profile.top_k if profile.experts else None,
         }
         for f in fields(self):
-            if f.name in ("windows", "architecture"):
+            if f.name in ("windows", "architecture", "routing"):
                 continue
             said: Stated | None = getattr(self, f.name)
             have = ours[f.name]
@@ -225,7 +251,7 @@ class ModelSays:
         """Where the stated MoE layout or latent attention differs from `profile`'s, in words;
         None when they agree or are not stated."""
         said = self.architecture
-        moe = profile.moe_blocks
+        moe = profile.moe_blocks[: profile.decoder_blocks]
         problem = None
         if said.latent is not None:
             problem = said.latent.mismatch(profile.latent_attention, profile.head_size)
@@ -309,6 +335,10 @@ class TrainerSetup:
     """The blocks the configuration fully recomputes where it names them by a rule (then
     `strategy.recompute` is `per_layer`, priced with these blocks); None: its recompute is
     uniform."""
+
+    mtp_layers: int = 0
+    """Multi-token-prediction modules the configuration trains (Megatron's `--mtp-num-layers`);
+    0: none."""
 
     @property
     def num_microbatches(self) -> int:

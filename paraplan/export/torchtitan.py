@@ -209,6 +209,15 @@ def render(plan: Plan, s: Strategy) -> str:
         ),
         *(
             [
+                f"# the plan trains {plan.train.mtp_layers} multi-token-prediction module(s): "
+                "torchtitan >= 0.3 takes them from the config registry, "
+                f"model_registry(..., num_mtp_layers={plan.train.mtp_layers}) with MTPLoss"
+            ]
+            if plan.train.mtp_layers
+            else []
+        ),
+        *(
+            [
                 "# the experts' tokens are priced dispatched once per node (DeepEP): torchtitan "
                 "takes it from the config registry, the model's token dispatcher built with "
                 "comm_backend='deepep' (make_token_dispatcher_config)"

@@ -119,10 +119,12 @@ class CountSplit:
             parts.append("the loss counted as a block")
         return "Megatron's even split" + (f" ({', '.join(parts)})" if parts else "")
 
-    def counts(self, num_blocks: int, pp: int, v: int) -> list[int]:
-        """Blocks of each of the pp x v chunks in model order. Raises ValueError (naming the
-        numbers and the fix) where Megatron-Core refuses the split, or where a chunk would
-        hold no block (paraplan prices chunks of one block or more)."""
+    def counts(self, num_blocks: int, pp: int, v: int, *, mtp: int = 0) -> list[int]:
+        """Blocks of each of the pp x v chunks in model order, the `mtp` multi-token-prediction
+        modules in the last chunk with the loss (Megatron-Core's place for them: a layout's
+        "m", outside `num_blocks`). Raises ValueError (naming the numbers and the fix) where
+        Megatron-Core refuses the split, or where a chunk would hold no block (paraplan prices
+        chunks of one block or more)."""
         n = pp * v
         if self.weighted is not None:
             counts = _torchtitan_counts(num_blocks, n, *self.weighted)
@@ -150,6 +152,7 @@ class CountSplit:
                 counts[0] -= 1
             if self.loss_as_layer:
                 counts[-1] -= 1
+        counts[-1] += mtp
         if min(counts) < 1:
             raise ValueError(
                 f"the split leaves a pipeline chunk without a block ({self.describe()}, "

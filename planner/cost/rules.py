@@ -136,7 +136,7 @@ class ProblemShape:
             ffn=profile.ffn,
             experts=profile.experts,
             is_moe=profile.is_moe,
-            num_blocks=profile.num_blocks,
+            num_blocks=profile.decoder_blocks,  # each chunk holds one at least
             num_gpus=cluster.num_gpus,
             seq_len=train.seq_len,
             global_batch=train.global_batch,

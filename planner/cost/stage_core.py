@@ -72,7 +72,7 @@ def stage_core(
     a2a = coll.dispatch(token_bytes, routing_of(p, train), links.ep) if s.ep > 1 else 0.0
     p2p = coll.p2p(sm.boundary_bytes(s) * tp.wide, links.pp.nodes > 1) if s.pp > 1 else 0.0
     ep_overlap = train.runtime.ep_comm_overlap and ep_overlap_applies(
-        s, sm.num_microbatches(s), train.precision
+        s, sm.num_microbatches(s), train.precision, train.mtp_layers
     )
     out = []
     for c, stage in zip(compute, sm.stages(lay), strict=True):
@@ -222,15 +222,20 @@ def overlaps_p2p(s: Strategy, train: TrainConfig) -> bool:
     )
 
 
-def ep_overlap_applies(s: Strategy, microbatches: int, precision: Precision) -> bool:
+def ep_overlap_applies(
+    s: Strategy, microbatches: int, precision: Precision, mtp_layers: int = 0
+) -> bool:
     """Whether Megatron-Core overlaps `s`'s all-to-alls with another micro-batch's compute
     under `--overlap-moe-expert-parallel-comm` (its `TransformerConfig` refuses the rest):
     expert parallelism, two micro-batches or more to pair, no pipeline or an interleaved one,
-    no full or per-block recompute, and bf16 or fp16 compute (fp8 runs in bf16)."""
+    no full or per-block recompute, bf16 or fp16 compute (fp8 runs in bf16), and at most one
+    multi-token-prediction module, then with a pipeline."""
     pipeline_ok = s.pp == 1 or (s.schedule == Schedule.INTERLEAVED_1F1B and s.virtual_stages > 1)
     recompute_ok = s.recompute in (Recompute.NONE, Recompute.SELECTIVE)
+    mtp_ok = mtp_layers == 0 or (mtp_layers == 1 and s.pp > 1)
     return (
-        s.ep > 1
+        mtp_ok
+        and s.ep > 1
         and microbatches >= 2
         and pipeline_ok
         and recompute_ok

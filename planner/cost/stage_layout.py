@@ -108,10 +108,11 @@ class StageLayouts:
     def _placement(self, lay: Layout) -> tuple:
         """What a layout's chunks depend on: blocks per chunk, stages, V or loop."""
         n = lay.pp * lay.virtual_stages
+        blocks, mtp = self.profile.decoder_blocks, self.profile.mtp_blocks
         if isinstance(self.split, CountSplit) and lay.pp > 1:
-            counts = self.split.counts(self.profile.num_blocks, lay.pp, lay.virtual_stages)
+            counts = self.split.counts(blocks, lay.pp, lay.virtual_stages, mtp=mtp)
         elif self.split == StageSplit.EVEN or lay.pp == 1:
-            counts = block_counts(self.profile.num_blocks, n)
+            counts = _last_plus(block_counts(blocks, n), mtp)
         else:
             key = (n, lay.recompute, lay.tp, lay.sequence_parallel)
             counts = self._cuts.get(key)  # type: ignore[assignment]
@@ -119,8 +120,10 @@ class StageLayouts:
                 weights = key[1:]  # what `unit_costs_s` reads of the layout
                 table = self._costs.get(weights)
                 if table is None:
-                    table = self._costs[weights] = BalancedCuts(self.unit_costs_s(lay))
-                counts = self._cuts[key] = table.cuts(n)
+                    table = self._costs[weights] = BalancedCuts(
+                        _with_head(self.unit_costs_s(lay), mtp)
+                    )
+                counts = self._cuts[key] = _last_plus(table.cuts(n), mtp - 1 if mtp else 0)
         return (tuple(counts), lay.pp, lay.v_shaped)
 
     def _placed_of(self, lay: Layout) -> tuple[tuple, tuple[tuple[Chunk, ...], list[_Placed]]]:
@@ -221,6 +224,22 @@ class StageLayouts:
 _Placed = tuple[tuple[Chunk, ...], tuple[tuple[int, int], ...], tuple[int, ...], tuple[int, ...]]
 """One stage of a placement: its chunks, their [first, stop) chain ranges, its chain layers and
 their cost classes (`StageLayouts.layer_class`)."""
+
+
+def _last_plus(counts: list[int], mtp: int) -> list[int]:
+    """`counts` with the `mtp` multi-token-prediction modules in the last chunk, beside the
+    head (`planner/mtp.py`)."""
+    return [*counts[:-1], counts[-1] + mtp] if mtp else counts
+
+
+def _with_head(costs: list[float], mtp: int) -> list[float]:
+    """Block costs with the last `mtp` (multi-token-prediction modules, which Megatron-Core
+    places with the loss on the last stage) made one unit with the head, whose cost the last
+    block's already carries: the split balances the decoder's blocks around it, and may give
+    it a chunk of its own (Megatron-Bridge's DeepSeek-V3 layout `...|mL`)."""
+    if not mtp:
+        return costs
+    return [*costs[:-mtp], sum(costs[-mtp:])]
 
 
 def _prefix(values: Iterable[int]) -> list[int]:
