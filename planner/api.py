@@ -9,7 +9,7 @@ from . import replay_store
 from .build import PlanContext, build_plan
 from .capabilities import precision_gap
 from .cluster import Cluster
-from .config import Precision, TrainConfig
+from .config import Precision, RecomputeModule, TrainConfig
 from .cost.count_split import CountSplit
 from .cost.evaluate import Estimate, Evaluator
 from .cost.float8 import fp8_problem
@@ -110,6 +110,14 @@ def make_plan(
     if top_k < 0:
         raise ValueError(f"top_k={top_k} must be >= 0")
     profile = with_mtp(profile, train.mtp_layers)  # the modules trained, in the chain
+    if RecomputeModule.MLA_UP_PROJ in train.runtime.recompute_modules and (
+        profile.latent_attention is None
+    ):
+        raise ValueError(
+            f"--recompute-modules mla_up_proj: {profile.name} has no multi-head latent "
+            "attention to recompute the up projections of (Megatron-Core refuses it too); "
+            "leave mla_up_proj out"
+        )
     check_planning(profile, cluster, train, pins)  # every count in bounds before any search
     own = is_own(train.runtime)  # priced for paraplan's executor: rank only what it runs
     refuse_precision(cluster, train.precision, any_engine or not own)

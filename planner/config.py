@@ -75,6 +75,13 @@ class RecomputeModule(StrEnum):
     MOE_ACT = "moe_act"
     """The routed experts' activation output (the down projection's input), recomputed from
     the kept up projection output."""
+    MLA_UP_PROJ = "mla_up_proj"
+    """Multi-head latent attention's up projections and rotary embedding: the query, key and
+    value the attention core keeps, discarded and recomputed from the kept compressed latents
+    (`CheckpointWithoutOutput`; Megatron-Core refuses it without latent attention)."""
+    MLP = "mlp"
+    """The dense MLP of each block without experts (norm, up and gate projections, activation,
+    down projection), recomputed from its kept input (plain checkpointing)."""
 
 
 class Float8Casts(StrEnum):

@@ -91,9 +91,9 @@ def test_megatron_modules_read_priced_and_written_back(tmp_path: Path) -> None:
         and setup.runtime_says.recompute_modules == (ACT, NORM)
         and not setup.notes
     )
-    noted = read(text + " mlp", world_size=8, source="mine.args")
+    noted = read(text + " moe", world_size=8, source="mine.args")
     assert noted.runtime_says is not None and noted.runtime_says.recompute_modules == (ACT, NORM)
-    assert any("--recompute-modules mlp not priced" in n for n in noted.notes)
+    assert any("--recompute-modules moe not priced" in n for n in noted.notes)
     with pytest.raises(ValueError, match="moe_act needs --moe-grouped-gemm"):
         read(text.replace("--moe-grouped-gemm ", ""), world_size=8, source="mine.args")
     profile = parse_model(MOE).to_profile(seq_len=SEQ)
@@ -156,7 +156,7 @@ def test_plan_takes_a_module_list(capsys: pytest.CaptureFixture[str], tmp_path: 
     base = ["plan", "--model", MOE, "--cluster", "8xh100", "--global-batch", "64"]
     for extra, said in [
         (["--recompute-modules", "layernorm"], "only Megatron-Core's runtimes"),
-        (["--runtime", "megatron", "--recompute-modules", "mlp"], "give distinct modules"),
+        (["--runtime", "megatron", "--recompute-modules", "moe"], "give distinct modules"),
     ]:
         assert main([*base, *extra, "--no-progress"]) == 2
         err = capsys.readouterr().err.strip()
@@ -187,3 +187,63 @@ def test_auto_keeps_the_faster_module_list(capsys: pytest.CaptureFixture[str]) -
     argv += ["--runtime", "nemo", "--recompute-modules", "auto", "-o", "/nonexistent/x"]
     assert main([*argv, "--no-progress"]) == 2
     assert "only `paraplan plan` searches the module lists" in capsys.readouterr().err
+
+
+DENSE = "llama:layers=4,hidden=1024,heads=8,kv_heads=2,ffn=2816,vocab=32000,seq=2048"
+
+
+@pytest.mark.parametrize(("tp", "sp"), [(1, False), (2, True)])
+def test_mlp_recompute_bytes_and_seconds(tp: int, sp: bool) -> None:
+    """`mlp` on a dense SwiGLU model (4 blocks, one micro-batch of 2048 bf16 tokens): each
+    block frees its MLP's normalized input (h per token, a shard under SP), the gate and up
+    projections' output (2 f / tp) and the down projection's input (f / tp); it redoes the MLP's
+    GEMMs, 3 x 2 h f / tp FLOPs per token, no faster than the GPU's dense bf16 peak and not
+    ten times slower."""
+    profile = parse_model(DENSE).to_profile(seq_len=SEQ)
+    cluster = parse_cluster("8xh100")
+    estimates = {}
+    for modules in ((CORE,), (CORE, RecomputeModule.MLP)):
+        runtime = dataclasses.replace(RUNTIMES[Framework.MEGATRON], recompute_modules=modules)
+        train = TrainConfig(global_batch=8, seq_len=SEQ, runtime=runtime)
+        s = Strategy(
+            dp=8 // tp, tp=tp, pp=1, sequence_parallel=sp, micro_batch_size=1,
+            recompute=Recompute.SELECTIVE,
+        )  # fmt: skip
+        estimates[modules] = Evaluator(profile, cluster, train).evaluate(s)
+    core, mlp = estimates[(CORE,)], estimates[(CORE, RecomputeModule.MLP)]
+    h, f, blocks = 1024, 2816, 4
+    freed = blocks * SEQ * (h / (tp if sp else 1) + 3 * f / tp) * 2
+    acts = lambda e: e.memory.activations_bytes  # noqa: E731
+    assert acts(core) - acts(mlp) == pytest.approx(freed, rel=1e-9)
+    flops = blocks * SEQ * 3 * 2 * h * f / tp
+    peak = cluster.accelerator.peak_flops["bf16"]
+    added = mlp.time.recompute_s - core.time.recompute_s
+    assert flops / peak < added < 10 * flops / peak  # small GEMMs (tp 2) run far below peak
+
+
+def test_mla_up_proj_frees_query_key_value(tmp_path: Path) -> None:
+    """`mla_up_proj` on a traced DeepSeek-style model (latent attention: 4 heads, queries and
+    keys 32 + 16 wide, values 32): each block frees the query, key and value its attention core
+    keeps, 4 x (48 + 48 + 32) elements per token; a model without latent attention is refused,
+    as Megatron-Core refuses it."""
+    pytest.importorskip("transformers")
+    import paraplan
+    from profiler.hf import profile_hf
+    from tests.test_ep_dispatch import GROUPED
+
+    seq = 32  # the config's positions: 64
+    profile = profile_hf({**GROUPED, "num_nextn_predict_layers": 0}, seq_len=seq)
+    cluster = parse_cluster("8xh100")
+    s = Strategy(dp=8, tp=1, pp=1, micro_batch_size=1, recompute=Recompute.SELECTIVE)
+    acts = {}
+    for modules in ((CORE,), (CORE, RecomputeModule.MLA_UP_PROJ)):
+        runtime = dataclasses.replace(RUNTIMES[Framework.MEGATRON], recompute_modules=modules)
+        train = TrainConfig(global_batch=8, seq_len=seq, runtime=runtime)
+        acts[modules] = Evaluator(profile, cluster, train).evaluate(s).memory.activations_bytes
+    freed = profile.num_blocks * seq * 4 * (48 + 48 + 32) * 2
+    assert acts[(CORE,)] - acts[(CORE, RecomputeModule.MLA_UP_PROJ)] == pytest.approx(freed)
+    with pytest.raises(ValueError, match="no multi-head latent attention"):
+        paraplan.plan(
+            MOE, "8xh100", global_batch=8, seq_len=SEQ, runtime="megatron",
+            recompute_modules="mla_up_proj",
+        )  # fmt: skip

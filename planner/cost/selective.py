@@ -46,6 +46,46 @@ def _moe_act_elements(profile: ModelProfile, layer: LayerCost, tp: int) -> tuple
     return saved, saved + up.n * up.per_token  # writes the output, reads the up projection's
 
 
+Shapes = tuple[tuple[int, int], ...]
+"""GEMMs as (n, k) pairs per token: an (m x k) @ (k x n) product for m tokens."""
+
+
+def _mla_up(profile: ModelProfile, tp: int) -> tuple[Shapes, float, float]:
+    """Multi-head latent attention's up projections on one rank, as Megatron-Core's
+    `qkv_up_proj_and_rope_apply` runs them (`--recompute-modules mla_up_proj`): their (n, k)
+    GEMM shapes per token (the query's from its compressed latent, or from the hidden state
+    without `q_lora_rank`; the keys' and values' from theirs), the elements per token the core
+    keeps of their outputs (query and key `head_size` wide, value `v_head_dim`), and those the
+    rotary embedding and the copies stream; none without latent attention."""
+    lat = profile.latent_attention
+    if lat is None:
+        return (), 0.0, 0.0
+    heads = profile.heads // tp
+    qd, nope = profile.head_size, profile.head_size - lat.qk_rope_head_dim
+    gemms = (
+        (heads * qd, lat.q_lora_rank or profile.hidden),
+        (heads * (nope + lat.v_head_dim), lat.kv_lora_rank),
+    )
+    kept = heads * (2 * qd + lat.v_head_dim)
+    return gemms, float(kept), 2.0 * kept  # the outputs read and written once more
+
+
+def _dense_mlp(
+    profile: ModelProfile, layer: LayerCost, tp: int, sp: bool
+) -> tuple[tuple[tuple[int, int], ...], float, float]:
+    """A block's dense MLP on one rank (`--recompute-modules mlp`; none in a block with
+    experts): its (n, k) GEMM shapes per token, the elements per token it keeps beyond its
+    input (the normalized input the first projection reads, a sequence shard under SP; the
+    projection's output; the down projection's input) and what its activation streams."""
+    if layer.expert_params or layer.kind != LayerKind.BLOCK:
+        return (), 0.0, 0.0
+    f = (profile.dense_ffn or profile.ffn) // tp
+    h = profile.hidden
+    up = 2 * f if profile.gated_mlp else f
+    kept = h / (tp if sp else 1) + up + f
+    return ((up, h), (h, f)), kept, float(up + f)
+
+
 def modules_kept_bytes(
     profile: ModelProfile,
     layer: LayerCost,
@@ -70,7 +110,12 @@ def modules_kept_bytes(
         elements += NORMS_PER_BLOCK * profile.hidden / (tp if sp else 1)
     if RecomputeModule.MOE_ACT in modules:
         elements += _moe_act_elements(profile, layer, tp)[0]
-    return kept - elements * profile.seq_len * per_elem / cp
+    if RecomputeModule.MLA_UP_PROJ in modules:
+        elements += _mla_up(profile, tp)[1]
+    if RecomputeModule.MLP in modules:
+        elements += _dense_mlp(profile, layer, tp, sp)[1]
+    kept -= elements * profile.seq_len * per_elem / cp
+    return max(kept, layer.input_bytes / ((tp if sp else 1) * cp))  # its input, at least
 
 
 def modules_recompute_s(
@@ -84,16 +129,27 @@ def modules_recompute_s(
     tp: int,
     sp: bool,
     act_bytes: float,
+    linear_f: Callable[[int, int, int], float],
 ) -> float:
     """Forward seconds Megatron-Core's module recompute redoes in one block per micro-batch
     (`tokens` on this rank): the attention core's forward (`attn_f`), the norms (read and
-    write h per token each) and the experts' activation (memory-bound, `Kernels.elementwise_s`)."""
+    write h per token each) and the experts' activation (memory-bound, `Kernels.elementwise_s`),
+    latent attention's up projections and the dense MLP (their GEMMs by `linear_f`, forward
+    seconds of an (m x k) @ (k x n) GEMM, and what their elementwise kernels stream)."""
     seconds = attn_f if RecomputeModule.CORE_ATTN in modules else 0.0
     elements = 0.0
     if RecomputeModule.LAYERNORM in modules:
         elements += 2 * NORMS_PER_BLOCK * profile.hidden / (tp if sp else 1)
     if RecomputeModule.MOE_ACT in modules:
         elements += _moe_act_elements(profile, layer, tp)[1]
+    m = max(1, round(tokens))
+    for module, (gemms, _, streamed) in (
+        (RecomputeModule.MLA_UP_PROJ, _mla_up(profile, tp)),
+        (RecomputeModule.MLP, _dense_mlp(profile, layer, tp, sp)),
+    ):
+        if module in modules:
+            seconds += sum(linear_f(m, n, k) for n, k in gemms)
+            elements += streamed
     if elements:
         seconds += kernels.elementwise_s(elements * tokens * act_bytes)
     return seconds

@@ -40,6 +40,10 @@ from .selective import every_other_matmul_s, is_default, modules_recompute_s, se
 from .stage_layout import StageLayouts
 from .stage_parts import LayerTimes, StageActivations, StageCompute, StaticMemory
 
+_LAYER_KEY = ("kind", "params", "expert_params", "fwd_flops", "bwd_flops", "attn_core_fwd_flops",
+    "act_tp_bytes", "act_replicated_bytes", "act_attn_core_bytes", "act_norm_copy_bytes",
+    "act_glu_copy_bytes", "input_bytes")  # fmt: skip
+"""`LayerCost` fields whose values make two layers cost the same (`StageModel.layer_keys`)."""
 Policy = Recompute | tuple[Recompute, ...]
 _UNIFORM = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 """A uniform recompute policy, or one policy per chain layer."""
@@ -86,21 +90,7 @@ class StageModel:
             and all(x.fwd_time_s is not None and x.bwd_time_s is not None for x in profile.layers)
         )
         self.layer_keys: tuple[tuple, ...] = tuple(
-            (
-                x.kind,
-                x.params,
-                x.expert_params,
-                x.fwd_flops,
-                x.bwd_flops,
-                x.attn_core_fwd_flops,
-                x.act_tp_bytes,
-                x.act_replicated_bytes,
-                x.act_attn_core_bytes,
-                x.act_norm_copy_bytes,
-                x.act_glu_copy_bytes,
-                x.input_bytes,
-            )
-            for x in profile.layers
+            tuple(getattr(x, name) for name in _LAYER_KEY) for x in profile.layers
         )
         """What makes two layers cost the same (identical layers share their decisions)."""
         self.num_blocks = profile.num_blocks
@@ -228,8 +218,10 @@ class StageModel:
             weights = (x.params / tp + x.expert_params / (tp * ep)) * t.param_bytes
             f = self.roofline_s(x.fwd_flops * mbs / (tp * cp), weights) + elementwise
             b = self.roofline_s(x.bwd_flops * mbs / (tp * cp), 2 * weights) + elementwise
-            sel = x.attn_core_fwd_flops * mbs / (tp * cp) / self.flops_per_s if block else 0.0
-            return f, b, f if block else 0.0, sel, sel
+            core = x.attn_core_fwd_flops * mbs / (tp * cp) / self.flops_per_s if block else 0.0
+            tokens = mbs * self.profile.seq_len / cp
+            sel = self._modules_s(self.kernels, x, core, tokens, tp) if block else 0.0
+            return f, b, f if block else 0.0, sel, core
         k, p = self.kernels, self.profile
         tokens = mbs * p.seq_len / cp
         f = b = 0.0
@@ -266,12 +258,22 @@ class StageModel:
             sel = every_other_matmul_s(
                 linear_f, p, tp=tp, gated=gated, tokens=tokens, elementwise_f=elementwise_f
             )
-        elif block and not is_default(t.runtime):  # Megatron-Core's `--recompute-modules`
-            sel = modules_recompute_s(
-                k, p, x, t.runtime.recompute_modules, attn_f=attn_f, tokens=tokens, tp=tp,
-                sp=True, act_bytes=self.train.act_bytes,
-            )  # fmt: skip
+        elif block:
+            sel = self._modules_s(k, x, attn_f, tokens, tp)
         return f, b, f if block else 0.0, sel, attn_f
+
+    def _modules_s(
+        self, k: Kernels | None, x: LayerCost, attn: float, tokens: float, tp: int
+    ) -> float:
+        """Forward seconds a block's selective recompute redoes under Megatron-Core's
+        `--recompute-modules` (`selective.py`); `attn`, the attention core's, otherwise."""
+        r = self.train.runtime
+        if k is None or is_default(r) or r.selective != SelectiveRecompute.ATTENTION_CORE:
+            return attn
+        return modules_recompute_s(
+            k, self.profile, x, r.recompute_modules, attn_f=attn, tokens=tokens, tp=tp, sp=True,
+            act_bytes=self.train.act_bytes, linear_f=partial(self._linear_f, k, True),
+        )  # fmt: skip
 
     def _linear_f(self, kernels: Kernels, block: bool, m: int, n: int, k: int) -> float:
         """Forward seconds of `_linear_s`."""
