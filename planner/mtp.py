@@ -72,9 +72,12 @@ def _module(block: LayerCost, p: ModelProfile, k: int) -> LayerCost:
     h, b = p.hidden, p.act_dtype_bytes
     hidden_seq_bytes = float(p.seq_len * h * b)
     proj_fwd_flops = 2.0 * p.seq_len * (2 * h) * h  # eh_proj: 2 per multiply-add
-    norms_bytes = 2 * hidden_seq_bytes  # enorm's input (the embedding) and hnorm's
-    cat_bytes = 2 * hidden_seq_bytes  # the projection's input, both normalized halves
-    final_norm_bytes = hidden_seq_bytes  # the module's final norm's input
+    # saved beside the block's, all of it whole on every TP rank (a shard under SP): each
+    # norm's input (enorm's is the embedding, hnorm's the hidden state, then the final norm's)
+    # and its normalized copy (what a fused norm does not keep: `act_norm_copy_bytes`), and
+    # the projection's input, both normalized halves concatenated
+    copies_bytes = NORMS * hidden_seq_bytes
+    extra_bytes = NORMS * hidden_seq_bytes + copies_bytes + 2 * hidden_seq_bytes
     f_ops, b_ops = NORM_OPS
     return replace(
         block,
@@ -82,10 +85,8 @@ def _module(block: LayerCost, p: ModelProfile, k: int) -> LayerCost:
         params=block.params + 2 * h * h + NORMS * h,
         fwd_flops=block.fwd_flops + proj_fwd_flops,
         bwd_flops=block.bwd_flops + 2 * proj_fwd_flops,  # input and weight gradients
-        act_replicated_bytes=(
-            block.act_replicated_bytes + norms_bytes + cat_bytes + final_norm_bytes
-        ),
-        act_norm_copy_bytes=block.act_norm_copy_bytes + NORMS * hidden_seq_bytes,
+        act_replicated_bytes=block.act_replicated_bytes + extra_bytes,
+        act_norm_copy_bytes=block.act_norm_copy_bytes + copies_bytes,
         fwd_time_s=_scaled(block.fwd_time_s, block.fwd_flops, proj_fwd_flops),
         bwd_time_s=_scaled(block.bwd_time_s, block.bwd_flops, 2 * proj_fwd_flops),
         fwd_ops=block.fwd_ops + NORMS * f_ops + EXTRA_OPS[0] if block.fwd_ops else 0,
@@ -98,9 +99,7 @@ def _module(block: LayerCost, p: ModelProfile, k: int) -> LayerCost:
         ),
         saved_tensors=(block.saved_tensors + NORMS * NORM_SAVED + 2 if block.saved_tensors else 0),
         autocast_saved_bytes=(
-            None
-            if block.autocast_saved_bytes is None
-            else block.autocast_saved_bytes + norms_bytes + cat_bytes + final_norm_bytes
+            None if block.autocast_saved_bytes is None else block.autocast_saved_bytes + extra_bytes
         ),
     )
 

@@ -7,14 +7,15 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from ..planner.cost.calibrated import AttentionCurve
+from ..planner.cost.calibrated import CURVE_WIDTH, AttentionCurve
 from .microbench_cold import ColdPool
 from .microbench_stream import _rotating
 from .microbench_timer import Timer
 
-ATTENTION_WIDTH = 256
+ATTENTION_WIDTH = CURVE_WIDTH
 """heads * head_dim of the attention benchmark: every head size is measured at the same FLOPs
-(4 heads of 64, 16 of 16, 2 of 128)."""
+(4 heads of 64, 16 of 16, 2 of 128); the planner reads a point's sequence length back from it
+(`CalibratedKernels.attention_s`)."""
 ATTENTION_SWEEPS = 3
 """Sweeps over the whole curve, each point timed in every sweep with a third of its calls and
 the sweeps averaged. A fused attention's time can move in spells: on this CPU (2026-11-28)

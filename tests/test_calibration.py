@@ -456,3 +456,25 @@ def test_busy_machine_warning_names_the_load() -> None:
     assert busy_machine_warning(0.4, 2) is None and busy_machine_warning(1.0, 2) is None
     text = busy_machine_warning(3.1, 2)
     assert text is not None and "load 3.1 on 2 CPUs" in text and "load_average" in text
+
+
+def test_cpu_attention_is_linear_in_batch_at_its_length() -> None:
+    """On a host CPU a fused attention call's time grows linearly with batch x heads at a given
+    sequence length (causal SDPA on this CPU, one thread, 4 heads of 16 over 128 tokens,
+    2026-11-29: backward 1.27 / 2.49 / 4.83 / 9.6 ms in bf16 at batch 1 / 2 / 4 / 8), so the
+    curve is read at the call's own length, the point of 256 heads x head size there. On a
+    GPU it is read by FLOPs (its rate grows with the rows that fill it): a larger batch reads a
+    faster point of this curve (rates rise with FLOPs)."""
+    from paraplan.planner.cost.calibrated import CURVE_WIDTH
+
+    seq, one = 128, 4.0 * 64 * 128 * 128  # one sequence of 4 heads of 16
+    cpu, gpu = CalibratedKernels(_fit()), CalibratedKernels(_fit(), async_launch=True)
+    base = cpu.attention_s(one, head_dim=16, seq_len=seq)
+    for batch in (2, 4, 8):
+        f, b = cpu.attention_s(one * batch, head_dim=16, seq_len=seq)
+        assert (f, b) == pytest.approx((batch * base[0], batch * base[1]), rel=1e-12)
+    point = 4.0 * CURVE_WIDTH * seq * seq  # the curve's own call at this length
+    at_point = cpu.attention_s(point, head_dim=16)  # read by FLOPs: the same point
+    assert cpu.attention_s(point, head_dim=16, seq_len=seq) == pytest.approx(at_point)
+    g1 = gpu.attention_s(one, head_dim=16, seq_len=seq)[1]
+    assert gpu.attention_s(4 * one, head_dim=16, seq_len=seq)[1] < 4 * g1

@@ -62,6 +62,11 @@ class GemmGrid:
                 )
 
 
+CURVE_WIDTH = 256
+"""Heads x head size of every point of a measured attention curve (one sequence per call:
+`profiler/microbench_attention.py`), so a point's dense forward FLOPs are 4 x 256 x S^2."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AttentionCurve:
     """Measured fused attention (causal SDPA) rates against its dense forward FLOPs, one curve
@@ -339,11 +344,25 @@ class CalibratedKernels:
         return max(0.0, nbytes) / self.fit.elementwise_bw_bytes_per_s * self.time_scale
 
     def attention_s(
-        self, dense_fwd_flops: float, causal: bool = True, head_dim: int | None = None
+        self,
+        dense_fwd_flops: float,
+        causal: bool = True,
+        head_dim: int | None = None,
+        seq_len: int | None = None,
     ) -> tuple[float, float]:
         """(forward, backward) seconds of fused attention of `dense_fwd_flops` (unmasked
-        forward FLOPs) with heads `head_dim` wide. The curve was measured causal; a non-causal
-        call does twice the work."""
+        forward FLOPs) with heads `head_dim` wide over sequences of `seq_len` tokens. The curve
+        was measured causal; a non-causal call does twice the work.
+
+        On a host CPU the rate is the curve's at the call's own sequence length (its point of
+        `CURVE_WIDTH` heads x head size, one sequence): one thread runs each (sequence, head)
+        in turn, so a call's time grows linearly with batch x heads at a given length, while
+        the rate per FLOP rises with the length (each score row's softmax over more
+        multiply-adds). Measured on this CPU (2026-11-29, one thread, causal SDPA, 4 heads of
+        16, 128 tokens): backward 1.27 / 2.49 / 4.83 / 9.6 ms in bf16 and 0.24 / 0.46 / 0.85 /
+        1.74 ms in fp32 at batch 1 / 2 / 4 / 8; looked up by FLOPs alone, batch 2 read the
+        curve at 90 tokens and was priced 43% (bf16) and 14% (fp32) slow. Without `seq_len`,
+        and on a GPU (whose rate also grows with the rows that fill its SMs), by FLOPs."""
         if dense_fwd_flops <= 0:
             return 0.0, 0.0
         curve = self.fit.attention
@@ -351,8 +370,11 @@ class CalibratedKernels:
             rate = self.fit.peak_gemm_flops_per_s()
             f = dense_fwd_flops * (0.5 if causal else 1.0) / rate
             return f * self.time_scale, 2.5 * f * self.time_scale
-        f = dense_fwd_flops / curve.rate(False, dense_fwd_flops, head_dim)
-        b = dense_fwd_flops / curve.rate(True, dense_fwd_flops, head_dim)
+        at = dense_fwd_flops
+        if seq_len is not None and not self.async_launch:
+            at = 4.0 * CURVE_WIDTH * seq_len * seq_len
+        f = dense_fwd_flops / curve.rate(False, at, head_dim)
+        b = dense_fwd_flops / curve.rate(True, at, head_dim)
         work = 1.0 if causal else 2.0
         return f * work * self.time_scale, b * work * self.time_scale
 

@@ -237,10 +237,15 @@ class Kernels(Protocol):
         ...
 
     def attention_s(
-        self, dense_fwd_flops: float, causal: bool = True, head_dim: int | None = None
+        self,
+        dense_fwd_flops: float,
+        causal: bool = True,
+        head_dim: int | None = None,
+        seq_len: int | None = None,
     ) -> tuple[float, float]:
         """(forward, backward) seconds of fused attention of `dense_fwd_flops` (unmasked) with
-        heads `head_dim` wide (None: a typical head size)."""
+        heads `head_dim` wide (None: a typical head size) over sequences of `seq_len` tokens
+        (None: not known; a measured CPU curve reads its rate there)."""
         ...
 
     def math_attention_s(
@@ -313,11 +318,15 @@ class KernelModel:
         return nbytes / (self.memory_bw_bytes_per_s * MEMORY_EFFICIENCY)
 
     def attention_s(
-        self, dense_fwd_flops: float, causal: bool = True, head_dim: int | None = None
+        self,
+        dense_fwd_flops: float,
+        causal: bool = True,
+        head_dim: int | None = None,
+        seq_len: int | None = None,
     ) -> tuple[float, float]:
         """(forward, backward) seconds of flash attention whose dense (unmasked) forward
         count is `dense_fwd_flops` (the catalog's attention efficiency is one figure per
-        accelerator, whatever `head_dim`)."""
+        accelerator, whatever `head_dim` and `seq_len`)."""
         executed = dense_fwd_flops * (CAUSAL_FRACTION if causal else 1.0)
         rate = self.peak_flops_per_s * min(1.0, self.attention_efficiency * ATTENTION_SCALE)
         return executed / rate, ATTENTION_BACKWARD_FACTOR * executed / rate

@@ -167,7 +167,7 @@ def traced_layer_s(
         attn_f, attn_b = qk[0] + av[0], qk[1] + av[1]
     elif block:
         attn_f, attn_b = k.attention_s(
-            x.attn_core_fwd_flops * mbs / (tp * cp), head_dim=p.head_size
+            x.attn_core_fwd_flops * mbs / (tp * cp), head_dim=p.head_size, seq_len=p.seq_len // cp
         )
     act_bytes = float(train.act_bytes)
     tokens = mbs * p.seq_len / cp

@@ -239,7 +239,8 @@ class StageModel:
                 heads, p.seq_len // cp, p.seq_len, p.head_size, core_bytes
             )
         else:
-            attn_f, attn_b = k.attention_s(x.attn_core_fwd_flops * mbs / (tp * cp))
+            attn_flops, seq = x.attn_core_fwd_flops * mbs / (tp * cp), p.seq_len // cp
+            attn_f, attn_b = k.attention_s(attn_flops, seq_len=seq)
         streamed = acts * self.act_scale - ACT_IO_FACTOR * core_bytes  # core: priced above
         elementwise_f = elementwise_b = k.elementwise_s(max(0.0, streamed))
         gated = len(gemms) == 4 and gemms[2].n * tp == 2 * p.ffn
@@ -265,8 +266,7 @@ class StageModel:
     def _modules_s(
         self, k: Kernels | None, x: LayerCost, attn: float, tokens: float, tp: int
     ) -> float:
-        """Forward seconds a block's selective recompute redoes under Megatron-Core's
-        `--recompute-modules` (`selective.py`); `attn`, the attention core's, otherwise."""
+        """Forward seconds selective recompute redoes in a block (Megatron-Core's modules)."""
         r = self.train.runtime
         if k is None or is_default(r) or r.selective != SelectiveRecompute.ATTENTION_CORE:
             return attn
