@@ -72,7 +72,7 @@ def _mla_up(profile: ModelProfile, tp: int) -> tuple[Shapes, float, float]:
 
 def _dense_mlp(
     profile: ModelProfile, layer: LayerCost, tp: int, sp: bool
-) -> tuple[tuple[tuple[int, int], ...], float, float]:
+) -> tuple[Shapes, float, float]:
     """A block's dense MLP on one rank (`--recompute-modules mlp`; none in a block with
     experts): its (n, k) GEMM shapes per token, the elements per token it keeps beyond its
     input (the normalized input the first projection reads, a sequence shard under SP; the
