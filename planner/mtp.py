@@ -41,6 +41,14 @@ NORM_STREAM_PASSES = (6, 10)
 """Passes over the hidden state (in activation bytes) an eager RMSNorm reads and writes,
 forward and backward: memory-bound work, tiny beside the block's."""
 
+HEAD_PASS_FIELDS = (
+    "fwd_flops", "bwd_flops", "act_tp_bytes", "act_replicated_bytes", "act_norm_copy_bytes",
+    "fwd_ops", "bwd_ops", "fwd_stream_bytes", "bwd_stream_bytes", "fwd_written_bytes",
+    "bwd_written_bytes", "saved_tensors",
+)  # fmt: skip
+"""`LayerCost` fields of the head that grow with each pass of it (its work, what it saves, its
+operators); its parameters, input and transient peak do not."""
+
 
 def with_mtp(profile: ModelProfile, modules: int) -> ModelProfile:
     """`profile` with `modules` multi-token-prediction modules trained after its blocks (0:
@@ -126,23 +134,13 @@ def _heads(head: LayerCost, passes: int) -> LayerCost:
     def special(ops: tuple[OpElements, ...]) -> tuple[OpElements, ...]:
         return tuple(replace(o, elems=o.elems * passes) for o in ops)
 
+    scaled = {name: getattr(head, name) * passes for name in HEAD_PASS_FIELDS}
     return replace(
         head,
-        fwd_flops=head.fwd_flops * passes,
-        bwd_flops=head.bwd_flops * passes,
-        act_tp_bytes=head.act_tp_bytes * passes,
-        act_replicated_bytes=head.act_replicated_bytes * passes,
-        act_norm_copy_bytes=head.act_norm_copy_bytes * passes,
+        **scaled,
         fwd_time_s=times(head.fwd_time_s),
         bwd_time_s=times(head.bwd_time_s),
-        fwd_ops=head.fwd_ops * passes,
-        bwd_ops=head.bwd_ops * passes,
-        fwd_stream_bytes=head.fwd_stream_bytes * passes,
-        bwd_stream_bytes=head.bwd_stream_bytes * passes,
-        fwd_written_bytes=head.fwd_written_bytes * passes,
-        bwd_written_bytes=head.bwd_written_bytes * passes,
         fwd_special=special(head.fwd_special),
         bwd_special=special(head.bwd_special),
-        saved_tensors=head.saved_tensors * passes,
         autocast_saved_bytes=times(head.autocast_saved_bytes),
     )
