@@ -123,20 +123,19 @@ def for_device(budget: Budget, device: torch.device) -> Budget:
     return dataclasses.replace(budget, gemm_sizes=GPU_GEMM_SIZES, attention_seqs=seqs)
 
 
-def dispatch_s(timer: Timer, dtype: torch.dtype) -> tuple[float, float]:
-    """(seconds per op without autograd, seconds per op of a training step: half of one op's
-    forward plus backward) on a one-element tensor: the fixed cost of an operator."""
-    x = torch.ones(1, dtype=dtype, device=timer.device)
+def dispatch_chains(
+    dtype: torch.dtype, device: torch.device
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(a chain of `CHAIN_OPS` tiny operators, to be timed under `torch.no_grad`; the same
+    chain with its backward) on one-element tensors: what `dispatch_s` times, and what
+    `microbench_dispatch.DispatchSampler` times again through a calibration."""
+    x = torch.ones(1, dtype=dtype, device=device)
+    w = torch.ones(1, dtype=dtype, device=device, requires_grad=True)
 
     def chain() -> None:
         y = x
         for _ in range(CHAIN_OPS):
             y = y * 1.0
-        return None
-
-    with torch.no_grad():
-        raw = timer(chain) / CHAIN_OPS
-    w = torch.ones(1, dtype=dtype, device=timer.device, requires_grad=True)
 
     def train() -> None:
         y = w
@@ -144,7 +143,16 @@ def dispatch_s(timer: Timer, dtype: torch.dtype) -> tuple[float, float]:
             y = y * 1.0
         y.sum().backward()
 
-    trained = timer(train) / (2 * CHAIN_OPS)
+    return chain, train
+
+
+def dispatch_s(timer: Timer, dtype: torch.dtype, repeats: int | None = None) -> tuple[float, float]:
+    """(seconds per op without autograd, seconds per op of a training step: half of one op's
+    forward plus backward) on a one-element tensor: the fixed cost of an operator."""
+    chain, train = dispatch_chains(dtype, timer.device)
+    with torch.no_grad():
+        raw = timer(chain, repeats) / CHAIN_OPS
+    trained = timer(train, repeats) / (2 * CHAIN_OPS)
     return raw, trained
 
 

@@ -42,6 +42,7 @@ from .env import quiet_transformers
 from .host_memory import live_resident_bytes
 from .microbench_cache import gemm_cache_bytes
 from .microbench_checkpoint import checkpoint_region_cost
+from .microbench_dispatch import DispatchSampler, pooled_figures
 from .microbench_host import host_adamw_s_per_param
 from .microbench_machine import SteadinessProbe, device_name, machine_load
 from .microbench_rounds import median_fit
@@ -171,9 +172,11 @@ def _measure(
     budget = mb.for_device(budget, device)
     timer = Timer(device, budget.repeats, group=world > 1)
     probe = SteadinessProbe(device)  # sampled at every progress point, on every rank
+    dispatch = DispatchSampler(device, dtypes)  # likewise, after the probe (its warm-up)
 
     def tick(label: str) -> None:
         probe.sample()
+        dispatch.sample()
         if rank == 0 and label:  # "": a part one rank does not measure
             out.put(("tick", label))
 
@@ -237,11 +240,23 @@ def _measure(
     if device.type == "cuda" and rank == 0:
         host_adamw = host_adamw_s_per_param(1 if world > 1 else torch.get_num_threads())
     sizes: list[Any] = [None] * world
-    dist.all_gather_object(sizes, (runtime, tp_runtime))
+    dist.all_gather_object(sizes, (runtime, tp_runtime, dispatch.samples))
     # every rank loads the same DTensor modules and caches: the least reading (one rank once
     # read 71 MB where every other calibration of the day read 4.1, 2026-11-26; not explained)
-    tp_runtime = min(t for _, t in sizes)
-    sizes = [r for r, _ in sizes]
+    tp_runtime = min(t for _, t, _ in sizes)
+    spans = pooled_figures([d for _, _, d in sizes])  # microbench_dispatch: over the span
+    sizes = [r for r, _, _ in sizes]
+    fits = [
+        (key, fit)
+        if key not in spans
+        else (
+            key,
+            dataclasses.replace(
+                fit, raw_dispatch_s=spans[key].raw_s, launch_s=spans[key].trained_s
+            ),
+        )
+        for key, fit in fits
+    ]
     if rank == 0:
         memory = (
             torch.cuda.get_device_properties(device).total_memory
