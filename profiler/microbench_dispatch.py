@@ -22,12 +22,14 @@ the rounds' figure stays.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from ..planner.cost.calibrated import KernelFit
 from . import microbench as mb
 from .microbench_timer import Timer
 
@@ -85,3 +87,21 @@ def pooled_figures(
                 trained_s=statistics.median(s.trained_s for s in pool),
             )
     return out
+
+
+def with_span_dispatch(
+    fits: Sequence[tuple[str, KernelFit]], spans: dict[str, DispatchFigure]
+) -> list[tuple[str, KernelFit]]:
+    """`fits` (dtype key, rounds' fit) with each dtype's dispatch figures from `spans` where it
+    has them (`pooled_figures`)."""
+    return [
+        (key, fit)
+        if key not in spans
+        else (
+            key,
+            dataclasses.replace(
+                fit, raw_dispatch_s=spans[key].raw_s, launch_s=spans[key].trained_s
+            ),
+        )
+        for key, fit in fits
+    ]

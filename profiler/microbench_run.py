@@ -42,11 +42,11 @@ from .env import quiet_transformers
 from .host_memory import live_resident_bytes
 from .microbench_cache import gemm_cache_bytes
 from .microbench_checkpoint import checkpoint_region_cost
-from .microbench_dispatch import DispatchSampler, pooled_figures
+from .microbench_dispatch import DispatchSampler, pooled_figures, with_span_dispatch
 from .microbench_host import host_adamw_s_per_param
 from .microbench_machine import SteadinessProbe, device_name, machine_load
 from .microbench_rounds import median_fit
-from .microbench_skew import sync_skew_s
+from .microbench_skew import SkewSampler, sync_skew_s
 from .microbench_timer import Timer
 from .microbench_tp import (
     FsdpUnitCost,
@@ -174,13 +174,19 @@ def _measure(
     probe = SteadinessProbe(device)  # sampled at every progress point, on every rank
     dispatch = DispatchSampler(device, dtypes)  # likewise, after the probe (its warm-up)
 
+    skews: list[SkewSampler] = []  # on a CPU over several ranks, once the group is warm
+
     def tick(label: str) -> None:
         probe.sample()
         dispatch.sample()
+        for skew in skews:
+            skew.sample()
         if rank == 0 and label:  # "": a part one rank does not measure
             out.put(("tick", label))
 
     timer(lambda: torch.ones(64, device=device) * 2)  # first collective, allocator warm-up
+    if world > 1 and device.type == "cpu":
+        skews.append(SkewSampler())
     if device.type == "cuda":  # device memory outside torch's allocator: context, NCCL
         free, total = torch.cuda.mem_get_info(device)
         runtime = max(0, total - free - torch.cuda.memory_reserved(device))
@@ -230,7 +236,7 @@ def _measure(
     tp_runtime = max(0, live_resident_bytes() - held) if held and world > 1 else 0
     fsdp = fsdp_unit_cost(timer, budget=budget) if world > 1 else FsdpUnitCost(unit_s=0, tensor_s=0)
     tick(next(parts, ""))
-    skew = sync_skew_s(budget.rounds) if world > 1 and device.type == "cpu" else 0.0
+    skew = skews[0].skew_s(partial(sync_skew_s, budget.rounds)) if skews else 0.0
     tick(next(parts, ""))
     adamw_s = dtensor_adamw_tensor_s(timer) if world > 1 else 0.0
     tick(next(parts, ""))
@@ -244,19 +250,8 @@ def _measure(
     # every rank loads the same DTensor modules and caches: the least reading (one rank once
     # read 71 MB where every other calibration of the day read 4.1, 2026-11-26; not explained)
     tp_runtime = min(t for _, t, _ in sizes)
-    spans = pooled_figures([d for _, _, d in sizes])  # microbench_dispatch: over the span
+    fits = with_span_dispatch(fits, pooled_figures([d for _, _, d in sizes]))
     sizes = [r for r, _, _ in sizes]
-    fits = [
-        (key, fit)
-        if key not in spans
-        else (
-            key,
-            dataclasses.replace(
-                fit, raw_dispatch_s=spans[key].raw_s, launch_s=spans[key].trained_s
-            ),
-        )
-        for key, fit in fits
-    ]
     if rank == 0:
         memory = (
             torch.cuda.get_device_properties(device).total_memory
