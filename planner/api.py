@@ -23,6 +23,7 @@ from .mtp import with_mtp
 from .options import NO_CONSENT, Consent
 from .pins import Pins
 from .plan import Plan
+from .replay import finalists, replayed
 from .search import Search, SearchResult
 from .units import gib
 
@@ -134,10 +135,11 @@ def make_plan(
     replay_store.STORE.flush()  # the replays this search computed, for the next run
     ctx = PlanContext(profile=profile, cluster=cluster, train=train, split=split, pattern=pattern)
     if result.best is not None:
-        return PlanOutcome(plan=build_plan(ctx, result.best, result.ranked[1:]), result=result)
+        best, *others = finalists(ev, result.ranked)  # the closed form's finalists, replayed
+        return PlanOutcome(plan=build_plan(ctx, best, tuple(others)), result=result)
     least = result.min_memory
     if search.all_pinned and least is not None:
-        return PlanOutcome(plan=build_plan(ctx, least, ()), result=result)
+        return PlanOutcome(plan=build_plan(ctx, replayed(ev, least), ()), result=result)
     need = gib(least.memory.total_bytes) if least else "unknown"
     cap = gib(ev.capacity_bytes)
     pinned = asked.describe() if asked is not None else ""
