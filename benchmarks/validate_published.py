@@ -27,6 +27,7 @@ from pathlib import Path
 from paraplan.planner.config import Precision
 from paraplan.planner.cost.evaluate import Estimate, Evaluator
 from paraplan.planner.hardware import with_calibration
+from paraplan.planner.replay import replayed
 from paraplan.planner.search import Search
 from paraplan.planner.strategy import Schedule
 
@@ -80,7 +81,8 @@ def evaluate(case: Case) -> Result:
             refused.append(str(exc))
             continue
         if result.best or result.min_memory:
-            found.append(result.best or result.min_memory)  # type: ignore[arg-type]
+            # what the plan reports: a pipeline's step replayed (planner/replay.py)
+            found.append(replayed(ev, result.best or result.min_memory))  # type: ignore[arg-type]
     if not found:
         raise ValueError(refused[0] if refused else "nothing fits")
     best = min(found, key=lambda e: (not e.feasible, e.step_time_s))
