@@ -107,3 +107,40 @@ def test_every_plan_records_its_replay(model: str, cluster: str, fix: str, tmp_p
     )
     gap = abs(replayed["step_time_s"] - predicted["step_time_s"])
     assert gap <= predicted["time_breakdown"]["bubble_s"] * (1 + 1e-9) + 1e-12
+    if json.loads(out.read_text())["parallelism"]["pp"] > 1:  # the plan's step is the replay's
+        assert replayed["step_time_s"] == predicted["step_time_s"]
+
+
+def test_a_plan_reports_its_replayed_step_with_the_saving_off_the_bubble() -> None:
+    """`replayed`: a pipeline with a heavy head (uneven stages) is priced at its replay, under
+    the closed form by what the slow stage's fill and drain had charged; the time breakdown
+    still sums to the step (the saving comes off the bubble), throughput and MFU follow the
+    step; without a pipeline nothing changes. `finalists` ranks by the replayed step."""
+    from paraplan.planner.replay import finalists, replayed
+
+    profile = parse_model(MODELS["heavy head"]).to_profile(seq_len=2048)
+    ev = Evaluator(profile, parse_cluster("16xh100"), TrainConfig(global_batch=64, seq_len=2048))
+    uneven = 0
+    for s in _strategies():
+        if ev.violation(s):
+            continue
+        closed = ev.evaluate(s)
+        got = replayed(ev, closed)
+        t, c = got.time, closed.time
+        parts = (t.compute_s, t.recompute_s, t.comm_s, t.bubble_s, t.optimizer_s)
+        closed_parts = (c.compute_s, c.recompute_s, c.comm_s, c.bubble_s, c.optimizer_s)
+        if s.pp == 1:
+            assert got == closed
+            continue
+        assert got.step_time_s == min(closed.step_time_s, replay(ev, s).step_time_s)
+        saved = closed.step_time_s - got.step_time_s
+        uneven += saved > 1e-6 * closed.step_time_s
+        assert sum(parts) - sum(closed_parts) == pytest.approx(-saved, abs=1e-9)
+        assert got.tokens_per_s * got.step_time_s == pytest.approx(
+            closed.tokens_per_s * closed.step_time_s, rel=1e-12
+        )
+        assert got.mfu * got.step_time_s == pytest.approx(closed.mfu * closed.step_time_s)
+    assert uneven >= 5  # the 256,000-word head's stage is slower: the fill and drain differ
+    ranked = [ev.evaluate(s) for s in _strategies() if not ev.violation(s)]
+    again = finalists(ev, ranked)
+    assert [e.step_time_s for e in again] == sorted(replayed(ev, e).step_time_s for e in ranked)
