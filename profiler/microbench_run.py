@@ -46,7 +46,7 @@ from .microbench_dispatch import DispatchSampler, pooled_figures, with_span_disp
 from .microbench_host import host_adamw_s_per_param
 from .microbench_machine import SteadinessProbe, device_name, machine_load
 from .microbench_rounds import median_fit
-from .microbench_skew import SkewSampler, sync_skew_s
+from .microbench_skew import sync_skew_s
 from .microbench_timer import Timer
 from .microbench_tp import (
     FsdpUnitCost,
@@ -174,19 +174,13 @@ def _measure(
     probe = SteadinessProbe(device)  # sampled at every progress point, on every rank
     dispatch = DispatchSampler(device, dtypes)  # likewise, after the probe (its warm-up)
 
-    skews: list[SkewSampler] = []  # on a CPU over several ranks, once the group is warm
-
     def tick(label: str) -> None:
         probe.sample()
         dispatch.sample()
-        for skew in skews:
-            skew.sample()
         if rank == 0 and label:  # "": a part one rank does not measure
             out.put(("tick", label))
 
     timer(lambda: torch.ones(64, device=device) * 2)  # first collective, allocator warm-up
-    if world > 1 and device.type == "cpu":
-        skews.append(SkewSampler())
     if device.type == "cuda":  # device memory outside torch's allocator: context, NCCL
         free, total = torch.cuda.mem_get_info(device)
         runtime = max(0, total - free - torch.cuda.memory_reserved(device))
@@ -236,7 +230,7 @@ def _measure(
     tp_runtime = max(0, live_resident_bytes() - held) if held and world > 1 else 0
     fsdp = fsdp_unit_cost(timer, budget=budget) if world > 1 else FsdpUnitCost(unit_s=0, tensor_s=0)
     tick(next(parts, ""))
-    skew = skews[0].skew_s(partial(sync_skew_s, budget.rounds)) if skews else 0.0
+    skew = sync_skew_s(budget.rounds) if world > 1 and device.type == "cpu" else 0.0
     tick(next(parts, ""))
     adamw_s = dtensor_adamw_tensor_s(timer) if world > 1 else 0.0
     tick(next(parts, ""))

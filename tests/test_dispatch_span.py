@@ -5,8 +5,6 @@ on a CPU only."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 import torch
@@ -72,42 +70,3 @@ def test_the_sampler_times_the_rounds_chains_on_a_cpu_only() -> None:
     gpu = DispatchSampler(torch.device("cuda"), ["bf16"])  # built without touching CUDA
     gpu.sample()
     assert not gpu.active and gpu.samples == {}
-
-
-def _skew_worker(rank: int, port: int, out: Any) -> None:
-    import torch.distributed as dist
-
-    from paraplan.profiler.microbench_skew import MIN_SAMPLES as SKEW_MIN
-    from paraplan.profiler.microbench_skew import SkewSampler
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        few = SkewSampler()
-        few.sample()
-        fallback = few.skew_s(lambda: -1.0)  # too few samples: the fallback, on every rank
-        many = SkewSampler()
-        for _ in range(SKEW_MIN + 2):
-            many.sample()
-        out.put((rank, fallback, many.skew_s(lambda: -1.0), len(many.samples)))
-    finally:
-        dist.destroy_process_group()
-
-
-def test_the_skew_over_the_span_is_one_figure_on_both_ranks() -> None:
-    """Two gloo ranks sample the sync skew together (each sample runs collectives): with
-    enough samples both read the same figure (the ranks' largest median), 0 or more and well
-    under a tiny step (0.2-1.3 ms on this VM, 2026-11-26/29); with too few, the fallback."""
-    import torch.multiprocessing as mp
-
-    from tests.executor_helpers import free_port
-
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    mp.start_processes(
-        _skew_worker, args=(free_port(), out), nprocs=2, join=True, start_method="spawn"
-    )
-    got = sorted(out.get(timeout=60) for _ in range(2))
-    assert [g[1] for g in got] == [-1.0, -1.0]
-    assert got[0][2] == got[1][2] and 0.0 <= got[0][2] < 5e-3
-    assert got[0][3] == got[1][3] >= 10
