@@ -57,20 +57,15 @@ class DispatchSampler:
     def __init__(self, device: torch.device, dtypes: Sequence[str]) -> None:
         self.active = device.type == "cpu"
         self._timer = Timer(device, SAMPLE_CALLS, group=False)
-        self._chains = (
-            {key: mb.dispatch_chains(mb.DTYPES[key], device) for key in dtypes}
-            if self.active
-            else {}
+        self.samples: dict[str, list[DispatchFigure]] = (
+            {key: [] for key in dtypes} if self.active else {}
         )
-        self.samples: dict[str, list[DispatchFigure]] = {key: [] for key in self._chains}
 
     def sample(self) -> None:
-        """Time each dtype's chains once more."""
-        for key, (chain, train) in self._chains.items():
-            with torch.no_grad():
-                raw = self._timer(chain, SAMPLE_CALLS) / mb.CHAIN_OPS
-            trained = self._timer(train, SAMPLE_CALLS) / (2 * mb.CHAIN_OPS)
-            self.samples[key].append(DispatchFigure(raw_s=raw, trained_s=trained))
+        """Time each dtype's chains once more (`microbench.dispatch_s`, `SAMPLE_CALLS` calls)."""
+        for key, samples in self.samples.items():
+            raw, trained = mb.dispatch_s(self._timer, mb.DTYPES[key], SAMPLE_CALLS)
+            samples.append(DispatchFigure(raw_s=raw, trained_s=trained))
 
 
 def pooled_figures(
