@@ -46,7 +46,7 @@ from .microbench_dispatch import DispatchSampler, pooled_figures, with_span_disp
 from .microbench_host import host_adamw_s_per_param
 from .microbench_machine import SteadinessProbe, device_name, machine_load
 from .microbench_rounds import median_fit
-from .microbench_skew import sync_skew_s
+from .microbench_skew import SkewSampler
 from .microbench_timer import Timer
 from .microbench_tp import (
     FsdpUnitCost,
@@ -98,6 +98,9 @@ class _RankResult:
     speed_spread: float
 
 
+SKEW_ROUNDS_PER_POINT = 3
+"""Rounds of the sync skew after each kernel round and at the end of a full calibration: 12 in
+all over its minutes (`microbench_skew.SkewSampler`), about 14 s."""
 MULTI_RANK_PARTS = ("overlap", "tensor-parallel blocks", "FSDP2 units", "sync skew", "AdamW")
 """The measurements of the executor's runtime over several ranks, after the collectives, each
 a progress step (the bar stood at its end while they ran: 23 s of a 41 s `--quick` here)."""
@@ -192,6 +195,9 @@ def _measure(
     # before any other GEMM: what each dtype's matmuls keep resident per new shape
     caches = {key: gemm_cache_bytes(mb.DTYPES[key], device) for key in dtypes}
     rounds: dict[str, list[KernelFit]] = {key: [] for key in dtypes}
+    # the sync skew over the calibration's minutes: rounds after every kernel round and at the
+    # end (a full calibration; --quick takes one round, at the end)
+    skew = SkewSampler() if world > 1 and device.type == "cpu" else None
     for r in range(budget.rounds):  # dtypes alternate: a slow spell hits one round of one
         for key in dtypes:
             label = key if budget.rounds == 1 else f"{key} (round {r + 1}/{budget.rounds})"
@@ -204,6 +210,8 @@ def _measure(
                     checkpoint_saved_tensor_s=region.saved_tensor_s,
                 )
             )
+        if skew is not None and budget.rounds > 1:
+            skew.sample(SKEW_ROUNDS_PER_POINT)
     fits = []
     for key in dtypes:
         fit = dataclasses.replace(
@@ -230,7 +238,10 @@ def _measure(
     tp_runtime = max(0, live_resident_bytes() - held) if held and world > 1 else 0
     fsdp = fsdp_unit_cost(timer, budget=budget) if world > 1 else FsdpUnitCost(unit_s=0, tensor_s=0)
     tick(next(parts, ""))
-    skew = sync_skew_s(budget.rounds) if world > 1 and device.type == "cpu" else 0.0
+    skew_s = 0.0
+    if skew is not None:
+        skew.sample(SKEW_ROUNDS_PER_POINT if budget.rounds > 1 else 1)
+        skew_s = skew.figure_s()
     tick(next(parts, ""))
     adamw_s = dtensor_adamw_tensor_s(timer) if world > 1 else 0.0
     tick(next(parts, ""))
@@ -262,7 +273,7 @@ def _measure(
             overlap_contention=contention,
             tensor_parallel=tp_dispatch,
             tp_runtime_bytes=tp_runtime,
-            sync_skew_s=skew,
+            sync_skew_s=skew_s,
             fsdp_unit=fsdp,
             dtensor_adamw_tensor_s=adamw_s,
             host_adamw_s_per_param=host_adamw,

@@ -37,41 +37,54 @@ def _timed(fn: Callable[[], object], iters: int) -> float:
     return (time.perf_counter() - start) / iters
 
 
-def sync_skew_s(rounds: int) -> float:
-    """Median seconds a one-element all-reduce takes beyond its own time after a segment of
-    dispatch-bound host work (`SEGMENTS_S`), over `rounds` alternations; 0 or more, the same
-    on every rank (the ranks' largest)."""
-    w = torch.ones(1, requires_grad=True)
-    one = torch.ones(1)
+class SkewSampler:
+    """Rounds of the skew measurement taken at several points of a calibration (every rank
+    calls `sample` at the same points, in step with its other collectives), and their median
+    at the end. One round is three timings of ~0.15 s per segment; a round's figure alone
+    varies by half its value from one second to the next (2026-11-29, 156 rounds over three
+    minutes, 2 gloo ranks on this VM: lag-one autocorrelation 0.17, the median of 3 rounds
+    -68%..+158% around the three minutes' median, of 12 rounds -28%..+27%), so twelve rounds
+    over the calibration's minutes replace the three it took at its end."""
 
-    def segment(ops: int) -> None:
-        y = w
+    def __init__(self) -> None:
+        self.extra_s: list[float] = []
+        self._w = torch.ones(1, requires_grad=True)
+        self._one = torch.ones(1)
+
+    def _segment(self, ops: int) -> None:
+        y = self._w
         for _ in range(ops):
             y = y * 1.0
         y.sum().backward()
 
-    calls = 400
-    per_op = _timed(lambda: segment(calls), 3) / calls
-    agreed = torch.tensor([per_op], dtype=torch.float64)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-    per_op = float(agreed)
-    extra: list[float] = []
-    for _ in range(rounds):
-        for seconds in SEGMENTS_S:
-            ops = max(1, round(seconds / per_op))
-            iters = max(5, round(SPAN_S / seconds))
+    def sample(self, rounds: int) -> None:
+        """Time `rounds` alternations of every segment length (collective: every rank)."""
+        calls = 400
+        per_op = _timed(lambda: self._segment(calls), 3) / calls
+        agreed = torch.tensor([per_op], dtype=torch.float64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        per_op = float(agreed)
+        for _ in range(rounds):
+            for seconds in SEGMENTS_S:
+                ops = max(1, round(seconds / per_op))
+                iters = max(5, round(SPAN_S / seconds))
 
-            def work(ops: int = ops) -> None:
-                segment(ops)
+                def work(ops: int = ops) -> None:
+                    self._segment(ops)
 
-            def synced(ops: int = ops) -> None:
-                segment(ops)
-                dist.all_reduce(one)
+                def synced(ops: int = ops) -> None:
+                    self._segment(ops)
+                    dist.all_reduce(self._one)
 
-            alone = _timed(work, iters)
-            reduce = _timed(lambda: dist.all_reduce(one), iters)
-            both = _timed(synced, iters)
-            extra.append(both - alone - reduce)
-    mine = torch.tensor([max(0.0, statistics.median(extra))], dtype=torch.float64)
-    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-    return float(mine)
+                alone = _timed(work, iters)
+                reduce = _timed(lambda: dist.all_reduce(self._one), iters)
+                both = _timed(synced, iters)
+                self.extra_s.append(both - alone - reduce)
+
+    def figure_s(self) -> float:
+        """The median wait of every round sampled, 0 or more, the same on every rank (the
+        ranks' largest); 0 when nothing was sampled (collective: every rank)."""
+        mine = max(0.0, statistics.median(self.extra_s)) if self.extra_s else 0.0
+        agreed = torch.tensor([mine], dtype=torch.float64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        return float(agreed)
