@@ -136,6 +136,7 @@ def report_figures(report: Path) -> dict:
         "step_time_rel_err": r["step_time_rel_err"],
         "memory_rel_err": r["memory_rel_err"],
         "memory_source": r.get("memory_source"),
+        "host_probe_s": r.get("host_probe_s"),
     }
 
 
@@ -183,6 +184,21 @@ def errors(rows: list[dict], key: str) -> list[float]:
     return [abs(r["step_time_s"] / r[key] - 1) for r in rows if "step_time_s" in r]
 
 
+def calibration_probe_s(cal: Path) -> float:
+    """The calibration's host-probe median (0: not measured)."""
+    from paraplan.planner.cluster import load_cluster_file
+
+    found = load_cluster_file(cal).calibration
+    return found.probe_s if found is not None else 0.0
+
+
+def machine_text(run_probe_s: float | None, cal_probe_s: float) -> str:
+    """ "; machine +5%": the run's host probe against the calibration's, when both exist."""
+    if not run_probe_s or not cal_probe_s:
+        return ""
+    return f"; machine {run_probe_s / cal_probe_s - 1:+.0%}"
+
+
 def refit(cal: Path, rows: list[dict], folder: Path, name: str) -> Path:
     """`paraplan calibrate --from-run` on the runs in `rows`: the refitted cluster file."""
     out = folder / f"{name}.yaml"
@@ -190,7 +206,7 @@ def refit(cal: Path, rows: list[dict], folder: Path, name: str) -> Path:
     done = paraplan("calibrate", "--from-run", *reports, "--cluster", str(cal), "-o", str(out))
     if done.returncode != 0:
         raise RuntimeError(done.stderr)
-    print(done.stdout.splitlines()[0])
+    print("\n".join(done.stdout.splitlines()[:2]))  # the refit, and the machine's speed
     return out
 
 
@@ -240,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows = plan_all(str(cal), dtypes, configs, folder)
     todo = [r for r in rows if not args.reuse and (r["config"], r["dtype"]) not in skip]
+    cal_probe_s = calibration_probe_s(cal)
     for turn, row in ((t, r) for t in range(max(1, args.passes)) for r in todo):
         got = run_one(row, folder, suffix=f"-pass{turn}")
         row.setdefault("passes_step_time_s", []).append(got.get("step_time_s"))
@@ -254,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{head}measured {got['step_time_s']:.4f} s predicted "
                 f"{row['predicted_step_time_s']:.4f} s ({got['step_time_rel_err']:+.1%}); memory "
                 f"{got['memory_rel_err']:+.1%}; load {got['load_before']:.1f}->"
-                f"{got['load_after']:.1f}",
+                f"{got['load_after']:.1f}" + machine_text(got.get("host_probe_s"), cal_probe_s),
                 flush=True,
             )
         else:

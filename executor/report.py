@@ -108,6 +108,10 @@ class RunReport:
     predicted_time_breakdown: TimeBreakdown | None = None
     """The plan's step time in parts (what `paraplan calibrate --from-run` refits part by
     part; None in reports from before 2026-11-28)."""
+    host_probe_s: float | None = None
+    """Rank 0's median seconds of the fixed host workload of `profiler/host_probe.py`, timed
+    after the warm-up steps and after the last step (a CPU run; None on a GPU and in reports
+    from before 2026-11-29): against the calibration's `probe_s`, how fast the machine was."""
 
     def to_dict(self) -> dict[str, object]:
         """JSON form."""
@@ -129,6 +133,7 @@ def make_report(
     first_step: int,
     losses: list[float],
     rss_bytes: list[float] | None = None,
+    host_probe_s: float | None = None,
 ) -> RunReport:
     """Build the report from the timed steps (warm-up already removed) and per-rank memory."""
     if not step_times_s:
@@ -164,6 +169,7 @@ def make_report(
         losses=tuple(losses),
         peak_rss_bytes=tuple(rss_bytes or ()),
         predicted_time_breakdown=pred.time_breakdown,
+        host_probe_s=host_probe_s,
     )
 
 

@@ -3,6 +3,7 @@ with checkpoints and the run report."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ import torch.distributed as dist
 
 from ..planner.strategy import MeshAxis
 from ..profiler.host_memory import HostPeak, TensorPeakTracker, peak_resident_bytes
+from ..profiler.host_probe import RUN_SAMPLES, HostProbe
 from . import mesh as meshes
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .compose import ParallelModel
@@ -110,7 +112,14 @@ def train(
     )
     host: HostPeak | None = None
     times, losses = [], []
+    # a CPU run times the calibration's host workload after its warm-up and after its last
+    # step, every rank at once as in the calibration: how fast the machine was meanwhile
+    probe = HostProbe() if pm.device.type == "cpu" else None
+    probe_at = first + min(options.warmup_steps, options.steps - first - 1)
+    probe_s: list[float] = []
     for step in range(first, options.steps):
+        if probe is not None and step == probe_at:
+            probe_s += [probe.sample_s() for _ in range(RUN_SAMPLES)]
         x, y = synthetic_tokens(
             plan.train.global_batch,
             plan.train.seq_len,
@@ -135,6 +144,8 @@ def train(
             save_checkpoint(pm, opts, options.checkpoint_dir or "", step=step + 1)
         if on_step is not None:
             on_step(step, losses[-1])
+    if probe is not None:
+        probe_s += [probe.sample_s() for _ in range(RUN_SAMPLES)]
     memory, source = peak_memory_bytes(pm.device, host)
     gathered: list[tuple[float, float] | None] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (memory, float(peak_resident_bytes())))
@@ -150,4 +161,5 @@ def train(
         device=pm.device.type,
         first_step=first,
         losses=losses,
+        host_probe_s=statistics.median(probe_s) if probe_s else None,
     )

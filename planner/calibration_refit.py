@@ -67,6 +67,9 @@ class RunSample:
     """The plan's peak memory per device."""
     parts: PredictedParts | None = None
     """The plan's step time in parts (None: a report from before 2026-11-28)."""
+    host_probe_s: float | None = None
+    """The run's fixed host workload time (`profiler/host_probe.py`; None: a GPU run, or a
+    report from before 2026-11-29)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -98,6 +101,7 @@ def run_sample(report: Mapping[str, Any], *, origin: str) -> RunSample:
             peak_memory_bytes=float(max(report["peak_memory_bytes"])),
             predicted_memory_bytes=float(report["predicted_memory_per_gpu_bytes"]),
             parts=parts,
+            host_probe_s=_probe(report.get("host_probe_s")),
         )
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(
@@ -113,6 +117,49 @@ def run_sample(report: Mapping[str, Any], *, origin: str) -> RunSample:
     if not all(math.isfinite(v) and v > 0 for v in values):
         raise ValueError(f"{origin}: step times and memory must be positive numbers")
     return sample
+
+
+def _probe(value: object) -> float | None:
+    """A report's `host_probe_s`: None, or a finite number of seconds > 0 (ValueError)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"host_probe_s={value!r}: seconds must be a number")
+    seconds = float(value)
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"host_probe_s={value!r}: seconds must be a finite number > 0")
+    return seconds
+
+
+def machine_note(samples: list[RunSample], calibration_probe_s: float) -> str | None:
+    """How fast the machine was during the reports' runs against while it was calibrated,
+    beside their step-time errors (medians and ranges); None when no report has a probe or
+    the calibration has none."""
+    pairs = [
+        (s.host_probe_s / calibration_probe_s - 1.0, s.step_time_s / s.predicted_step_time_s - 1.0)
+        for s in samples
+        if s.host_probe_s is not None and calibration_probe_s > 0
+    ]
+    if not pairs:
+        return None
+    probe = [p for p, _ in pairs]
+    err = [e for _, e in pairs]
+    why = (
+        "a machine slower or faster than while it was measured moves every run alike, and a "
+        "refit on those runs learns it"
+    )
+    if len(pairs) == 1:
+        return (
+            f"the machine during the run: a fixed host workload's time against the "
+            f"calibration's {probe[0]:+.0%}, the step time against its prediction {err[0]:+.0%}; "
+            + why
+        )
+    return (
+        f"the machine during {len(pairs)} of these runs: a fixed host workload's time against "
+        f"the calibration's {statistics.median(probe):+.0%} (median; {min(probe):+.0%} to "
+        f"{max(probe):+.0%}), their step times against their predictions "
+        f"{statistics.median(err):+.0%} ({min(err):+.0%} to {max(err):+.0%}); " + why
+    )
 
 
 def _parts(breakdown: object) -> PredictedParts | None:

@@ -22,19 +22,8 @@ from pathlib import Path
 
 import torch
 
-from .microbench_timer import Timer
+from .host_probe import HostProbe
 
-PROBE_OPS = 64
-"""Tiny operators of the probe's autograd chain (forward and backward): host dispatch, what a
-small model's step is made of on a CPU."""
-PROBE_GEMM = 128
-"""Size of the probe's square GEMM (its kernel part)."""
-PROBE_CALLS = 5
-"""Calls per sample (about 1 ms each on the CPU above); the sample keeps their median."""
-PROBE_WARM_CALLS = 2
-"""Untimed calls first: a rank that has just waited (a collective, a barrier) runs slower for
-a while, here 1.8x for the first call after a 10 ms sleep and ~1.1x for the next few (2026-11-28,
-single process); the samples are of the machine's speed, not of that."""
 MIN_SAMPLES = 10
 """Fewer samples than this say nothing about the spread (0 is reported)."""
 
@@ -69,24 +58,17 @@ class SteadinessProbe:
     def __init__(self, device: torch.device) -> None:
         self.active = device.type == "cpu"
         self.samples: list[float] = []
-        self._a = torch.randn(PROBE_GEMM, PROBE_GEMM)
-        self._w = torch.ones(1, requires_grad=True)
-        self._timer = Timer(torch.device("cpu"), PROBE_CALLS, group=False)
-
-    def _unit(self) -> None:
-        y = self._w
-        for _ in range(PROBE_OPS):
-            y = y * 1.0
-        y.sum().backward()
-        torch.mm(self._a, self._a)
+        self._probe = HostProbe()
 
     def sample(self) -> None:
         """Time the workload once more (nothing off a CPU)."""
-        if not self.active:
-            return
-        for _ in range(PROBE_WARM_CALLS - 1):  # untimed: the first calls after a wait run
-            self._unit()  # slow (the timer's own warm-up call is the last of them)
-        self.samples.append(self._timer(self._unit, PROBE_CALLS))
+        if self.active:
+            self.samples.append(self._probe.sample_s())
+
+    def median_s(self) -> float:
+        """The median sample (the machine's usual speed while it was measured); 0 with fewer
+        than `MIN_SAMPLES` samples."""
+        return statistics.median(self.samples) if len(self.samples) >= MIN_SAMPLES else 0.0
 
     def spread(self) -> float:
         """The 90th percentile of the samples over their 10th, less 1 (0.4: the slow tenth

@@ -97,9 +97,15 @@ def test_planner_imports_neither_executor_profiler_nor_front_door() -> None:
 
 def test_profiler_and_executor_keep_to_their_rows() -> None:
     """docs/architecture.md's table: the profiler imports no executor module; the executor
-    imports of the profiler only its resident-memory readers and the module digest (each
+    imports of the profiler only its resident-memory readers, the host probe and the module
+    digest (each
     through the package's `__init__`, which the graph lists as an import of its own)."""
-    allowed = {"paraplan.profiler", "paraplan.profiler.host_memory", "paraplan.profiler.chain"}
+    allowed = {
+        "paraplan.profiler",
+        "paraplan.profiler.host_memory",
+        "paraplan.profiler.host_probe",
+        "paraplan.profiler.chain",
+    }
     graph = _graph(top_level_only=False)
     for name in graph:
         for target in graph.successors(name):

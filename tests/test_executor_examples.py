@@ -77,3 +77,6 @@ def test_plan_then_run_prints_report(
     assert report["predicted_step_time_s"] == plan.predicted.step_time_s
     assert report["step_time_s"] > 0 and len(report["peak_memory_bytes"]) == 2
     assert len(report["losses"]) == 5 and report["losses"][-1] < report["losses"][0]
+    # the calibration's host workload, timed after the warm-up and after the last step: well
+    # under a millisecond to a few on this CPU (profiler/host_probe.py)
+    assert 1e-5 < report["host_probe_s"] < 0.1

@@ -16,12 +16,8 @@ import torch
 
 from paraplan.planner.calibration import STEADY_SPREAD, calibration_from_dict
 from paraplan.planner.cluster import cluster_from_dict, load_cluster_file, save_cluster_file
-from paraplan.profiler.microbench_machine import (
-    MIN_SAMPLES,
-    PROBE_CALLS,
-    SteadinessProbe,
-    speed_spread,
-)
+from paraplan.profiler.host_probe import PROBE_CALLS
+from paraplan.profiler.microbench_machine import MIN_SAMPLES, SteadinessProbe, speed_spread
 from tests.test_calibration import _calibration, _cluster_dict
 
 

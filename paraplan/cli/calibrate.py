@@ -128,7 +128,7 @@ def busy_machine_warning(load: float, cpus: int) -> str | None:
 def _refit(cluster: Cluster, reports: list[str]) -> Cluster:
     import dataclasses
 
-    from ..planner.calibration_refit import refit, refit_errors, run_sample
+    from ..planner.calibration_refit import machine_note, refit, refit_errors, run_sample
     from ..planner.documents import Document, wrong_kind
     from ..planner.hardware import get_accelerator, with_calibration
     from ..planner.jsonio import read_json
@@ -164,6 +164,9 @@ def _refit(cluster: Cluster, reports: list[str]) -> Cluster:
         "reports' predictions rescaled; re-plan to see the new figures)"
         + ("" if parted else "; the reports predate their parts: one scale for all")
     )
+    note = machine_note(samples, old.probe_s)
+    if note:
+        print(note)
     acc = with_calibration(get_accelerator(cluster.accelerator.name), new.figures)
     return dataclasses.replace(cluster, accelerator=acc, calibration=new)
 
