@@ -58,4 +58,3 @@ class HostProbe:
             self._unit()
             times.append(time.perf_counter() - start)
         return statistics.median(times)
-

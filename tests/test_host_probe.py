@@ -4,19 +4,14 @@ and `paraplan calibrate --from-run` reads the two side by side."""
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
-from pathlib import Path
 
 import pytest
 import torch
 
-from paraplan.planner.calibration import calibration_from_dict
 from paraplan.planner.calibration_refit import RunSample, machine_note, run_sample
-from paraplan.planner.cluster import cluster_from_dict, load_cluster_file, save_cluster_file
 from paraplan.profiler.host_probe import HostProbe
 from paraplan.profiler.microbench_machine import MIN_SAMPLES, SteadinessProbe
-from tests.test_calibration import _calibration, _cluster_dict
 
 
 def test_probing_leaves_the_global_random_stream_as_it_was() -> None:
@@ -37,18 +32,6 @@ def test_the_calibration_keeps_the_median_sample() -> None:
     for _ in range(MIN_SAMPLES):
         probe.sample()
     assert probe.median_s() == statistics.median(probe.samples) > 0
-
-
-def test_the_probe_goes_through_the_cluster_file(tmp_path: Path) -> None:
-    cal = dataclasses.replace(_calibration(), probe_s=0.0021)
-    save_cluster_file(cluster_from_dict(_cluster_dict(cal)), tmp_path / "cal.yaml")
-    again = load_cluster_file(tmp_path / "cal.yaml").calibration
-    assert again is not None and again.probe_s == 0.0021
-    older = _calibration().to_dict()
-    del older["probe_s"]  # a file from before the probe
-    assert calibration_from_dict(older).probe_s == 0.0
-    with pytest.raises(ValueError, match=r"probe_s=-1\.0 must be >= 0"):
-        dataclasses.replace(_calibration(), probe_s=-1.0)
 
 
 def _sample(measured_s: float, probe_s: float | None) -> RunSample:

@@ -48,17 +48,21 @@ def test_the_probe_times_its_workload_on_a_cpu_only() -> None:
     assert PROBE_CALLS >= 3  # a median of calls per sample
 
 
-def test_the_spread_goes_through_the_cluster_file(tmp_path: Path) -> None:
-    cal = dataclasses.replace(_calibration(), speed_spread=0.42)
-    cluster = cluster_from_dict(_cluster_dict(cal))
-    save_cluster_file(cluster, tmp_path / "cal.yaml")
+@pytest.mark.parametrize(("field", "value"), [("speed_spread", 0.42), ("probe_s", 0.0021)])
+def test_the_machine_figures_go_through_the_cluster_file(
+    tmp_path: Path, field: str, value: float
+) -> None:
+    """The steadiness spread and the host probe's median: saved and read back; 0 in a file
+    from before them (the spread before 2026-11-28, the probe before 2026-11-29); >= 0."""
+    cal = dataclasses.replace(_calibration(), **{field: value})
+    save_cluster_file(cluster_from_dict(_cluster_dict(cal)), tmp_path / "cal.yaml")
     again = load_cluster_file(tmp_path / "cal.yaml").calibration
-    assert again is not None and again.speed_spread == 0.42
+    assert again is not None and getattr(again, field) == value
     older = _calibration().to_dict()
-    del older["speed_spread"]  # a file from before the probe
-    assert calibration_from_dict(older).speed_spread == 0.0
-    with pytest.raises(ValueError, match=r"speed_spread=-0\.1 must be >= 0"):
-        dataclasses.replace(_calibration(), speed_spread=-0.1)
+    del older[field]
+    assert getattr(calibration_from_dict(older), field) == 0.0
+    with pytest.raises(ValueError, match=rf"{field}=-0\.1 must be >= 0"):
+        dataclasses.replace(_calibration(), **{field: -0.1})
 
 
 def test_only_an_unsteady_calibration_is_noted() -> None:
