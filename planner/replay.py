@@ -28,24 +28,33 @@ from .cost.evaluate import Evaluator
 from .cost.memory import MemoryBreakdown, head_in_flight
 from .cost.options import has_options
 from .cost.schedules import PENDING_W_ACT_FACTOR, is_split_backward
-from .solvers.replay_table import replay_stages
+from .solvers.replay_table import replay_makespan, replay_stages
 from .strategy import Strategy
 
 
-def replay(ev: Evaluator, s: Strategy) -> Replay:
-    """Replay `s` (a valid strategy) on the evaluator's model, cluster and configuration."""
+def _stage_seconds(ev: Evaluator, s: Strategy) -> tuple[list[float], list[float], float]:
+    """Each pipeline stage's seconds per micro-batch, forward and backward, and the step's
+    tail after the last backward (its exposed communication and the optimizer step)."""
     sm = ev.stage_model
-    lay = sm.layout_of(s)
     distinct = ev.stage_times(s)
-    copies = sm.stage_copies(lay)
     forward, backward = [], []
-    for _, rep in copies:
+    for _, rep in sm.stage_copies(sm.layout_of(s)):
         t = distinct[rep]
         share = t.fwd_s / (t.fwd_s + t.bwd_s) if t.fwd_s + t.bwd_s > 0 else 0.5
         # communication splits between the passes as the compute does; recompute runs in the
         # backward (Korthikanti et al. 2022 §5)
         forward.append(t.fwd_s + t.comm_s * share)
         backward.append(t.bwd_s + t.recompute_s + t.comm_s * (1 - share))
+    tail = max(t.tail_comm_s + t.optimizer_s for t in distinct)
+    return forward, backward, tail
+
+
+def replay(ev: Evaluator, s: Strategy) -> Replay:
+    """Replay `s` (a valid strategy) on the evaluator's model, cluster and configuration."""
+    sm = ev.stage_model
+    lay = sm.layout_of(s)
+    copies = sm.stage_copies(lay)
+    forward, backward, tail = _stage_seconds(ev, s)
     m = ev.num_microbatches(s)
     # a split backward's pending W keeps output gradients too (cost/schedules.py)
     pending = PENDING_W_ACT_FACTOR if is_split_backward(s.schedule) else 0.0
@@ -59,7 +68,6 @@ def replay(ev: Evaluator, s: Strategy) -> Replay:
         share=ev.weight_share,
         pending_weight=pending,
     )
-    tail = max(t.tail_comm_s + t.optimizer_s for t in distinct)
     step = makespan + tail
     if s.async_pipeline:  # PipeDream-2BW never flushes: the steady state is the step
         step = ev.time(s).step_time_s
@@ -95,7 +103,16 @@ def replayed(ev: Evaluator, e: Estimate) -> Estimate:
     s = e.strategy
     if s.pp == 1 or s.async_pipeline:
         return e
-    step = replay(ev, s).step_time_s
+    forward, backward, tail = _stage_seconds(ev, s)
+    step = tail + replay_makespan(  # `replay`'s step, without the in-flight peaks
+        s.schedule,
+        pp=s.pp,
+        v=s.virtual_stages,
+        m=ev.num_microbatches(s),
+        forward_s=forward,
+        backward_s=backward,
+        share=ev.weight_share,
+    )
     saved = e.step_time_s - step
     if not saved > 0:  # equal stages: the closed form is the replay
         return e

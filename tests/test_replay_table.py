@@ -12,6 +12,7 @@ from paraplan.planner.solvers.replay_table import (
     in_flight_peaks,
     makespan_at,
     makespan_bound,
+    replay_makespan,
     replay_stages,
     replayed_peaks,
 )
@@ -107,6 +108,9 @@ def test_stage_replay_equals_the_timeline(schedule, pp, v, m, pending):
             pending_weight=pending,
         )
         assert got == want, (share, fwd, bwd)
+        alone = dict(pp=pp, v=v, m=m, forward_s=fwd, backward_s=bwd, share=share)
+        assert replay_makespan(schedule, **alone) == t.makespan_s, (share, fwd, bwd)
+        assert replay_makespan(schedule, **alone) == t.makespan_s  # the kept answer
 
 
 SPLIT = [
