@@ -184,19 +184,10 @@ def errors(rows: list[dict], key: str) -> list[float]:
     return [abs(r["step_time_s"] / r[key] - 1) for r in rows if "step_time_s" in r]
 
 
-def calibration_probe_s(cal: Path) -> float:
-    """The calibration's host-probe median (0: not measured)."""
-    from paraplan.planner.cluster import load_cluster_file
-
-    found = load_cluster_file(cal).calibration
-    return found.probe_s if found is not None else 0.0
-
-
-def machine_text(run_probe_s: float | None, cal_probe_s: float) -> str:
-    """ "; machine +5%": the run's host probe against the calibration's, when both exist."""
-    if not run_probe_s or not cal_probe_s:
-        return ""
-    return f"; machine {run_probe_s / cal_probe_s - 1:+.0%}"
+def machine_text(run_probe_s: float | None) -> str:
+    """The run's fixed host workload (`RunReport.host_probe_s`) as text for its line, to read
+    the runs' machine states against each other; "" when the report has none."""
+    return f"; host probe {run_probe_s * 1e3:.2f} ms" if run_probe_s else ""
 
 
 def refit(cal: Path, rows: list[dict], folder: Path, name: str) -> Path:
@@ -256,7 +247,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows = plan_all(str(cal), dtypes, configs, folder)
     todo = [r for r in rows if not args.reuse and (r["config"], r["dtype"]) not in skip]
-    cal_probe_s = calibration_probe_s(cal)
     for turn, row in ((t, r) for t in range(max(1, args.passes)) for r in todo):
         got = run_one(row, folder, suffix=f"-pass{turn}")
         row.setdefault("passes_step_time_s", []).append(got.get("step_time_s"))
@@ -271,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{head}measured {got['step_time_s']:.4f} s predicted "
                 f"{row['predicted_step_time_s']:.4f} s ({got['step_time_rel_err']:+.1%}); memory "
                 f"{got['memory_rel_err']:+.1%}; load {got['load_before']:.1f}->"
-                f"{got['load_after']:.1f}" + machine_text(got.get("host_probe_s"), cal_probe_s),
+                f"{got['load_after']:.1f}" + machine_text(got.get("host_probe_s")),
                 flush=True,
             )
         else:

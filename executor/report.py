@@ -111,7 +111,7 @@ class RunReport:
     host_probe_s: float | None = None
     """Rank 0's median seconds of the fixed host workload of `profiler/host_probe.py`, timed
     after the warm-up steps and after the last step (a CPU run; None on a GPU and in reports
-    from before 2026-11-29): against the calibration's `probe_s`, how fast the machine was."""
+    from before 2026-11-29): against other runs' figures, how fast the machine was."""
 
     def to_dict(self) -> dict[str, object]:
         """JSON form."""

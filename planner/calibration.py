@@ -112,7 +112,6 @@ _NON_NEGATIVE = (
     "dtensor_adamw_tensor_s",
     "load_average",
     "speed_spread",
-    "probe_s",
 )
 
 
@@ -188,11 +187,6 @@ class Calibration:
     (`profiler/microbench_machine.py`; 0: not measured, a GPU, or files before 2026-11-28).
     A run of a few seconds averages part of it out (on a VM whose probe read 1.0, one plan's
     two runs minutes apart differed by up to 43%); `paraplan plan` notes it where it is large."""
-    probe_s: float = 0.0
-    """That workload's median seconds over the calibration (`profiler/host_probe.py`; 0: not
-    measured, a GPU, or files before 2026-11-29). A CPU run times it too
-    (`RunReport.host_probe_s`), and `paraplan calibrate --from-run` reads each report's error
-    beside how much slower or faster the machine was than while it was calibrated."""
 
     def __post_init__(self) -> None:
         for name in (*_NON_NEGATIVE, "host_adamw_s_per_param"):
@@ -314,7 +308,6 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
             "comm_scale": 1.0,
             "optimizer_scale": 1.0,
             "speed_spread": 0.0,
-            "probe_s": 0.0,
             **data,
         }
         if isinstance(data.get("dtype_kernels"), list):
@@ -342,7 +335,6 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
         "host_adamw_s_per_param": float,
         "load_average": float,
         "speed_spread": float,
-        "probe_s": float,
     }
     for name in fields:
         raw = data[name]

@@ -131,34 +131,39 @@ def _probe(value: object) -> float | None:
     return seconds
 
 
-def machine_note(samples: list[RunSample], calibration_probe_s: float) -> str | None:
-    """How fast the machine was during the reports' runs against while it was calibrated,
-    beside their step-time errors (medians and ranges); None when no report has a probe or
-    the calibration has none."""
+SLOW_PROBE = 1.2
+"""A run whose host probe took more than this times the runs' median ran on a slow machine
+(the VM's two speeds read about 1.9x apart in the probe, 2026-11-29)."""
+
+
+def machine_note(samples: list[RunSample]) -> str | None:
+    """How fast the machine was in each of the reports' runs against the others: the runs
+    whose fixed host workload (`RunReport.host_probe_s`) took over `SLOW_PROBE` times the
+    runs' median, beside their step-time errors and the other runs'; None with fewer than two
+    runs that timed it (a GPU run, a report from before 2026-11-29)."""
     pairs = [
-        (s.host_probe_s / calibration_probe_s - 1.0, s.step_time_s / s.predicted_step_time_s - 1.0)
+        (s.host_probe_s, s.step_time_s / s.predicted_step_time_s - 1.0)
         for s in samples
-        if s.host_probe_s is not None and calibration_probe_s > 0
+        if s.host_probe_s is not None
     ]
-    if not pairs:
+    if len(pairs) < 2:
         return None
-    probe = [p for p, _ in pairs]
-    err = [e for _, e in pairs]
-    why = (
-        "a machine slower or faster than while it was measured moves every run alike, and a "
-        "refit on those runs learns it"
+    median_s = statistics.median(p for p, _ in pairs)
+    slow = [e for p, e in pairs if p > SLOW_PROBE * median_s]
+    rest = [e for p, e in pairs if p <= SLOW_PROBE * median_s]
+    head = (
+        f"a fixed host workload, timed in each of {len(pairs)} runs, took {median_s * 1e3:.2f} ms"
     )
-    if len(pairs) == 1:
+    if not slow:
         return (
-            f"the machine during the run: a fixed host workload's time against the "
-            f"calibration's {probe[0]:+.0%}, the step time against its prediction {err[0]:+.0%}; "
-            + why
+            f"the machine ran alike in these runs: {head} (median), within "
+            f"{SLOW_PROBE:g}x of it in every one"
         )
     return (
-        f"the machine during {len(pairs)} of these runs: a fixed host workload's time against "
-        f"the calibration's {statistics.median(probe):+.0%} (median; {min(probe):+.0%} to "
-        f"{max(probe):+.0%}), their step times against their predictions "
-        f"{statistics.median(err):+.0%} ({min(err):+.0%} to {max(err):+.0%}); " + why
+        f"the machine ran slow in {len(slow)} of these runs: {head} (median) and over "
+        f"{SLOW_PROBE:g}x that in them; their step times against their predictions "
+        f"{statistics.median(slow):+.0%} (median), the other runs' {statistics.median(rest):+.0%}: "
+        "a refit learns whatever state its runs caught, so run those again or leave them out"
     )
 
 

@@ -1,12 +1,14 @@
 """A fixed host workload, timed the same way by a calibration and by a run: how fast this
-machine was at each moment, to read a run against the calibration it was planned on.
+machine was at each moment.
 
 A shared VM does not run at one speed (`microbench_machine`): the calibration times this
-workload at every progress point (`Calibration.probe_s`, its median; `speed_spread`, its
-spread) and a CPU run times it after its warm-up steps and after its last step
-(`RunReport.host_probe_s`). Their ratio is how much slower or faster the machine was during
-the run than while it was measured; `paraplan calibrate --from-run` prints it beside each
-report's error. Nothing happens at import time."""
+workload at every progress point (`Calibration.speed_spread`, how much it moved) and a CPU run
+times it after its warm-up steps and after its last step (`RunReport.host_probe_s`).
+`paraplan calibrate --from-run` reads the runs' figures against each other: the runs in which
+the machine ran slow stand apart. Not against the calibration's: the workload reads 30-40%
+faster in a run than between the calibration's microbenchmarks on the same machine (records C
+and D of 2026-11-29, whose steps then missed in opposite directions), so the two contexts do
+not compare. Nothing happens at import time."""
 
 from __future__ import annotations
 

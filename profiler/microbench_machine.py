@@ -65,11 +65,6 @@ class SteadinessProbe:
         if self.active:
             self.samples.append(self._probe.sample_s())
 
-    def median_s(self) -> float:
-        """The median sample (the machine's usual speed while it was measured); 0 with fewer
-        than `MIN_SAMPLES` samples."""
-        return statistics.median(self.samples) if len(self.samples) >= MIN_SAMPLES else 0.0
-
     def spread(self) -> float:
         """The 90th percentile of the samples over their 10th, less 1 (0.4: the slow tenth
         ran 40% slower than the fast tenth); 0 with fewer than `MIN_SAMPLES` samples."""

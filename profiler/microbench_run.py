@@ -96,7 +96,6 @@ class _RankResult:
     dtensor_adamw_tensor_s: float
     host_adamw_s_per_param: float
     speed_spread: float
-    probe_s: float
 
 
 SKEW_ROUNDS_PER_POINT = 3
@@ -279,7 +278,6 @@ def _measure(
             dtensor_adamw_tensor_s=adamw_s,
             host_adamw_s_per_param=host_adamw,
             speed_spread=probe.spread(),
-            probe_s=probe.median_s(),
         )
         out.put(("result", result))
 
@@ -494,5 +492,4 @@ def _calibration(
         dtensor_adamw_tensor_s=r.dtensor_adamw_tensor_s,
         host_adamw_s_per_param=r.host_adamw_s_per_param,
         speed_spread=round(r.speed_spread, 3),
-        probe_s=r.probe_s,
     )

@@ -164,7 +164,7 @@ def _refit(cluster: Cluster, reports: list[str]) -> Cluster:
         "reports' predictions rescaled; re-plan to see the new figures)"
         + ("" if parted else "; the reports predate their parts: one scale for all")
     )
-    note = machine_note(samples, old.probe_s)
+    note = machine_note(samples)
     if note:
         print(note)
     acc = with_calibration(get_accelerator(cluster.accelerator.name), new.figures)
