@@ -54,7 +54,7 @@ from .microbench_tp import (
     fsdp_unit_cost,
     tensor_parallel_dispatch,
 )
-from .rank_errors import rank_error
+from .rank_errors import queued_result, rank_error
 
 Progress = Callable[[int, int, str], None]
 """(steps done, steps in all, what was just measured)."""
@@ -430,7 +430,9 @@ def _run_ranks(
     except mp.ProcessExitedException as err:
         _stop(procs)
         # rank 0 puts its result after the last measurement, so with a result every rank
-        # finished measuring: one dying as it exits (see _worker) does not change the figures
+        # finished measuring: one dying as it exits (see _worker) does not change the figures;
+        # the result may still be in the queue when the exit is seen first
+        result = result if result is not None else queued_result(out)
         if result is None:
             raise CalibrationRankError(f"a calibration rank failed: {err}") from None
     if result is None:

@@ -1,9 +1,12 @@
-"""The line of a calibration rank's traceback worth showing (`microbench_run.calibrate`)."""
+"""The line of a calibration rank's traceback worth showing, and rank 0's result still queued
+when another rank's exit is seen first (`microbench_run.calibrate`)."""
 
 from __future__ import annotations
 
 import os
+import queue
 import re
+from typing import Any
 
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*:")
 _FRAME_LINE = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)')
@@ -23,3 +26,19 @@ def rank_error(traceback_text: str) -> str:
         return lines[head].strip()
     file, line, func = frames[-1].groups()
     return f"{lines[head].strip()} (at {os.path.basename(file)}:{line} in {func})"
+
+
+RESULT_GRACE_S = 5.0
+"""Seconds to wait for rank 0's result still in flight when another rank's exit is seen first."""
+
+
+def queued_result(out: Any, grace_s: float = RESULT_GRACE_S) -> Any | None:
+    """The first non-progress message in the ranks' queue (rank 0's result: ("result",
+    payload) after any ("tick", label)), or None when none comes within `grace_s`."""
+    while True:
+        try:
+            kind, payload = out.get(timeout=grace_s)
+        except queue.Empty:
+            return None
+        if kind != "tick":
+            return payload

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,14 +111,21 @@ def test_gpu_budget_reaches_training_sizes_and_cpu_budget_is_unchanged() -> None
 
 
 def _result_then_abort(rank: int, world: int, port: int, *rest: Any) -> None:
-    """Rank 0 delivers a result; rank 1 then dies by SIGABRT, as gloo's teardown did."""
+    """Rank 0 delivers a result; rank 1 then dies by SIGABRT, as gloo's teardown did (it waits
+    for rank 0's marker file: a fixed sleep lost the race to rank 0's start-up once under load,
+    the clean-clone CI of 2026-11-29)."""
     out = rest[-1]
+    marker = Path(tempfile.gettempdir()) / f"paraplan-test-result-{port}"
     if rank == 0:
         out.put(("result", "measured"))
         out.close()
         out.join_thread()
+        marker.touch()
         return
-    time.sleep(0.5)
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    marker.unlink(missing_ok=True)
     os.abort()
 
 
@@ -134,3 +142,17 @@ def test_a_rank_aborting_as_it_exits_keeps_the_result() -> None:
     assert run(2, False, True, ("fp32",), 1, None, worker=_result_then_abort) == "measured"
     with pytest.raises(microbench_run.CalibrationRankError, match="SIGABRT"):
         run(2, False, True, ("fp32",), 1, None, worker=_abort_before_result)
+
+
+def test_a_result_still_queued_is_read_after_the_ticks() -> None:
+    """Another rank's exit seen before rank 0's result was read: the result comes after any
+    progress ticks still queued; nothing queued within the grace is no result."""
+    import queue
+
+    from paraplan.profiler.rank_errors import queued_result
+
+    out: queue.Queue[tuple[str, object]] = queue.Queue()
+    for item in (("tick", "copies"), ("tick", "AdamW"), ("result", "measured")):
+        out.put(item)
+    assert queued_result(out, grace_s=0.01) == "measured"
+    assert queued_result(out, grace_s=0.01) is None
