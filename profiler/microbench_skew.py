@@ -37,6 +37,13 @@ def _timed(fn: Callable[[], object], iters: int) -> float:
     return (time.perf_counter() - start) / iters
 
 
+def _ranks_largest(seconds: float) -> float:
+    """The largest of every rank's `seconds` (a collective: every rank)."""
+    agreed = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    return float(agreed)
+
+
 class SkewSampler:
     """Rounds of the skew measurement taken at several points of a calibration (every rank
     calls `sample` at the same points, in step with its other collectives), and their median
@@ -60,10 +67,7 @@ class SkewSampler:
     def sample(self, rounds: int) -> None:
         """Time `rounds` alternations of every segment length (collective: every rank)."""
         calls = 400
-        per_op = _timed(lambda: self._segment(calls), 3) / calls
-        agreed = torch.tensor([per_op], dtype=torch.float64)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-        per_op = float(agreed)
+        per_op = _ranks_largest(_timed(lambda: self._segment(calls), 3) / calls)
         for _ in range(rounds):
             for seconds in SEGMENTS_S:
                 ops = max(1, round(seconds / per_op))
@@ -84,7 +88,4 @@ class SkewSampler:
     def figure_s(self) -> float:
         """The median wait of every round sampled, 0 or more, the same on every rank (the
         ranks' largest); 0 when nothing was sampled (collective: every rank)."""
-        mine = max(0.0, statistics.median(self.extra_s)) if self.extra_s else 0.0
-        agreed = torch.tensor([mine], dtype=torch.float64)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-        return float(agreed)
+        return _ranks_largest(max(0.0, statistics.median(self.extra_s)) if self.extra_s else 0.0)
