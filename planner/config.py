@@ -82,6 +82,14 @@ class RecomputeModule(StrEnum):
     MLP = "mlp"
     """The dense MLP of each block without experts (norm, up and gate projections, activation,
     down projection), recomputed from its kept input (plain checkpointing)."""
+    MOE = "moe"
+    """The whole MoE layer of each block with experts (router, token dispatch, routed and
+    shared experts, combine), checkpointed from its kept input (`MoELayer.moe_layer_recompute`):
+    its two all-to-alls run again in the recompute."""
+    SHARED_EXPERTS = "shared_experts"
+    """The shared experts' MLP of each block with experts, checkpointed from its kept input
+    (`MoELayer.shared_experts_recompute`; Megatron-Core refuses it with
+    `--moe-shared-expert-overlap`)."""
 
 
 class Float8Casts(StrEnum):

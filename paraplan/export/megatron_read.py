@@ -371,17 +371,22 @@ def read(text: str, *, world_size: int, source: str) -> TrainerSetup:
         recompute = Recompute.SELECTIVE
         given = "recompute-modules" in args  # given empty (nargs="*"): nothing recomputed
         named = str(args.get("recompute-modules") or "").split() if given else ["core_attn"]
-        unpriced = [m for m in named if m not in set(RecomputeModule)]
-        if unpriced:
-            notes.append(
-                f"--recompute-modules {' '.join(unpriced)} not priced (paraplan prices "
-                f"{', '.join(RecomputeModule)}): their memory is counted as kept"
+        unknown = [m for m in named if m not in set(RecomputeModule)]
+        if unknown:  # Megatron-Core's TransformerConfig asserts the same list
+            raise ValueError(
+                f"{source}: --recompute-modules {' '.join(unknown)}: Megatron-Core recomputes "
+                f"only {', '.join(RecomputeModule)}; name modules from that list"
             )
-        modules = tuple(RecomputeModule(m) for m in named if m not in unpriced)
+        modules = tuple(RecomputeModule(m) for m in named)
         if RecomputeModule.MOE_ACT in modules and "moe-grouped-gemm" not in args:
             raise ValueError(
                 f"{source}: --recompute-modules moe_act needs --moe-grouped-gemm (Megatron-Core "
                 "refuses it otherwise); add --moe-grouped-gemm or leave moe_act out"
+            )
+        if RecomputeModule.SHARED_EXPERTS in modules and "moe-shared-expert-overlap" in args:
+            raise ValueError(
+                f"{source}: --recompute-modules shared_experts with --moe-shared-expert-overlap "
+                "(Megatron-Core refuses the two together); leave one of them out"
             )
     elif granularity == "full":
         method, layers = args.get("recompute-method"), num("recompute-num-layers", 1)

@@ -53,6 +53,21 @@ class _StageParts:
     """`StageProblem.head_bytes`."""
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageRecompute:
+    """What one stage recomputes per micro-batch (`PerLayerRecompute.stage_recompute`)."""
+
+    seconds: float = 0.0
+    """Forward seconds redone in backward."""
+    full_blocks: int = 0
+    """Blocks recomputed whole (their TP collectives run again)."""
+    full_moe_blocks: int = 0
+    """Of those, blocks with experts (their all-to-alls run again)."""
+    selective_moe_blocks: int = 0
+    """Blocks with experts under selective recompute (under Megatron-Core's `moe` module their
+    MoE layer, all-to-alls included, runs again)."""
+
+
 class PerLayerRecompute:
     """The per-layer recompute policies of one evaluator's strategies."""
 
@@ -293,38 +308,46 @@ class PerLayerRecompute:
                 )
         return tuple(choice), tuple(kept_none), tuple(tmp)
 
-    def stage_recompute(
-        self, s: Strategy, stage: Stage, compute: StageCompute
-    ) -> tuple[float, int, int]:
-        """(recompute seconds per micro-batch, fully recomputed blocks, of which MoE) of a
-        stage under the strategy's policy; `compute` is the stage's seconds per micro-batch."""
+    def stage_recompute(self, s: Strategy, stage: Stage, compute: StageCompute) -> StageRecompute:
+        """What a stage recomputes per micro-batch under the strategy's policy; `compute` is
+        the stage's seconds per micro-batch."""
         if s.recompute == Recompute.FULL:
-            return compute.full_recompute_s, stage.n_blocks, stage.n_moe_blocks
+            return StageRecompute(
+                seconds=compute.full_recompute_s,
+                full_blocks=stage.n_blocks,
+                full_moe_blocks=stage.n_moe_blocks,
+            )
         if s.recompute == Recompute.SELECTIVE:
-            return compute.selective_recompute_s, 0, 0
+            return StageRecompute(
+                seconds=compute.selective_recompute_s, selective_moe_blocks=stage.n_moe_blocks
+            )
         if s.recompute == Recompute.NONE:
-            return 0.0, 0, 0
+            return StageRecompute()
         return self._stage_rc(_solver_key(s), stage)
 
-    def _stage_rc_uncached(self, key: Strategy, stage: Stage) -> tuple[float, int, int]:
+    def _stage_rc_uncached(self, key: Strategy, stage: Stage) -> StageRecompute:
         sm = self.sm
         s = key
         policies = self.policies(s)
         times = sm.layer_times(s.tp, s.cp, s.ep_dp, s.micro_batch_size)
-        seconds, n_full, n_full_moe = 0.0, 0, 0
+        seconds, n_full, n_full_moe, n_sel_moe = 0.0, 0, 0, 0
         full_s, selective_s = times.full_recompute_s, times.selective_recompute_s
         for i in stage.layers:
             # `_recompute_s(times.layer(i), policies[i])`, without building the span
+            moe = int(bool(sm.profile.layers[i].expert_params))
             if policies[i] == Recompute.FULL:
                 seconds += full_s[i + 1] - full_s[i]
+                n_full += 1
+                n_full_moe += moe
             elif policies[i] == Recompute.SELECTIVE:
                 seconds += selective_s[i + 1] - selective_s[i]
-            else:
-                seconds += 0.0
-            if policies[i] == Recompute.FULL:
-                n_full += 1
-                n_full_moe += int(bool(sm.profile.layers[i].expert_params))
-        return seconds, n_full, n_full_moe
+                n_sel_moe += moe
+        return StageRecompute(
+            seconds=seconds,
+            full_blocks=n_full,
+            full_moe_blocks=n_full_moe,
+            selective_moe_blocks=n_sel_moe,
+        )
 
 
 def _recompute_s(c: StageCompute, policy: Recompute) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import Precision, TrainConfig
+from ..config import Precision, RecomputeModule, SelectiveRecompute, TrainConfig
 from ..strategy import Recompute, Schedule, Strategy
 from .comm import Collectives, Links
 from .compute import ATTENTION_BACKWARD_FACTOR
@@ -74,19 +74,27 @@ def stage_core(
     ep_overlap = train.runtime.ep_comm_overlap and ep_overlap_applies(
         s, sm.num_microbatches(s), train.precision, train.mtp_layers
     )
+    moe_layer_redone = (
+        train.runtime.selective == SelectiveRecompute.ATTENTION_CORE
+        and RecomputeModule.MOE in train.runtime.recompute_modules
+    )
     out = []
     for c, stage in zip(compute, sm.stages(lay), strict=True):
-        rc, n_full, n_full_moe = per_layer.stage_recompute(s, stage, c)
+        redo = per_layer.stage_recompute(s, stage, c)
+        rc, n_full, n_full_moe = redo.seconds, redo.full_blocks, redo.full_moe_blocks
+        # Megatron-Core's `moe` module: each selectively recomputed MoE layer runs again,
+        # its TP collectives (unless folded) and its dispatch and combine
+        n_moe_redone = redo.selective_moe_blocks if moe_layer_redone else 0
         # TP: 2 collectives per block forward and 2 backward (Narayanan et al. 2021 §3.2,
         # Korthikanti §4.2.2 with SP: all-gather + reduce-scatter), redone when recomputed.
-        fwd_units = stage.n_blocks * 2 + n_full * 2  # forward, and forward again
+        fwd_units = stage.n_blocks * 2 + n_full * 2 + n_moe_redone  # forward, and again
         edges = int(stage.has_embedding) + int(stage.has_head)
         units = stage.n_blocks * 2 + edges
         if s.folded_experts:
             # Experts folded over TP (Megatron-Core's expert_tensor_parallel_size 1 under SP):
             # each TP rank dispatches its own sequence shard to the experts, so a MoE block's
             # MLP has no TP all-gather and reduce-scatter, only its attention's.
-            fwd_units -= stage.n_moe_blocks + n_full_moe
+            fwd_units -= stage.n_moe_blocks + n_full_moe + n_moe_redone
             units -= stage.n_moe_blocks
         comm = fwd_units * tp.fwd_s + units * tp.pair_s if s.tp > 1 else 0.0
         if s.tp > 1 and not tp.uniform:
@@ -111,7 +119,7 @@ def stage_core(
             per_block += (s.cp - 1) * hidden_behind(2 * hop_s, step_b, contention)
             comm += stage.n_blocks * per_block
         # EP: dispatch and combine, forward and backward (Lepikhin et al. 2020)
-        a2a_s = (stage.n_moe_blocks * 4 + n_full_moe * 2) * a2a
+        a2a_s = (stage.n_moe_blocks * 4 + (n_full_moe + n_moe_redone) * 2) * a2a
         if ep_overlap:
             # Megatron-Core's --overlap-moe-expert-parallel-comm: one micro-batch's forward
             # and another's backward run merged, each one's all-to-alls on their own stream
