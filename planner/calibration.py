@@ -297,8 +297,8 @@ def calibration_schema() -> dict[str, Any]:
 
 
 def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calibration:
-    """Read the `calibration` section (strict; files from before 2026-11-26 lack the four
-    fields filled in here, read as not measured)."""
+    """Read the `calibration` section (strict; files from before 2026-11-26 lack the fields
+    filled in here, and those from before 2026-11-29 the TP loss's, read as not measured)."""
     if isinstance(data, Mapping):
         data = {
             "host_adamw_s_per_param": 0.0,
@@ -312,6 +312,9 @@ def calibration_from_dict(data: object, *, origin: str = "calibration") -> Calib
         }
         if isinstance(data.get("dtype_kernels"), list):
             data["dtype_kernels"] = [_with_saved_tensor_s(d) for d in data["dtype_kernels"]]
+        tp = data.get("tensor_parallel")
+        if isinstance(tp, Mapping):  # files from before 2026-11-29: the loss not measured
+            data["tensor_parallel"] = {"loss_fwd_s": 0.0, "loss_bwd_s": 0.0, **tp}
     validate(data, calibration_schema(), origin, fix="re-run paraplan calibrate or fix the file")
     if not isinstance(data, Mapping):  # the schema says object; kept for the type checker
         raise ValueError(f"{origin}: must be a mapping of calibration fields")

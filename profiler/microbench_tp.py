@@ -74,7 +74,51 @@ def tensor_parallel_dispatch(timer: Timer, budget: Budget | None = None) -> Tens
                     bwd_s=max(0.0, statistics.median(bwd)),
                 )
             )
-    return TensorParallelDispatch(blocks=tuple(blocks))
+    loss_f, loss_b = _loss_parallel_s(timer, mesh, rounds, repeats)
+    return TensorParallelDispatch(blocks=tuple(blocks), loss_fwd_s=loss_f, loss_bwd_s=loss_b)
+
+
+TP_LOSS_VOCAB = 64
+"""Vocabulary of each rank's logits shard in the loss benchmark (small: the host work shows)."""
+
+
+def _loss_parallel_s(timer: Timer, mesh: Any, rounds: int, repeats: int) -> tuple[float, float]:
+    """(forward, backward) CPU seconds of the calling thread torch's vocabulary-parallel
+    cross-entropy (`loss_parallel`, as the executor runs it over vocabulary-sharded logits)
+    adds over the plain loss on the same shard: `TP_TOKENS_PER_RANK` tokens, medians of
+    alternations as for the blocks. Waiting on its all-reduces is left out (the links price
+    them, `cost/stage_core.py`)."""
+    import torch.nn.functional as F
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    dev, world = timer.device, dist.get_world_size()
+    tokens = TP_TOKENS_PER_RANK * world
+    local = torch.randn(tokens, TP_LOSS_VOCAB, device=dev, requires_grad=True)
+    target = torch.randint(0, TP_LOSS_VOCAB * world, (tokens,), device=dev)
+    shard_target = target % TP_LOSS_VOCAB
+
+    def sharded(backward: bool) -> None:
+        logits = DTensor.from_local(local, mesh, [Shard(-1)])
+        with loss_parallel():
+            loss = F.cross_entropy(logits, target)
+            if backward:
+                loss.backward()
+
+    def plain(backward: bool) -> None:
+        loss = F.cross_entropy(local, shard_target)
+        if backward:
+            loss.backward()
+
+    def clocked(fn: Any, backward: bool) -> float:
+        return timer(lambda: fn(backward), repeats, clock=time.thread_time)
+
+    fwd, bwd = [], []
+    for _ in range(rounds):
+        f0, t0 = clocked(plain, False), clocked(plain, True)
+        f1, t1 = clocked(sharded, False), clocked(sharded, True)
+        fwd.append(f1 - f0)
+        bwd.append((t1 - f1) - (t0 - f0))
+    return max(0.0, statistics.median(fwd)), max(0.0, statistics.median(bwd))
 
 
 def _executor_block(gated: bool, world: int, dev: torch.device) -> tuple[nn.Module, Any, int]:

@@ -9,8 +9,9 @@ and again when sequence parallelism kept its gathered inputs (`Runtime.sp_saves_
 as torch's SequenceParallel does), and when the head's transient counted torch's cross-entropy
 buffers (`Runtime.torch_loss`), and when the global constants were refitted on the published
 runs' training rows (`benchmarks/fit_constants.py`), and when interleaved 1F1B's last stage held
-its head for one micro-batch (`memory.head_in_flight`, 2026-11-28): cost changes, the search
-code unchanged.
+its head for one micro-batch (`memory.head_in_flight`, 2026-11-28), and when the vocabulary-
+parallel loss's three all-reduces were priced (2026-11-29: the 1T GPT's fourth plan changed):
+cost changes, the search code unchanged.
 The gpt3-175b case runs by default; the 1T GPT and llama3-405b cases take tens of seconds more
 each, so they run with PARAPLAN_BENCH_PLANS=1.
 """
@@ -36,22 +37,22 @@ CASES = {
         [
             (
                 "dp=32 tp=4 pp=8 zero=1 sp zbv mbs=1 rc=per_layer",
-                20.538214026707138,
+                20.542332232848725,
                 77014547486.11765,
             ),
             (
                 "dp=32 tp=4 pp=8 zero=1 sp dualpipev mbs=1 rc=per_layer",
-                20.551418786896065,
+                20.555539724040372,
                 76384243584.0,
             ),
             (
                 "dp=32 tp=4 pp=8 zero=1 sp zbv mbs=1 rc=selective",
-                20.633366596223645,
+                20.637484802365233,
                 75668916073.4118,
             ),
             (
                 "dp=32 tp=4 pp=8 zero=1 sp interleaved_1f1b(v=5) mbs=1 rc=per_layer",
-                20.634647077616357,
+                20.638779130736356,
                 76860014259.2,
             ),
         ],
@@ -61,23 +62,23 @@ CASES = {
         [
             (
                 "dp=6 tp=8 pp=64 zero=1 sp dualpipev mbs=1 rc=selective",
-                73.15566656985665,
+                73.25764759254817,
                 76339409920.0,
             ),
             (
                 "dp=6 tp=8 pp=64 zero=1 sp dualpipev mbs=1 rc=per_layer",
-                73.15566656985665,
+                73.25764759254817,
                 76339409920.0,
             ),
             (
                 "dp=12 tp=8 pp=32 zero=1 sp dualpipev mbs=1 rc=per_layer",
-                75.58414619182318,
+                75.6351166983547,
                 73443145984.0,
             ),
             (
-                "dp=6 tp=8 pp=64 zero=1 sp 1f1b mbs=1 rc=per_layer",
-                78.16474503161068,
-                70673770496.0,
+                "dp=12 tp=8 pp=32 zero=1 sp zbv mbs=1 rc=per_layer",
+                78.17857948233751,
+                76191498812.23534,
             ),
         ],
     ),

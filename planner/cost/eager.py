@@ -67,7 +67,9 @@ LOSS_PARALLEL_BWD = LogitsPasses(streamed=5, fresh=2, exp=1)
 """Its backward over log-softmax's: exp(x) again, (grad + exp) (2 reads, fresh write) and the
 product with the output gradient (read, fresh write). Measured on 2 gloo ranks over 2048 x
 4096 fp32 logits per rank (2026-11-25): 160 ms forward+backward against 73 ms for the plain
-loss on the same shard; these passes price 75 ms of the 87 (the rest is DTensor's dispatch)."""
+loss on the same shard; these passes price 75 ms of the 87. The rest: its DTensor handlers'
+host work (`TensorParallelDispatch.loss_fwd_s`, measured by `paraplan calibrate` since
+2026-11-29) and waiting on its three forward all-reduces (`stage_core.LOSS_ALL_REDUCES`)."""
 
 
 def loss_parallel_extra_s(k: CalibratedKernels, passes: LogitsPasses, logits_bytes: float) -> float:
@@ -189,6 +191,9 @@ def traced_layer_s(
     if x.kind == LayerKind.HEAD and tp > 1:  # the executor's vocabulary-parallel loss
         loss_f = loss_parallel_extra_s(k, LOSS_PARALLEL_FWD, tensor_bytes)
         loss_b = loss_parallel_extra_s(k, LOSS_PARALLEL_BWD, tensor_bytes)
+        if tp_dispatch is not None:  # and its DTensor handlers' host work, measured
+            dt_f += tp_dispatch.loss_fwd_s * k.time_scale
+            dt_b += tp_dispatch.loss_bwd_s * k.time_scale
     f = k.host_and_device_s(
         extra.fwd_host_s + dt_f, gemm_s[0] + attn_f + extra.fwd_device_s + loss_f
     )

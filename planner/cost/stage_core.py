@@ -22,6 +22,12 @@ from .routing import routing_of
 from .stage_parts import StageCompute
 from .stages import StageModel
 
+LOSS_ALL_REDUCES = 3
+"""All-reduces a vocabulary-parallel cross-entropy runs per micro-batch, forward only (its
+backward is local): counted on torch's `loss_parallel` in `tests/test_loss_parallel_comm.py`."""
+LOSS_VALUE_BYTES = 4
+"""Bytes per token of each: one fp32 value (the loss runs in fp32)."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StageCore:
@@ -108,6 +114,13 @@ def stage_core(
             # runs its collectives on the critical path.
             budget -= min(comm, budget)
             comm = hidden_behind(comm, c.fwd_s + c.bwd_s, contention)
+        if s.tp > 1 and stage.has_head:
+            # The vocabulary-parallel cross-entropy on the rank's vocabulary shard: the
+            # logits' maximum, the sum of their exponentials and the target's logit each
+            # all-reduced over TP, one fp32 value per token (torch's `loss_parallel`, the
+            # executor's and torchtitan's: torch/distributed/tensor/parallel/loss.py; Megatron-
+            # Core's `_VocabParallelCrossEntropy` likewise), waited on before the loss
+            comm += LOSS_ALL_REDUCES * coll.all_reduce(tokens * LOSS_VALUE_BYTES, links.tp)
         if s.cp > 1 and stage.n_blocks:
             # Each of the cp ring steps computes one (s/cp)^2 block of attention, balanced
             # by the causal load-balanced split (zig-zag chunks), while the next K/V hop is
