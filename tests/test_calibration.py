@@ -378,6 +378,7 @@ def test_closed_loop_on_two_gloo_ranks(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "GEMM peak" in done.stdout and "links (fitted on" in done.stdout
     assert "DTensor host per TP block" in done.stdout and "per GEMM shape" in done.stdout
+    assert "DTensor host of the vocabulary-parallel loss" in done.stdout
     # memory in binary units, as every output (issue 16): runtime memory 458 MB read 437 MiB
     assert re.search(r"runtime memory per rank [\d.]+ (MiB|GiB)", done.stdout), done.stdout
     calibrated = load_cluster_file(cal)
@@ -389,6 +390,9 @@ def test_closed_loop_on_two_gloo_ranks(tmp_path: Path) -> None:
     plain_s = calibrated.calibration.kernels("fp32").fit.launch_s
     assert tp is not None and len(tp.blocks) == 4
     assert all(min(b.fwd_s, b.bwd_s) > 20 * plain_s for b in tp.blocks), tp
+    # torch's loss_parallel spells the log-softmax and the loss out in DTensor handlers, each
+    # operator dispatched in Python: its forward costs more than a dozen plain operators
+    assert tp.loss_fwd_s > 12 * plain_s, tp
     # an AdamW step over DTensor parameters (FSDP2, TP) dispatches each operator through
     # DTensor: dearer per tensor than ADAMW_OPS_PER_TENSOR plain operators
     assert calibrated.calibration.dtensor_adamw_tensor_s > 10 * plain_s

@@ -245,6 +245,11 @@ def format_calibration(cluster: Cluster) -> str:
             for b in cal.tensor_parallel.blocks
         )
         lines.append(f"DTensor host per TP block (forward/backward): {per_block}")
+        tp = cal.tensor_parallel
+        lines.append(
+            f"DTensor host of the vocabulary-parallel loss (forward/backward): "
+            f"{tp.loss_fwd_s * 1e3:.1f}/{tp.loss_bwd_s * 1e3:.1f} ms"
+        )
     if cal.world_size > 1:
         lines.append(
             f"FSDP2 host per unit {cal.fsdp_unit_host_s * 1e3:.2f} ms + "
