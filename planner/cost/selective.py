@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ..config import RecomputeModule, Runtime, SelectiveRecompute
 from ..model import LayerCost, LayerKind, ModelProfile
@@ -149,45 +148,26 @@ def _shared_experts(profile: ModelProfile, layer: LayerCost, tp: int, fused_glu:
     return Redone(gemms, kept, streamed)
 
 
-def _redone(
-    module: RecomputeModule,
+def _modules_redone(
+    modules: tuple[RecomputeModule, ...],
     profile: ModelProfile,
     layer: LayerCost,
     *,
     tp: int,
     sp: bool,
     fused_glu: bool,
-) -> Redone:
-    """What recomputing `module` redoes in `layer`, for the modules redone by GEMMs."""
-    if module == RecomputeModule.MLA_UP_PROJ:
-        return _mla_up(profile, tp)
-    if module == RecomputeModule.MLP:
-        return _dense_mlp(profile, layer, tp, sp)
-    if module == RecomputeModule.MOE:
-        return _moe_layer(profile, layer, tp, sp, fused_glu)
-    if module == RecomputeModule.SHARED_EXPERTS:
-        return _shared_experts(profile, layer, tp, fused_glu)
-    return Redone()
-
-
-_BY_GEMMS = (
-    RecomputeModule.MLA_UP_PROJ,
-    RecomputeModule.MLP,
-    RecomputeModule.MOE,
-    RecomputeModule.SHARED_EXPERTS,
-)
-"""The modules whose recompute is priced from their GEMMs (`_redone`)."""
-
-
-def _modules_redone(
-    modules: tuple[RecomputeModule, ...], profile: ModelProfile, layer: LayerCost, **kw: Any
 ) -> tuple[Redone, ...]:
-    """`_redone` of each of `modules` priced by its GEMMs; `moe` includes the shared experts
-    and the experts' activation (`moe_act`), which are then not counted twice."""
-    chosen = [m for m in _BY_GEMMS if m in modules]
-    if RecomputeModule.MOE in chosen and RecomputeModule.SHARED_EXPERTS in chosen:
-        chosen.remove(RecomputeModule.SHARED_EXPERTS)
-    return tuple(_redone(m, profile, layer, **kw) for m in chosen)
+    """What recomputing each of `modules` priced by its GEMMs redoes in `layer`; `moe`
+    includes the shared experts (and the experts' activation, `moe_act`), not counted twice."""
+    priced = {
+        RecomputeModule.MLA_UP_PROJ: lambda: _mla_up(profile, tp),
+        RecomputeModule.MLP: lambda: _dense_mlp(profile, layer, tp, sp),
+        RecomputeModule.MOE: lambda: _moe_layer(profile, layer, tp, sp, fused_glu),
+        RecomputeModule.SHARED_EXPERTS: lambda: _shared_experts(profile, layer, tp, fused_glu),
+    }
+    if RecomputeModule.MOE in modules:
+        del priced[RecomputeModule.SHARED_EXPERTS]
+    return tuple(redo() for module, redo in priced.items() if module in modules)
 
 
 def modules_kept_bytes(
