@@ -168,6 +168,8 @@ def plan(
         mtp_layers=mtp_of(mtp_layers, profile.mtp_modules, framework, any_engine),
     )
     pins = Pins.parse(fix) if isinstance(fix, str) else fix
+    if len(choices) > 1:  # `auto`: a MoE model's search also weighs its whole MoE layer
+        choices = module_choices(recompute_modules, framework, allow_auto=True, moe=profile.is_moe)
     consent = Consent(compression=allow_compression, async_pipeline=allow_async)
     outcomes: list[PlanOutcome] = []
     refused: list[NoFeasiblePlanError] = []

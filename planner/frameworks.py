@@ -168,6 +168,14 @@ MODULE_CHOICES: tuple[tuple[RecomputeModule, ...], ...] = (
 """What `auto` weighs: Megatron-Core's default (the attention core) and what NeMo's MoE recipes
 set (the norms and the experts' activation: memory-bound to redo, where a fused attention
 core keeps little)."""
+MOE_MODULE_CHOICES: tuple[tuple[RecomputeModule, ...], ...] = (
+    *MODULE_CHOICES,
+    (RecomputeModule.LAYERNORM, RecomputeModule.MOE),
+)
+"""What `auto` weighs for a MoE model: also the whole MoE layer beside the norms (Megatron-Core's
+`moe`: it frees the experts' inputs and intermediates and the dispatched tokens, and redoes the
+router, the dispatch and combine all-to-alls and the experts' GEMMs), for a plan that memory
+binds; a dense model has no MoE layer, so it is not searched there."""
 
 
 def parse_recompute_modules(text: str, framework: Framework) -> tuple[RecomputeModule, ...]:
@@ -195,11 +203,12 @@ def _check_takes_modules(text: str, framework: Framework) -> None:
 
 
 def module_choices(
-    text: str | None, framework: Framework, *, allow_auto: bool
+    text: str | None, framework: Framework, *, allow_auto: bool, moe: bool = False
 ) -> tuple[tuple[RecomputeModule, ...], ...]:
     """The module lists a search prices for `--recompute-modules text` on `framework`'s
     runtime: the runtime's own where not given, every one of `MODULE_CHOICES` for `auto` (where
-    `allow_auto`: `plan` only), else the one named (ValueError: `parse_recompute_modules`)."""
+    `allow_auto`: `plan` only; `MOE_MODULE_CHOICES` for a `moe` model), else the one named
+    (ValueError: `parse_recompute_modules`)."""
     if text is None:
         return (RUNTIMES[framework].recompute_modules,)
     if text.strip().lower() != AUTO_MODULES:
@@ -210,7 +219,7 @@ def module_choices(
             "--recompute-modules auto: only `paraplan plan` searches the module lists; "
             "name the modules (e.g. layernorm,moe_act)"
         )
-    return MODULE_CHOICES
+    return MOE_MODULE_CHOICES if moe else MODULE_CHOICES
 
 
 def framework_of(runtime: Runtime) -> Framework | None:

@@ -167,8 +167,9 @@ def test_plan_takes_a_module_list(capsys: pytest.CaptureFixture[str], tmp_path: 
 
 
 def test_auto_keeps_the_faster_module_list(capsys: pytest.CaptureFixture[str]) -> None:
-    """`--recompute-modules auto` is the faster of the plans each module list gives (brute
-    force over both); `compare` does not take it (exit 2, one line)."""
+    """`--recompute-modules auto` is the fastest of the plans each module list gives (brute
+    force over the three a MoE model weighs, the whole MoE layer among them); `compare` does
+    not take it (exit 2, one line)."""
     import paraplan
     from paraplan.cli import main
 
@@ -176,7 +177,7 @@ def test_auto_keeps_the_faster_module_list(capsys: pytest.CaptureFixture[str]) -
     kw = dict(global_batch=64, seq_len=4096, runtime="nemo", top_k=0)
     each = {
         lists: paraplan.plan(moe, "8xh100", recompute_modules=lists, **kw).plan  # type: ignore[arg-type]
-        for lists in ("core_attn", "layernorm,moe_act")
+        for lists in ("core_attn", "layernorm,moe_act", "layernorm,moe")
     }
     auto = paraplan.plan(moe, "8xh100", recompute_modules="auto", **kw).plan  # type: ignore[arg-type]
     best = min(each.values(), key=lambda p: p.predicted.step_time_s)
@@ -186,6 +187,30 @@ def test_auto_keeps_the_faster_module_list(capsys: pytest.CaptureFixture[str]) -
     argv += ["--runtime", "nemo", "--recompute-modules", "auto", "-o", "/nonexistent/x"]
     assert main([*argv, "--no-progress"]) == 2
     assert "only `paraplan plan` searches the module lists" in capsys.readouterr().err
+
+
+def test_auto_weighs_the_whole_moe_layer_where_only_it_fits() -> None:
+    """A MoE model whose pinned plan (no offload) fits on H200s only when recomputing whole MoE
+    layers (Megatron's `moe`: ~20 GiB less than `layernorm,moe_act` here): `auto` finds it, as
+    the brute force over the three lists does; a dense model's `auto` weighs the two lists
+    alone (it has no MoE layer to recompute)."""
+    import paraplan
+    from paraplan.planner.api import NoFeasiblePlanError
+    from paraplan.planner.config import RecomputeModule
+    from paraplan.planner.frameworks import MODULE_CHOICES, Framework, module_choices
+
+    moe = "moe:layers=18,hidden=2048,heads=16,kv_heads=4,vocab=32000,seq=4096,experts=64,top_k=8"
+    fix = "dp=8,tp=1,pp=1,ep=8,zero=1,mbs=1,recompute=selective,offload=false"
+    fix += ",offload_params=false,offload_acts=false"
+    kw = dict(global_batch=64, seq_len=4096, runtime="nemo", top_k=0, fix=fix)
+    for lists in ("core_attn", "layernorm,moe_act"):
+        with pytest.raises(NoFeasiblePlanError):
+            paraplan.plan(moe, "8xh200", recompute_modules=lists, **kw)  # type: ignore[arg-type]
+    only = paraplan.plan(moe, "8xh200", recompute_modules="layernorm,moe", **kw).plan  # type: ignore[arg-type]
+    auto = paraplan.plan(moe, "8xh200", recompute_modules="auto", **kw).plan  # type: ignore[arg-type]
+    assert auto.feasible and auto.predicted.step_time_s == only.predicted.step_time_s
+    assert auto.train.runtime.recompute_modules == (RecomputeModule.LAYERNORM, RecomputeModule.MOE)
+    assert module_choices("auto", Framework.NEMO, allow_auto=True, moe=False) == MODULE_CHOICES
 
 
 DENSE = "llama:layers=4,hidden=1024,heads=8,kv_heads=2,ffn=2816,vocab=32000,seq=2048"

@@ -228,8 +228,8 @@ def add_recompute_modules_arg(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="M,M",
         help="with --runtime megatron or nemo: what selective recompute redoes in each block, "
-        "Megatron-Core's --recompute-modules (core_attn, layernorm, moe_act; default core_attn); "
-        "plan also takes auto: the faster of core_attn and layernorm,moe_act",
+        "Megatron-Core's --recompute-modules (core_attn, layernorm, moe_act, moe, ...; default "
+        "core_attn); plan takes auto: the fastest of core_attn, layernorm,moe_act, layernorm,moe",
     )
     parser.add_argument(
         "--mtp-layers",
