@@ -18,20 +18,33 @@ minutes, as a training run of tens of seconds meets it, not of the 15 ms a round
 catch. The median, as a run's step time is the median of its steps. Only on a CPU: a GPU's
 kernels run on their own clocks and its host's dispatch hides behind the launch queue; there
 the rounds' figure stays.
+
+The multi-rank parts that measure host work (DTensor's per TP block and loss, FSDP2's per unit
+and tensor, AdamW's per DTensor parameter) each take a few seconds, one spell of the VM's:
+across the calibrations of 2026-11-29 the same TP+SP block read 3.5-8.4 ms forward while the
+pooled operator figure read 4.0-4.3 us (6.3 once), and the closed loop's TP+SP and FSDP plans
+missed by what their part's spell added (record G, docs/benchmarks.md). So each of those parts
+samples the dispatch chains between its rounds too (`DispatchSampler.during`), and its figures
+are scaled by the pooled figure over the median of its own samples (`speed_ratio`): host work
+priced at the one machine speed every operator-by-operator price assumes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
+from ..planner.calibration_tp import TensorParallelDispatch
 from ..planner.cost.calibrated import KernelFit
 from . import microbench as mb
 from .microbench_timer import Timer
+
+T = TypeVar("T")
 
 SAMPLE_CALLS = 3
 """Timed calls of each chain per sample (the timer's warm-up call first): ~0.25 ms without
@@ -66,6 +79,52 @@ class DispatchSampler:
         for key, samples in self.samples.items():
             raw, trained = mb.dispatch_s(self._timer, mb.DTYPES[key], SAMPLE_CALLS)
             samples.append(DispatchFigure(raw_s=raw, trained_s=trained))
+
+    def during(self, measure: Callable[[Callable[[], None]], T]) -> tuple[T, Window]:
+        """`measure(between)`'s result, and the window of the samples it took by calling
+        `between` (this sampler's `sample`) between its rounds (collective where `measure` is:
+        every rank calls it alike)."""
+        start = self._count()
+        value = measure(self.sample)
+        return value, Window(start=start, stop=self._count())
+
+    def speed_ratio(self, window: Window, pooled: dict[str, DispatchFigure]) -> float:
+        """The pooled per-operator figure over this rank's median in `window` (with autograd):
+        how much faster the calibration's span ran than the part that took those samples (1
+        where the window holds fewer than `MIN_WINDOW_SAMPLES` or nothing was pooled)."""
+        for key, samples in self.samples.items():
+            part = samples[window.start : window.stop]
+            if key in pooled and len(part) >= MIN_WINDOW_SAMPLES:
+                return pooled[key].trained_s / statistics.median(s.trained_s for s in part)
+        return 1.0
+
+    def _count(self) -> int:
+        return min((len(s) for s in self.samples.values()), default=0)
+
+
+MIN_WINDOW_SAMPLES = 3
+"""Fewest samples within a part's window that set its speed ratio (`speed_ratio`)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Window:
+    """This rank's dispatch samples `start` up to `stop` (each dtype's), taken while one part of
+    the calibration ran (`DispatchSampler.during`)."""
+
+    start: int
+    stop: int
+
+
+def tp_at_speed(tp: TensorParallelDispatch | None, ratio: float) -> TensorParallelDispatch | None:
+    """`tp` with every host figure scaled by `ratio` (`DispatchSampler.speed_ratio`)."""
+    if tp is None:
+        return None
+    blocks = tuple(
+        dataclasses.replace(b, fwd_s=b.fwd_s * ratio, bwd_s=b.bwd_s * ratio) for b in tp.blocks
+    )
+    return dataclasses.replace(
+        tp, blocks=blocks, loss_fwd_s=tp.loss_fwd_s * ratio, loss_bwd_s=tp.loss_bwd_s * ratio
+    )
 
 
 def pooled_figures(

@@ -38,22 +38,23 @@ from ..planner.cluster import Cluster
 from ..planner.cost.calibrated import KernelFit
 from ..planner.cost.data_parallel import OVERLAP_CONTENTION
 from . import microbench as mb
-from .env import quiet_transformers
 from .host_memory import live_resident_bytes
 from .microbench_cache import gemm_cache_bytes
 from .microbench_checkpoint import checkpoint_region_cost
-from .microbench_dispatch import DispatchSampler, pooled_figures, with_span_dispatch
+from .microbench_dispatch import DispatchSampler, pooled_figures, tp_at_speed, with_span_dispatch
 from .microbench_host import host_adamw_s_per_param
 from .microbench_machine import SteadinessProbe, device_name, machine_load
 from .microbench_rounds import median_fit
 from .microbench_skew import SkewSampler
 from .microbench_timer import Timer
 from .microbench_tp import (
+    NO_FSDP,
     FsdpUnitCost,
     dtensor_adamw_tensor_s,
     fsdp_unit_cost,
     tensor_parallel_dispatch,
 )
+from .microbench_warm import warm_training_runtime
 from .rank_errors import queued_result, rank_error
 
 Progress = Callable[[int, int, str], None]
@@ -232,18 +233,24 @@ def _measure(
     # blocks (a GPU's DTensor state is host memory, not the device's)
     gc.collect()
     held = live_resident_bytes() if device.type == "cpu" else 0
-    tp_dispatch = tensor_parallel_dispatch(timer, budget) if world > 1 else None
+    tp_dispatch, tp_w = dispatch.during(
+        lambda b: tensor_parallel_dispatch(timer, budget, b) if world > 1 else None
+    )
     tick(next(parts, ""))
     gc.collect()
     tp_runtime = max(0, live_resident_bytes() - held) if held and world > 1 else 0
-    fsdp = fsdp_unit_cost(timer, budget=budget) if world > 1 else FsdpUnitCost(unit_s=0, tensor_s=0)
+    fsdp, fsdp_w = dispatch.during(
+        lambda b: fsdp_unit_cost(timer, budget=budget, between=b) if world > 1 else NO_FSDP
+    )
     tick(next(parts, ""))
     skew_s = 0.0
     if skew is not None:
         skew.sample(SKEW_ROUNDS_PER_POINT if budget.rounds > 1 else 1)
         skew_s = skew.figure_s()
     tick(next(parts, ""))
-    adamw_s = dtensor_adamw_tensor_s(timer) if world > 1 else 0.0
+    adamw_s, adamw_w = dispatch.during(
+        lambda b: dtensor_adamw_tensor_s(timer, between=b) if world > 1 else 0.0
+    )
     tick(next(parts, ""))
     # optimizer offload's host AdamW, with the threads a training rank gets (torchrun: one
     # per rank when a node runs several)
@@ -255,7 +262,12 @@ def _measure(
     # every rank loads the same DTensor modules and caches: the least reading (one rank once
     # read 71 MB where every other calibration of the day read 4.1, 2026-11-26; not explained)
     tp_runtime = min(t for _, t, _ in sizes)
-    fits = with_span_dispatch(fits, pooled_figures([d for _, _, d in sizes]))
+    pooled = pooled_figures([d for _, _, d in sizes])
+    fits = with_span_dispatch(fits, pooled)
+    # the host parts at the span's speed (microbench_dispatch): each scaled by its own samples
+    tp_dispatch = tp_at_speed(tp_dispatch, dispatch.speed_ratio(tp_w, pooled))
+    fsdp = fsdp.at_speed(dispatch.speed_ratio(fsdp_w, pooled))
+    adamw_s *= dispatch.speed_ratio(adamw_w, pooled)
     sizes = [r for r, _, _ in sizes]
     if rank == 0:
         memory = (
@@ -280,65 +292,6 @@ def _measure(
             speed_spread=probe.spread(),
         )
         out.put(("result", result))
-
-
-def warm_training_runtime() -> None:
-    """A tiny forward, backward and AdamW step, then free everything: what a training rank's
-    first step leaves resident besides its tensors (autograd's engine, the optimizer's foreach
-    kernels, oneDNN/BLAS scratch; about 16 MiB on this CPU, measured with
-    `host_memory.live_resident_bytes` before and after), and one step of a one-layer GPT-2
-    and Llama from the modeling library the executor trains: the code pages and per-op state
-    of the kernels a transformer step touches that a Linear's does not (embedding, norms,
-    attention, the loss; 9.4 MB more on this CPU, 2026-11-26, where the executor's first
-    step of GPT-2 tiny left ~8 MB beyond its tensors and GEMM kernels unpriced)."""
-    models: list[torch.nn.Module] = [
-        torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64))
-    ]
-    quiet: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-    with contextlib.suppress(ImportError):
-        models += _one_layer_transformers()
-        quiet = quiet_transformers()
-    with quiet:
-        for model in models:
-            opt = torch.optim.AdamW(model.parameters())
-            if isinstance(model, torch.nn.Sequential):
-                model(torch.randn(8, 64)).sum().backward()
-            else:
-                ids = torch.randint(0, 64, (2, 32))
-                model(ids, labels=ids).loss.backward()
-            opt.step()
-            opt.zero_grad()
-            del opt
-    del models
-    gc.collect()
-
-
-def _one_layer_transformers() -> list[torch.nn.Module]:
-    """One-layer GPT-2 and Llama of the modeling library, fp32, in training mode."""
-    import transformers
-
-    gpt2 = transformers.GPT2Config(
-        n_layer=1,
-        n_embd=64,
-        n_head=4,
-        vocab_size=64,
-        n_positions=64,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    llama = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=64,
-        max_position_embeddings=64,
-    )
-    return [
-        transformers.GPT2LMHeadModel(gpt2).train(),
-        transformers.LlamaForCausalLM(llama).train(),
-    ]
 
 
 def _tick_part(tick: Callable[[str], None], dtype: str, part: str) -> None:

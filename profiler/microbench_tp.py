@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -38,12 +39,15 @@ median). One measurement gave 4.1 ms in one calibration and 9.4 ms in the next, 
 3 alternations 4.8 and 9.4 ms, the median of 9 alternations 5.1-5.8 ms in four trials."""
 
 
-def tensor_parallel_dispatch(timer: Timer, budget: Budget | None = None) -> TensorParallelDispatch:
+def tensor_parallel_dispatch(
+    timer: Timer, budget: Budget | None = None, between: Callable[[], None] = lambda: None
+) -> TensorParallelDispatch:
     """DTensor's host cost on the default group as a 1-D mesh: for a plain (GPT-2) and a gated
     (Llama) block of the executor, with and without sequence parallelism, the calling thread's
     CPU seconds of the block wrapped by the executor's TP plan less the same block unwrapped,
     forward and backward (`calibration_tp`). The collectives' waiting is not in the calling
-    thread's CPU time; the links price it."""
+    thread's CPU time; the links price it. `between` runs before each block's and the loss's
+    rounds (every rank: the dispatch samples that set the part's speed)."""
     rounds, repeats = _knobs(budget, TP_ROUNDS)
     dev = timer.device
     world = dist.get_world_size()
@@ -62,6 +66,7 @@ def tensor_parallel_dispatch(timer: Timer, budget: Budget | None = None) -> Tens
             local.requires_grad_()
             fwd, bwd = [], []
             for _ in range(rounds):  # alternated: a neighbour's burst hits one round
+                between()
                 f0, t0 = _thread_s(timer, plain, x, repeats)
                 f1, t1 = _thread_s(timer, wrapped, local, repeats)
                 fwd.append(f1 - f0)
@@ -74,6 +79,7 @@ def tensor_parallel_dispatch(timer: Timer, budget: Budget | None = None) -> Tens
                     bwd_s=max(0.0, statistics.median(bwd)),
                 )
             )
+    between()
     loss_f, loss_b = _loss_parallel_s(timer, mesh, rounds, repeats)
     return TensorParallelDispatch(blocks=tuple(blocks), loss_fwd_s=loss_f, loss_bwd_s=loss_b)
 
@@ -208,9 +214,20 @@ class FsdpUnitCost:
     tensor_s: float
     """Per parameter tensor of the unit."""
 
+    def at_speed(self, ratio: float) -> FsdpUnitCost:
+        """Both figures scaled by `ratio` (`microbench_dispatch.DispatchSampler.speed_ratio`)."""
+        return FsdpUnitCost(unit_s=self.unit_s * ratio, tensor_s=self.tensor_s * ratio)
+
+
+NO_FSDP = FsdpUnitCost(unit_s=0.0, tensor_s=0.0)
+"""Nothing measured (one rank)."""
+
 
 def fsdp_unit_cost(
-    timer: Timer, width: int = FSDP_WIDTH, budget: Budget | None = None
+    timer: Timer,
+    width: int = FSDP_WIDTH,
+    budget: Budget | None = None,
+    between: Callable[[], None] = lambda: None,
 ) -> FsdpUnitCost:
     """Host seconds one FSDP2 unit adds to a forward+backward on the ranks' mesh, in the
     calling thread's CPU time (its pre/post hooks, copy-in and copy-out, the gradient
@@ -218,7 +235,8 @@ def fsdp_unit_cost(
     the slope of stacks of `fully_shard` units from 1 to `FSDP_UNITS` units of one Linear
     (per unit), and from units of one Linear to units of `FSDP_LINEARS` (per tensor), each
     less the same stacks unwrapped (their kernels). Medians of `FSDP_ROUNDS` alternations:
-    the wall-clock slope this replaced measured 0.4-7.5 ms across calibrations of this VM."""
+    the wall-clock slope this replaced measured 0.4-7.5 ms across calibrations of this VM.
+    `between` runs before each round (every rank)."""
     from torch.distributed.fsdp import fully_shard
 
     dev = timer.device
@@ -246,6 +264,7 @@ def fsdp_unit_cost(
     per_unit, per_tensor = [], []
     rounds, repeats = _knobs(budget, FSDP_ROUNDS)
     for _ in range(rounds):
+        between()
         t = [timer(step, repeats, clock=time.thread_time) for step in steps]
         one, many, wide = (t[i] - t[i + 1] for i in (0, 2, 4))  # wrapped less unwrapped
         per_unit.append((many - one) / (FSDP_UNITS - 1))
@@ -263,12 +282,15 @@ ADAMW_ROUNDS = 3
 across calibrations of this VM (2026-11-25)."""
 
 
-def dtensor_adamw_tensor_s(timer: Timer, numel: int = 256) -> float:
+def dtensor_adamw_tensor_s(
+    timer: Timer, numel: int = 256, between: Callable[[], None] = lambda: None
+) -> float:
     """Seconds an AdamW step (torch's single-tensor loop, the CPU default) spends per
     parameter tensor beyond a plain tensor's when the parameters are DTensors (FSDP2's
     `Shard(0)` shards; TP's are alike): every operator of the update runs DTensor's dispatch
     first. Measured as the difference of two steps over `ADAMW_TENSORS` tensors of `numel`
-    local elements, DTensor against plain, so the kernels cancel."""
+    local elements, DTensor against plain, so the kernels cancel. `between` runs before each
+    round (every rank)."""
     dev = timer.device
     mesh = init_device_mesh(dev.type, (dist.get_world_size(),))
 
@@ -285,6 +307,7 @@ def dtensor_adamw_tensor_s(timer: Timer, numel: int = 256) -> float:
     steps = [torch.optim.AdamW(params(dt), lr=1e-3, foreach=False).step for dt in (False, True)]
     extra = []
     for _ in range(ADAMW_ROUNDS):  # alternated: the median difference is kept
+        between()
         plain_s, dtensor_s = (timer(step) for step in steps)
         extra.append((dtensor_s - plain_s) / ADAMW_TENSORS)
     return max(0.0, statistics.median(extra))

@@ -70,3 +70,46 @@ def test_the_sampler_times_the_rounds_chains_on_a_cpu_only() -> None:
     gpu = DispatchSampler(torch.device("cuda"), ["bf16"])  # built without touching CUDA
     gpu.sample()
     assert not gpu.active and gpu.samples == {}
+
+
+def test_a_part_measured_on_a_slow_spell_is_brought_to_the_spans_speed() -> None:
+    """A part whose own samples read the slow state (7 us per operator, where the span pooled
+    4 us) has its host figures scaled by 4/7: record G's TP+SP block, 8.4/8.7 ms measured on
+    such a spell, comes out 4.8/5.0 ms. Samples taken before the part do not count toward its
+    window; a window of fewer than three samples, or a dtype not pooled, leaves it as it is."""
+    from paraplan.planner.calibration_tp import TensorParallelBlock, TensorParallelDispatch
+    from paraplan.profiler.microbench_dispatch import MIN_WINDOW_SAMPLES, tp_at_speed
+    from paraplan.profiler.microbench_tp import FsdpUnitCost
+
+    sampler = DispatchSampler(torch.device("cpu"), ("fp32",))
+    fast, slow = DispatchFigure(2e-6, 4e-6), DispatchFigure(3.5e-6, 7e-6)
+    sampler.samples["fp32"] += [fast] * 5  # before the part: outside its window
+    readings = iter([slow, slow, fast, slow])
+
+    def part(between: object) -> str:
+        for _ in range(4):  # what `between` does: one more sample per round
+            sampler.samples["fp32"].append(next(readings))
+        return "measured"
+
+    value, window = sampler.during(part)
+    assert value == "measured" and (window.start, window.stop) == (5, 9)
+    pooled = {"fp32": fast}
+    ratio = sampler.speed_ratio(window, pooled)
+    assert ratio == pytest.approx(4.0 / 7.0)
+    block = TensorParallelBlock(gated=False, sequence_parallel=True, fwd_s=8.4e-3, bwd_s=8.7e-3)
+    tp = TensorParallelDispatch(blocks=(block,), loss_fwd_s=2.1e-3, loss_bwd_s=0.7e-3)
+    got = tp_at_speed(tp, ratio)
+    assert got is not None
+    assert got.blocks[0].fwd_s == pytest.approx(4.8e-3)
+    assert got.blocks[0].bwd_s == pytest.approx(8.7e-3 * 4 / 7)
+    assert got.loss_fwd_s == pytest.approx(1.2e-3)
+    assert got.blocks[0].sequence_parallel and not got.blocks[0].gated
+    fsdp = FsdpUnitCost(unit_s=2.8e-3, tensor_s=70e-6).at_speed(ratio)
+    assert (fsdp.unit_s, fsdp.tensor_s) == pytest.approx((1.6e-3, 40e-6))
+    assert tp_at_speed(None, ratio) is None
+    short = type(window)(start=5, stop=5 + MIN_WINDOW_SAMPLES - 1)
+    assert sampler.speed_ratio(short, pooled) == 1.0
+    assert sampler.speed_ratio(window, {"bf16": fast}) == 1.0
+    gpu = DispatchSampler(torch.device("meta"), ("fp32",))  # not a CPU: nothing sampled
+    _, none = gpu.during(lambda between: between())
+    assert gpu.speed_ratio(none, pooled) == 1.0
