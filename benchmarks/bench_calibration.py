@@ -40,11 +40,15 @@ STRATEGIES = {
     "DP+full recompute": "dp=2,tp=1,pp=1,zero=0,mbs=4,recompute=full",
 }
 """The acceptance's strategies, pinned (PP: 4 micro-batches of 2)."""
-PASSES = 2
+PASSES = 3
 """Runs of every plan (all plans in turn, then again): a run shares this VM with whatever
 else it runs, and a 2-rank run slowed by a neighbour for its 10-30 s measures 10-35% slower
 (the same TP+SP plan measured 2.50 s in one pass, 1.87 s minutes later); each plan keeps
-its fastest run's median step time, the machine the plan prices."""
+its fastest run's median step time, the machine the plan prices. Three since 2026-11-29
+(two before): the VM's vCPUs switch between a fast and a slow speed in spells of seconds,
+and a tiny plan's three runs spread by up to 49% (record F, docs/benchmarks.md); with two,
+both runs of some plan missed by over 15% in four of the thirty-second session's five
+records. A record takes ~5 minutes more (~19 in all)."""
 STEPS = {"tiny": (34, 4), "small": (7, 2)}
 """(steps, warm-up) per config: the median is over the rest but the last (profiled for memory).
 A tiny step takes 30-90 ms and varies by +-15% from step to step on this VM: 29 timed steps
